@@ -1,0 +1,9 @@
+# Shortcuts; each target does its own set-up (hack/setup.sh) on a fresh machine.
+.PHONY: demo test lint ci
+demo:  ## run the agent on the built-in demo models
+	hack/demo.sh
+test:  ## run every test
+	hack/test.sh
+lint:  ## ruff, mypy --strict, import-linter
+	hack/lint.sh
+ci: lint test

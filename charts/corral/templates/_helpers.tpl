@@ -1,0 +1,180 @@
+{{/*
+Expand the name of the chart.
+*/}}
+{{- define "corral.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Create a default fully qualified app name.
+We truncate at 63 chars because some Kubernetes name fields are limited to this (by the DNS naming spec).
+If release name contains chart name it will be used as a full name.
+*/}}
+{{- define "corral.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Create chart name and version as used by the chart label.
+*/}}
+{{- define "corral.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Common labels (never used in selectors: they change with every chart version).
+*/}}
+{{- define "corral.labels" -}}
+helm.sh/chart: {{ include "corral.chart" . }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: {{ include "corral.name" . }}
+{{ include "corral.selectorLabels" . }}
+{{- with .Chart.AppVersion }}
+app.kubernetes.io/version: {{ . | quote }}
+{{- end }}
+{{- with .Values.commonLabels }}
+{{ tpl (toYaml .) $ }}
+{{- end }}
+{{- end }}
+
+{{/*
+Selector labels: only the stable app.kubernetes.io/name and /instance.
+*/}}
+{{- define "corral.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "corral.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/*
+Agent labels and selector labels (component=agent).
+*/}}
+{{- define "corral.agent.labels" -}}
+{{ include "corral.labels" . }}
+app.kubernetes.io/component: agent
+{{- end }}
+
+{{- define "corral.agent.selectorLabels" -}}
+{{ include "corral.selectorLabels" . }}
+app.kubernetes.io/component: agent
+{{- end }}
+
+{{/*
+The agent selector as the operator's --agent-selector takes it: "k=v,k=v", built from the
+very labels the DaemonSet selects on, so the two can never disagree.
+*/}}
+{{- define "corral.agent.selectorString" -}}
+{{- $labels := include "corral.agent.selectorLabels" . | fromYaml }}
+{{- $pairs := list }}
+{{- range $key := list "app.kubernetes.io/name" "app.kubernetes.io/instance" "app.kubernetes.io/component" }}
+{{- $pairs = append $pairs (printf "%s=%s" $key (get $labels $key)) }}
+{{- end }}
+{{- join "," $pairs }}
+{{- end }}
+
+{{/*
+Operator labels and selector labels (component=operator).
+*/}}
+{{- define "corral.operator.labels" -}}
+{{ include "corral.labels" . }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "corral.operator.selectorLabels" -}}
+{{ include "corral.selectorLabels" . }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{/*
+Names.
+*/}}
+{{- define "corral.agent.fullname" -}}
+{{- printf "%s-agent" (include "corral.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "corral.operator.fullname" -}}
+{{- printf "%s-operator" (include "corral.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The presets ConfigMap: a contract with the operator (--presets-configmap). */}}
+{{- define "corral.presetsConfigMap" -}}
+{{- printf "%s-presets" (include "corral.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "corral.agent.serviceAccountName" -}}
+{{- if .Values.agent.serviceAccount.create }}
+{{- default (include "corral.agent.fullname" .) .Values.agent.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.agent.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "corral.operator.serviceAccountName" -}}
+{{- if .Values.operator.serviceAccount.create }}
+{{- default (include "corral.operator.fullname" .) .Values.operator.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.operator.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+An image reference. Input: (dict "image" .Values.x.image "tag" "<default tag>" "global" .Values.global)
+*/}}
+{{- define "corral.image" -}}
+{{- $registry := default .image.registry .global.imageRegistry }}
+{{- $tag := default .tag .image.tag }}
+{{- if .image.digest }}
+{{- printf "%s/%s:%s@%s" $registry .image.repository $tag .image.digest }}
+{{- else }}
+{{- printf "%s/%s:%s" $registry .image.repository $tag }}
+{{- end }}
+{{- end }}
+
+{{- define "corral.agent.image" -}}
+{{- include "corral.image" (dict "image" .Values.agent.image "tag" (printf "%s-%s" .Chart.AppVersion .Values.agent.image.variant) "global" .Values.global) }}
+{{- end }}
+
+{{- define "corral.operator.image" -}}
+{{- include "corral.image" (dict "image" .Values.operator.image "tag" .Chart.AppVersion "global" .Values.global) }}
+{{- end }}
+
+{{/*
+Formats imagePullSecrets. Input is (dict "Values" .Values)
+*/}}
+{{- define "corral.imagePullSecrets" -}}
+{{- range .Values.global.imagePullSecrets }}
+  {{- if eq (typeOf .) "map[string]interface {}" }}
+- {{ toYaml . | trim }}
+  {{- else }}
+- name: {{ . }}
+  {{- end }}
+{{- end }}
+{{- end -}}
+
+{{/*
+The namespace of the ServiceMonitor.
+*/}}
+{{- define "corral.serviceMonitor.namespace" -}}
+{{- default .Release.Namespace .Values.serviceMonitor.namespace }}
+{{- end }}
+
+{{/*
+The API key environment variable, shared by the agent and the helm test pod.
+*/}}
+{{- define "corral.apiKeyEnv" -}}
+{{- with .Values.agent.apiKey.existingSecret }}
+- name: LLAMA_ARG_API_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ . }}
+      key: {{ $.Values.agent.apiKey.secretKey }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,172 @@
+#!/usr/bin/env bash
+# End to end on a throwaway kind cluster (needs Docker; cannot run in CI here):
+#   build the CPU agent image and the operator image, load them into kind, install the chart,
+#   apply a ModelPreset for a generated demo model, wait until it is Ready, and send a chat
+#   completion through the preset's own Service.
+#
+#   hack/e2e-kind.sh            # creates cluster "corral-e2e", deletes it at the end
+#   KEEP_CLUSTER=1 hack/e2e-kind.sh   # leave the cluster up to poke at it
+#
+# Requires: docker, kind, kubectl, helm (v3.8+ or v4), jq.
+set -euo pipefail
+
+CLUSTER="${CLUSTER:-corral-e2e}"
+NAMESPACE="${NAMESPACE:-corral-system}"
+RELEASE="${RELEASE:-corral}"
+PRESET="${PRESET:-demo}"
+AGENT_IMAGE="${AGENT_IMAGE:-corral-agent:e2e-cpu}"
+OPERATOR_IMAGE="${OPERATOR_IMAGE:-corral-operator:e2e}"
+TIMEOUT="${TIMEOUT:-300s}"
+KEEP_CLUSTER="${KEEP_CLUSTER:-0}"
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+# Everything this run creates on the host lives here, and goes in cleanup.
+workdir="$(mktemp -d "${TMPDIR:-/tmp}/corral-e2e.XXXXXX")"
+models_dir="$workdir/models"
+kubeconfig="$workdir/kubeconfig"
+export KUBECONFIG="$kubeconfig"  # never touch the user's own kubeconfig or context
+cluster_created=0
+
+log() { printf '\n==> %s\n' "$*" >&2; }
+
+cleanup() {
+  local status=$?
+  set +e
+  if [[ $status -ne 0 && $cluster_created -eq 1 ]]; then
+    log "failed (exit $status): cluster state for the post-mortem"
+    kubectl get nodes,pods,svc,modelpresets -A -o wide
+    kubectl -n "$NAMESPACE" describe pods
+    kubectl -n "$NAMESPACE" logs -l app.kubernetes.io/instance="$RELEASE" --all-containers \
+      --prefix --tail=200
+    kubectl get modelpreset "$PRESET" -o yaml
+  fi
+  if [[ $cluster_created -eq 1 && "$KEEP_CLUSTER" != 1 ]]; then
+    log "deleting kind cluster $CLUSTER"
+    kind delete cluster --name "$CLUSTER"
+  elif [[ $cluster_created -eq 1 ]]; then
+    log "kept cluster $CLUSTER; kubeconfig: kind export kubeconfig --name $CLUSTER"
+  fi
+  # The models were written by the container user: make them deletable, then delete.
+  chmod -R u+rwX "$workdir" 2>/dev/null
+  rm -rf "$workdir"
+  exit "$status"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+for tool in docker kind kubectl helm jq; do
+  command -v "$tool" >/dev/null || { echo "e2e-kind: $tool is required" >&2; exit 1; }
+done
+if kind get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
+  echo "e2e-kind: a kind cluster named $CLUSTER exists already; delete it or set CLUSTER" >&2
+  exit 1
+fi
+
+log "building $AGENT_IMAGE (CPU variant) and $OPERATOR_IMAGE"
+DOCKER_BUILDKIT=1 docker build -f Dockerfile.agent --build-arg VARIANT=cpu -t "$AGENT_IMAGE" .
+DOCKER_BUILDKIT=1 docker build -f Dockerfile.operator -t "$OPERATOR_IMAGE" .
+
+log "generating demo models into $models_dir"
+mkdir -p "$models_dir"
+chmod 0777 "$models_dir"  # the image's uid 10001 writes here, and the agent reads it later
+docker run --rm --user 10001:10001 -v "$models_dir:/out" "$AGENT_IMAGE" demo-models /out
+# The smallest model: a fast first load on a CPU-only node.
+model_file="$(cd "$models_dir" && ls -1S -- *.gguf | tail -n 1)"
+[[ -n "$model_file" ]] || { echo "e2e-kind: no demo model was written" >&2; exit 1; }
+log "demo model: $model_file"
+
+log "creating kind cluster $CLUSTER (models mounted at /var/lib/corral/models on the node)"
+cat >"$workdir/kind.yaml" <<EOF
+kind: Cluster
+apiVersion: kind.x-k8s.io/v1alpha4
+nodes:
+  - role: control-plane
+    extraMounts:
+      - hostPath: $models_dir
+        containerPath: /var/lib/corral/models
+EOF
+cluster_created=1
+kind create cluster --name "$CLUSTER" --config "$workdir/kind.yaml" --kubeconfig "$kubeconfig" \
+  --wait 120s
+
+log "loading images into the cluster"
+kind load docker-image --name "$CLUSTER" "$AGENT_IMAGE" "$OPERATOR_IMAGE"
+
+log "installing the chart (release $RELEASE in $NAMESPACE)"
+helm upgrade --install "$RELEASE" charts/corral \
+  --namespace "$NAMESPACE" --create-namespace \
+  -f charts/corral/ci/cpu-only-values.yaml \
+  --set-string agent.image.registry=docker.io \
+  --set-string agent.image.repository="library/${AGENT_IMAGE%%:*}" \
+  --set-string agent.image.tag="${AGENT_IMAGE##*:}" \
+  --set-string agent.image.pullPolicy=Never \
+  --set-string operator.image.registry=docker.io \
+  --set-string operator.image.repository="library/${OPERATOR_IMAGE%%:*}" \
+  --set-string operator.image.tag="${OPERATOR_IMAGE##*:}" \
+  --set-string operator.image.pullPolicy=Never \
+  --wait --timeout "$TIMEOUT"
+
+log "waiting for the CRD, the agents and the operator"
+kubectl wait --for=condition=Established crd/modelpresets.corral.dev --timeout="$TIMEOUT"
+kubectl -n "$NAMESPACE" rollout status daemonset/"$RELEASE-agent" --timeout="$TIMEOUT"
+kubectl -n "$NAMESPACE" rollout status deployment/"$RELEASE-operator" --timeout="$TIMEOUT"
+
+log "helm test: /health and /v1/models through the agent Service"
+helm test "$RELEASE" --namespace "$NAMESPACE" --logs --timeout "$TIMEOUT"
+
+log "applying ModelPreset $PRESET (model /models/$model_file)"
+kubectl apply -f - <<EOF
+apiVersion: corral.dev/v1alpha1
+kind: ModelPreset
+metadata:
+  name: $PRESET
+spec:
+  source:
+    localPath:
+      path: /models/$model_file
+  args: ["--ctx-size", "512"]
+  lifecycle:
+    loadOnStartup: true
+EOF
+kubectl wait --for=condition=Ready "modelpreset/$PRESET" --timeout="$TIMEOUT"
+kubectl get modelpresets
+
+log "finding the preset's Service (it selects pods labelled preset.corral.dev/$PRESET=true)"
+service=""
+for _ in $(seq 60); do
+  service="$(kubectl -n "$NAMESPACE" get services -o json \
+    | jq -r --arg key "preset.corral.dev/$PRESET" \
+        '.items[] | select((.spec.selector // {})[$key] == "true") | .metadata.name' \
+    | head -n 1)"
+  [[ -n "$service" ]] && break
+  sleep 2
+done
+[[ -n "$service" ]] || { echo "e2e-kind: no Service selects preset.corral.dev/$PRESET" >&2; exit 1; }
+port="$(kubectl -n "$NAMESPACE" get service "$service" -o jsonpath='{.spec.ports[0].port}')"
+log "Service $service, port $port"
+
+log "chat completion through http://$service.$NAMESPACE.svc:$port (from a pod in the cluster)"
+# The client runs the agent image (already loaded: no pull, and it has curl), restricted like
+# every pod of the chart. jq builds the JSON, so no quoting can go wrong.
+url="http://$service.$NAMESPACE.svc:$port/v1/chat/completions"
+body="$(jq -cn --arg model "$PRESET" \
+  '{model: $model, max_tokens: 8, messages: [{role: "user", content: "Say hello."}]}')"
+overrides="$(jq -cn --arg image "$AGENT_IMAGE" --arg url "$url" --arg body "$body" '{
+  spec: {
+    securityContext: {runAsNonRoot: true, runAsUser: 10001, seccompProfile: {type: "RuntimeDefault"}},
+    containers: [{
+      name: "e2e-client", image: $image, imagePullPolicy: "Never",
+      command: ["curl", "-fsS", "--retry", "10", "--retry-delay", "3", "--retry-all-errors",
+                "-H", "Content-Type: application/json", "-d", $body, $url],
+      securityContext: {allowPrivilegeEscalation: false, readOnlyRootFilesystem: true,
+                        capabilities: {drop: ["ALL"]}}
+    }]
+  }
+}')"
+response="$(kubectl -n "$NAMESPACE" run e2e-client --rm -i --quiet --restart=Never \
+  --image="$AGENT_IMAGE" --overrides="$overrides" --pod-running-timeout=120s)"
+echo "$response" | jq .
+echo "$response" | jq -e '.object == "chat.completion" and (.choices | length) >= 1' >/dev/null
+
+log "e2e passed"

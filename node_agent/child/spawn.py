@@ -1,0 +1,86 @@
+"""What a child is started with: its configuration, environment and command line."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+from node_agent.child.orphans import tag_environment
+from node_agent.child.pdeathsig import make_preexec
+from node_agent.child.ports import HOST
+from node_agent.errors import ChildError, ConfigError
+
+# Chosen by the supervisor for every child; a model's arguments may not set them.
+RESERVED_ARGS: Final = frozenset({"--host", "--port"})
+
+
+@dataclass(frozen=True)
+class ChildConfig:
+    """How to run one model. ``args`` are llama-server options, without --host/--port."""
+
+    name: str
+    binary: Path
+    args: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    stop_timeout: float = 10.0
+    load_timeout: float = 600.0
+    log_lines: int = 1000
+    agent_tag: str | None = None  # CORRAL_AGENT_TAG for the orphan scan; None: untagged
+    router_port: int = 0  # value of LLAMA_SERVER_ROUTER_PORT (the agent's port where known)
+    port_attempts: int = 5
+
+    def __post_init__(self) -> None:
+        for arg in self.args:
+            flag = arg.split("=", 1)[0]
+            if flag in RESERVED_ARGS:
+                raise ConfigError(
+                    f"model {self.name}: {flag} is chosen by Corral for each child "
+                    "(127.0.0.1 and a free port); remove it from the model's arguments"
+                )
+        if self.stop_timeout < 0 or self.load_timeout <= 0 or self.port_attempts < 1:
+            raise ConfigError(
+                f"model {self.name}: stop_timeout must be >= 0, load_timeout > 0 and "
+                "port_attempts >= 1"
+            )
+
+
+def child_environment(config: ChildConfig, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The agent's environment, then the model's ``env``, then what the supervisor needs."""
+    env = dict(os.environ if base is None else base)
+    env.update(config.env)
+    # Its presence turns llama.cpp's parent–child protocol on; the pinned binary ignores the
+    # value (llama.cpp's router passes its own port, so we do too where we know it).
+    env["LLAMA_SERVER_ROUTER_PORT"] = str(config.router_port)
+    # So that CUDA's device indices agree with NVML's, which the memory ledger reads (SPEC).
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    if config.agent_tag is not None:
+        env.update(tag_environment(config.agent_tag))
+    return env
+
+
+def child_argv(config: ChildConfig, port: int) -> list[str]:
+    return [str(config.binary), *config.args, "--host", HOST, "--port", str(port)]
+
+
+async def spawn(config: ChildConfig, port: int) -> asyncio.subprocess.Process:
+    """Start the child with all three pipes, in its own session, dying with its parent."""
+    try:
+        return await asyncio.create_subprocess_exec(
+            *child_argv(config, port),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=child_environment(config),
+            # Its own process group: a stop can SIGKILL everything it started, and a
+            # Ctrl-C in the agent's terminal does not reach it before the agent decides.
+            start_new_session=True,
+            preexec_fn=make_preexec(),
+        )
+    except OSError as exc:
+        raise ChildError(
+            f"model {config.name}: cannot run {config.binary}: {exc.strerror or exc}"
+        ) from exc

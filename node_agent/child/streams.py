@@ -1,0 +1,86 @@
+"""Reading a child's pipes line by line, and asking it for ``/health``.
+
+``StreamReader.readline`` raises on a line longer than its buffer limit; a child's stderr is
+not ours to bound, so lines are split here and an overlong one comes out in pieces.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Final
+
+import aiohttp
+
+MAX_LINE: Final = 64 * 1024
+_CHUNK: Final = 64 * 1024
+
+
+async def read_lines(stream: asyncio.StreamReader) -> AsyncIterator[str]:
+    """Yield decoded lines (without line endings) until EOF.
+
+    Decoded with ``errors='replace'``: llama-server's stderr can hold bytes that are not UTF-8
+    (a model's raw token pieces), and one bad byte must not end the stream.
+    """
+    pending = b""
+    while True:
+        chunk = await stream.read(_CHUNK)
+        if not chunk:
+            break
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            yield line.rstrip(b"\r").decode(errors="replace")
+        while len(pending) > MAX_LINE:
+            yield pending[:MAX_LINE].decode(errors="replace")
+            pending = pending[MAX_LINE:]
+    if pending:
+        yield pending.rstrip(b"\r").decode(errors="replace")
+
+
+async def health_status(
+    session: aiohttp.ClientSession, host: str, port: int, *, limit: float = 1.0
+) -> int | None:
+    """The status of ``GET /health``, or None when nothing answered (refused, reset, timeout)."""
+    try:
+        async with session.get(
+            f"http://{host}:{port}/health", timeout=aiohttp.ClientTimeout(total=limit)
+        ) as response:
+            return response.status
+    except (aiohttp.ClientError, TimeoutError, OSError):
+        return None
+
+
+def health_session() -> aiohttp.ClientSession:
+    """A session for polling one child.
+
+    ``force_close``: an idle keep-alive connection would pin one of llama-server's few HTTP
+    threads for as long as it stays open.
+    """
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
+
+
+async def watch_health(
+    host: str,
+    port: int,
+    report: Callable[[int], None],
+    *,
+    first_delay: float,
+    max_delay: float,
+) -> None:
+    """Report each change of the ``/health`` status, with backoff, until it answers 200.
+
+    Nothing is reported while nothing answers (the child has not bound its port yet).
+    """
+    last: int | None = None
+    delay = first_delay
+    async with health_session() as session:
+        while True:
+            status = await health_status(session, host, port)
+            if status is not None and status != last:
+                last = status
+                report(status)
+                if status == 200:
+                    return
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, max_delay)

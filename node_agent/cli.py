@@ -1,0 +1,68 @@
+"""The ``corral`` command: one entry point, a subcommand per job.
+
+``corral agent …`` takes llama-server's router flags (and passes unknown ones to every
+child), so it is parsed by :mod:`node_agent.config`, not by argparse here. Subcommands import
+their modules lazily: ``corral models`` must not pay for aiohttp's server or kopf.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+
+USAGE = """\
+usage: corral COMMAND [ARGS...]
+
+commands:
+  agent        run the node agent (llama-server router flags; see `corral agent --help`)
+  operator     run the ModelPreset operator (Kubernetes)
+  demo-models  write tiny generated GGUF models into a folder: corral demo-models DIR [--large]
+"""
+
+
+def _agent(argv: Sequence[str]) -> int:
+    from node_agent.agent import main
+
+    return main(list(argv))
+
+
+def _operator(argv: Sequence[str]) -> int:
+    try:
+        from preset_operator.main import main
+    except ImportError as exc:
+        print(
+            f"corral operator: the operator's dependencies are missing ({exc}).\n"
+            "Install them with: pip install 'corral[operator]'",
+            file=sys.stderr,
+        )
+        return 2
+    return main(list(argv))
+
+
+def _demo_models(argv: Sequence[str]) -> int:
+    from node_agent.demo_models import main
+
+    return main(list(argv))
+
+
+COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
+    "agent": _agent,
+    "operator": _operator,
+    "demo-models": _demo_models,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(USAGE, end="")
+        return 0
+    command = COMMANDS.get(args[0])
+    if command is None:
+        print(f"corral: unknown command {args[0]!r}\n\n{USAGE}", file=sys.stderr, end="")
+        return 2
+    return command(args[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

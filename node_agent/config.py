@@ -1,0 +1,348 @@
+"""``corral agent``'s command line: llama-server's router flags, Corral's own, and the rest.
+
+Drop-in rule (SPEC "Node agent"): whatever ``llama-server --models-dir D …`` accepts,
+``corral agent --models-dir D …`` accepts with the same meaning. The router flags keep
+llama-server's names, defaults and ``LLAMA_ARG_*`` env names (the command line wins over the
+env). Every other llama-server option is collected for the children, where it overrides
+per-model preset values (llama.cpp merges the router's own arguments over every preset).
+As in llama.cpp, ``--timeout`` and ``--sleep-idle-seconds`` also reach every child: a child
+is what sleeps, and the proxy hop should time out like the child does.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from node_agent.errors import ConfigError
+from node_agent.sources.options import llama_options, parse_bool
+from node_agent.sources.spec import OptionValue
+
+T = TypeVar("T")
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+# Options that make llama-server serve one model instead of routing; an agent serves many.
+SINGLE_MODEL = frozenset({"model", "hf-repo", "mmproj", "alias", "model-url", "docker-repo"})
+# Options that only print something and exit.
+INFORMATIONAL = frozenset({"usage", "version", "cache-list", "completion-bash"})
+# Router flags that are also given to every child (see the module docstring).
+ALSO_FOR_CHILDREN = frozenset({"timeout", "sleep-idle-seconds"})
+
+
+@dataclass(frozen=True, slots=True)
+class AgentOptions:
+    """Everything ``corral agent`` was told, validated."""
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    models_dir: str | None = None
+    models_preset: str | None = None
+    """A file or a folder of files, as given."""
+    models_max: int = 4
+    """At most this many children at once; ≤ 0 means no limit (llama.cpp's 0 = unlimited)."""
+    models_autoload: bool = True
+    api_keys: tuple[str, ...] = ()
+    """From ``--api-key`` (comma-separated) and ``--api-key-file`` (one a line)."""
+    timeout: int = 3600
+    sleep_idle_seconds: int = -1
+    """-1 = children never sleep."""
+    # Corral's own.
+    llama_server: str | None = None
+    models_memory_margin: int | None = None
+    """MiB to keep free on every device; None = the memory ledger does not limit loads."""
+    memory_limits: tuple[tuple[str, int], ...] = ()
+    """(device, bytes) caps on what the ledger may use, from ``--memory-limit DEV=SIZE``."""
+    models_ttl: float | None = None
+    """Unload a model idle this many seconds; None = never (a preset's ``ttl`` wins)."""
+    queue_timeout: float | None = None
+    """Fail a request that waited this long for its model; None = wait as long as it takes."""
+    max_queue: int | None = None
+    """Refuse requests beyond this many waiting; None = no limit."""
+    log_level: str = "info"
+    child_options: tuple[tuple[str, OptionValue], ...] = ()
+    """llama-server options for every child, by canonical name, in command-line order."""
+    show_help: bool = False
+    show_version: bool = False
+
+    @property
+    def unlimited_models(self) -> bool:
+        return self.models_max <= 0
+
+
+def parse_agent_args(argv: Sequence[str], env: Mapping[str, str]) -> AgentOptions:
+    """Parse ``corral agent``'s arguments (without the program and subcommand names)."""
+    values: dict[str, object] = {}
+    api_keys: list[str] = []
+    api_key_files: list[str] = []
+    limits: dict[str, int] = {}
+    children: dict[str, OptionValue] = {}
+    table = llama_options()
+
+    _apply_env(env, values, api_keys, api_key_files)
+    words = _Words(argv)
+    while (word := words.next()) is not None:
+        if not word.startswith("-") or word == "-":
+            raise ConfigError(
+                f"unexpected argument {word!r}: corral agent takes only options "
+                "(models come from --models-dir, --models-preset or the HF cache)"
+            )
+        flag, inline = word, None
+        if word.startswith("--") and "=" in word:
+            flag, _, inline = word.partition("=")
+
+        def value(what: str, flag: str = flag, inline: str | None = inline) -> str:
+            return inline if inline is not None else words.value_for(flag, what)
+
+        own = _OWN_FLAGS.get(flag)
+        if own is not None:
+            field, what, convert = own
+            raw = value(what)
+            if field == "memory_limit":
+                device, size = _memory_limit(raw)
+                if device in limits:
+                    raise ConfigError(f"--memory-limit: device {device!r} is given twice")
+                limits[device] = size
+            else:
+                values[field] = _convert(flag, raw, what, convert)
+            continue
+
+        match = table.flag(flag)
+        if match is None:
+            hint = table.suggest_flag(flag, extra=_OWN_FLAGS)
+            tail = f"; did you mean {hint}?" if hint else ""
+            raise ConfigError(
+                f"unknown option {flag}: not a corral agent or llama-server option{tail}"
+            )
+        opt = match.option
+        name = opt.name
+        if opt.is_flag and inline is not None:
+            raise ConfigError(f"{flag} is a flag and takes no value (got {word!r})")
+        if name in INFORMATIONAL:
+            values["show_version" if name == "version" else "show_help"] = True
+            continue
+        if name in SINGLE_MODEL:
+            raise ConfigError(
+                f"{flag} names one model, but corral agent serves many: put models in "
+                "--models-dir, or name them in a --models-preset file"
+            )
+        if name in _ROUTER:
+            field, what, convert = _ROUTER[name]
+            if opt.is_flag:
+                values[field] = not match.negated
+            elif name == "api-key":
+                api_keys[:] = _split_keys(value(what))
+            elif name == "api-key-file":
+                api_key_files[:] = [value(what)]
+            else:
+                raw = value(what)
+                values[field] = _convert(flag, raw, what, convert)
+                if name in ALSO_FOR_CHILDREN:
+                    children[name] = raw
+            continue
+        if opt.is_flag:
+            children[name] = not match.negated
+        elif opt.nargs > 1:
+            raise ConfigError(
+                f"{flag} takes {opt.nargs} values, which corral agent cannot pass to children "
+                "(llama.cpp's presets cannot either)"
+            )
+        else:
+            children[name] = value("a value")
+
+    keys = list(api_keys)
+    for path in api_key_files:
+        keys.extend(_read_key_file(path))
+    return AgentOptions(
+        **values,  # type: ignore[arg-type]
+        api_keys=tuple(keys),
+        memory_limits=tuple(limits.items()),
+        child_options=tuple(children.items()),
+    )
+
+
+class _Words:
+    """The command line, consumed left to right."""
+
+    def __init__(self, argv: Sequence[str]) -> None:
+        self._argv = list(argv)
+        self._next = 0
+
+    def next(self) -> str | None:
+        if self._next >= len(self._argv):
+            return None
+        self._next += 1
+        return self._argv[self._next - 1]
+
+    def value_for(self, flag: str, what: str) -> str:
+        word = self.next()
+        if word is None:
+            raise ConfigError(f"{flag} expects {what}, but nothing follows it")
+        return word
+
+
+# --- converters -------------------------------------------------------------------------
+
+
+def _convert(flag: str, raw: str, what: str, convert: Callable[[str], object]) -> object:
+    try:
+        return convert(raw)
+    except ValueError as e:
+        detail = f" ({e})" if str(e) and "invalid literal" not in str(e) else ""
+        raise ConfigError(f"{flag} expects {what}, got {raw!r}{detail}") from None
+
+
+def _int_at_least(low: int) -> Callable[[str], int]:
+    def convert(raw: str) -> int:
+        n = int(raw.strip())
+        if n < low:
+            raise ValueError(f"must be >= {low}")
+        return n
+
+    return convert
+
+
+def _port(raw: str) -> int:
+    n = int(raw.strip())
+    if not 0 <= n <= 65535:
+        raise ValueError("must be 0-65535")
+    return n
+
+
+def _seconds(raw: str) -> float | None:
+    s = float(raw.strip())
+    if s != s or s < 0:  # NaN or negative
+        raise ValueError("must be >= 0")
+    return s or None  # 0 = off
+
+
+def _count_or_unlimited(raw: str) -> int | None:
+    n = int(raw.strip())
+    if n < 0:
+        raise ValueError("must be >= 0")
+    return n or None  # 0 = no limit
+
+
+def _log_level(raw: str) -> str:
+    level = raw.strip().lower()
+    if level not in LOG_LEVELS:
+        raise ValueError("one of " + ", ".join(LOG_LEVELS))
+    return level
+
+
+def _bool(raw: str) -> bool:
+    flag = parse_bool(raw)
+    if flag is None:
+        raise ValueError("true/false, on/off, 1/0")
+    return flag
+
+
+def _identity(raw: str) -> str:
+    return raw
+
+
+_UNITS = {
+    "": None,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "m": 10**6,
+    "mb": 10**6,
+    "g": 10**9,
+    "gb": 10**9,
+    "t": 10**12,
+    "tb": 10**12,
+    "ki": 2**10,
+    "kib": 2**10,
+    "mi": 2**20,
+    "mib": 2**20,
+    "gi": 2**30,
+    "gib": 2**30,
+    "ti": 2**40,
+    "tib": 2**40,
+}
+_SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*")
+
+
+def parse_size(raw: str) -> int:
+    """``8GiB`` -> bytes. IEC units (Ki, Mi, Gi, Ti, optionally with B) are powers of 1024;
+    SI units (K, M, G, T, optionally with B) powers of 1000, as in Kubernetes quantities. A
+    unit is required: a bare number is too easy to misread as MiB or bytes."""
+    m = _SIZE.fullmatch(raw)
+    unit = m.group(2).lower() if m else ""
+    factor = _UNITS.get(unit) if m else None
+    if m is None or factor is None:
+        raise ValueError("a size with a unit, like 8GiB, 512MiB or 20G")
+    return int(float(m.group(1)) * factor)
+
+
+def _memory_limit(raw: str) -> tuple[str, int]:
+    device, sep, size = raw.partition("=")
+    if not sep or not device.strip():
+        raise ConfigError(
+            f"--memory-limit expects DEVICE=SIZE (e.g. host=8GiB or cuda0=20GiB), got {raw!r}"
+        )
+    try:
+        return device.strip(), parse_size(size)
+    except ValueError as e:
+        raise ConfigError(f"--memory-limit {raw!r}: expected {e}") from None
+
+
+def _split_keys(raw: str) -> list[str]:
+    return [k.strip() for k in raw.split(",") if k.strip()]
+
+
+def _read_key_file(path: str) -> list[str]:
+    # llama.cpp: one key a line; lines starting with '#' are comments.
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as e:
+        raise ConfigError(f"--api-key-file {path!r} cannot be read: {e.strerror}") from e
+    return [ln.strip() for ln in lines if ln.strip() and not ln.strip().startswith("#")]
+
+
+# --- flag tables ------------------------------------------------------------------------
+
+# Router flags by llama.cpp canonical name: field, what the value must be, converter.
+_ROUTER: dict[str, tuple[str, str, Callable[[str], object]]] = {
+    "host": ("host", "an address", _identity),
+    "port": ("port", "a port number", _port),
+    "models-dir": ("models_dir", "a directory", _identity),
+    "models-preset": ("models_preset", "a preset file or folder", _identity),
+    "models-max": ("models_max", "an integer (<= 0: no limit)", int),
+    "models-autoload": ("models_autoload", "a boolean", _bool),
+    "api-key": ("api_keys", "a key (or several, comma-separated)", _identity),
+    "api-key-file": ("api_key_file", "a file", _identity),
+    "timeout": ("timeout", "a number of seconds", _int_at_least(0)),
+    "sleep-idle-seconds": ("sleep_idle_seconds", "seconds (-1: never)", _int_at_least(-1)),
+}
+
+# Corral's own flags (no llama-server option has these names).
+_OWN_FLAGS: dict[str, tuple[str, str, Callable[[str], object]]] = {
+    "--llama-server": ("llama_server", "a path to llama-server", _identity),
+    "--models-memory-margin": ("models_memory_margin", "MiB (an integer >= 0)", _int_at_least(0)),
+    "--memory-limit": ("memory_limit", "DEVICE=SIZE", _identity),
+    "--models-ttl": ("models_ttl", "seconds (0: never)", _seconds),
+    "--queue-timeout": ("queue_timeout", "seconds (0: wait forever)", _seconds),
+    "--max-queue": ("max_queue", "a count (0: no limit)", _count_or_unlimited),
+    "--log-level": ("log_level", "one of " + ", ".join(LOG_LEVELS), _log_level),
+}
+
+
+def _apply_env(
+    env: Mapping[str, str], values: dict[str, object], keys: list[str], key_files: list[str]
+) -> None:
+    table = llama_options()
+    for name, (field, what, convert) in _ROUTER.items():
+        var = table.named(name).env
+        if var is None or var not in env:
+            continue
+        raw = env[var]
+        if name == "api-key":
+            keys[:] = _split_keys(raw)
+        elif name == "api-key-file":
+            key_files[:] = [raw]
+        else:
+            values[field] = _convert(f"${var}", raw, what, convert)

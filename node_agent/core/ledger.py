@@ -1,0 +1,339 @@
+"""The memory ledger: who holds how much of each device, and what a load would leave.
+
+Pure: no asyncio, no I/O, no clock. The registry feeds it device readings and child
+transitions and asks it questions; the probes (``node_agent.memory.devices``) and the
+estimator live elsewhere. Its rules follow the ledger described for llama.cpp's router
+(``server_models_sched``: calibrate, reserve, available, deficit, make_room) with the gaps
+that description leaves closed.
+
+Figures, per model and device, in bytes:
+
+* ``min``: the estimate at the smallest context the model may run with;
+* ``max``: the estimate at the largest context that fits now (shown, never admitted on:
+  admitting on ``max`` would refuse a model that runs fine at 4096 because it wants 128K);
+* ``effective``: what its running child really holds (measured after ``ready``).
+
+``held[model]`` is what the ledger counts for a running instance: ``effective`` when
+measured, else ``min``. It is written on spawn (``min``: the child is about to allocate),
+rewritten on ready and on each measurement, and dropped on sleep (the child frees its model
+and context), on unload and on crash (a dead child must never leave a ghost reservation
+that refuses every later load).
+
+Devices, from readings of ``total`` and ``free``:
+
+* ``external = max(0, total - free - Σ usage of tracked instances)``: what processes we
+  do not track use. Each tracked instance is subtracted exactly once, by its fresh
+  measurement when the caller has one, else by its held figure. Subtracting only "self"
+  would count every other child again as external on each load, and the ledger would grow
+  more conservative with every model loaded.
+* ``available = min(total - external, limit) - Σ held``: ``--memory-limit`` caps what the
+  models together may use; external use still counts against the real device.
+  (Equivalent to capping ``total`` at the limit while ``free`` stays real.)
+* ``deficit(model)[device] = min - (available - margin)`` where positive. A device never
+  read and without a limit is not constrained.
+
+Making room (:meth:`MemoryLedger.plan_room`) decides one step at a time, because each
+eviction changes the readings: evict the least recently used idle instance that holds
+memory on a short device; when only busy (or loading) instances hold it, wait; when no
+tracked instance holds memory on a short device, nothing we can stop helps, so load anyway
+with a warning (the child's ``--fit`` may still shrink its context). The caller waits for a
+victim's exit and for :func:`freed_memory_visible` (GPU drivers report freed memory late,
+so a reading right after exit may still count the victim) within a bound of its choosing,
+re-reads the devices, calibrates and asks again; and checks :meth:`deficit` once more just
+before spawning.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class DeviceReading:
+    """One probe reading: bytes in all and bytes free on a device."""
+
+    name: str
+    total: int
+    free: int
+
+
+@dataclass(frozen=True)
+class ModelFigures:
+    """A model's figures per device, for ``GET /models``."""
+
+    min: Mapping[str, int] = field(default_factory=dict)
+    max: Mapping[str, int] | None = None
+    effective: Mapping[str, int] | None = None
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A possible victim as the scheduler sees it; ``busy``: a request is in flight."""
+
+    name: str
+    last_used: float
+    busy: bool = False
+
+
+class Verdict(enum.Enum):
+    FITS = "fits"
+    EVICT = "evict"  # stop ``victim``, wait for it and its memory, then ask again
+    WAIT = "wait"  # only busy instances hold the memory: a request waits, /models/load gets 500
+    LOAD_ANYWAY = "load_anyway"  # nothing we could stop helps: load and log a warning
+
+
+@dataclass(frozen=True)
+class RoomPlan:
+    verdict: Verdict
+    deficit: Mapping[str, int]
+    victim: str | None = None
+
+
+@dataclass(frozen=True)
+class DeviceStatistics:
+    name: str
+    total: int | None  # None: never read (only a limit is known)
+    limit: int | None
+    external: int
+    held: Mapping[str, int]
+    available: int | None
+    margin: int
+
+
+@dataclass(frozen=True)
+class LedgerStatistics:
+    margin: int
+    devices: tuple[DeviceStatistics, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The ``/ledger`` endpoint's body."""
+        return {
+            "margin": self.margin,
+            "devices": [
+                {
+                    "name": d.name,
+                    "total": d.total,
+                    "limit": d.limit,
+                    "external": d.external,
+                    "held": dict(d.held),
+                    "available": d.available,
+                    "margin": d.margin,
+                }
+                for d in self.devices
+            ],
+        }
+
+
+@dataclass
+class _Device:
+    total: int
+    external: int = 0
+
+
+class MemoryLedger:
+    """Per-device accounting of tracked instances; see the module docstring."""
+
+    def __init__(self, margin: int, limits: Mapping[str, int] | None = None) -> None:
+        self.margin = margin
+        self.limits = dict(limits or {})
+        self._devices: dict[str, _Device] = {}
+        self._figures: dict[str, ModelFigures] = {}
+        self._held: dict[str, dict[str, int]] = {}
+
+    # -- figures ---------------------------------------------------------------------------
+
+    def set_estimate(
+        self, model: str, min: Mapping[str, int], max: Mapping[str, int] | None = None
+    ) -> None:
+        """Record a model's estimated ``min`` (and ``max``); a held ``min`` follows it."""
+        old = self._figures.get(model, ModelFigures())
+        self._figures[model] = ModelFigures(dict(min), _copy(max), old.effective)
+        if model in self._held and old.effective is None:
+            self._held[model] = _positive(min)
+
+    def figures(self, model: str) -> ModelFigures:
+        return self._figures.get(model, ModelFigures())
+
+    def forget(self, model: str) -> None:
+        """The model left the catalog."""
+        self._figures.pop(model, None)
+        self._held.pop(model, None)
+
+    # -- transitions -----------------------------------------------------------------------
+
+    def on_spawned(self, model: str) -> None:
+        """A child was started: reserve its ``min`` before it allocates anything."""
+        self._held[model] = _positive(self.figures(model).min)
+
+    def on_ready(self, model: str, effective: Mapping[str, int] | None = None) -> None:
+        """Ready (first time or on wake): hold ``effective`` when known, else ``min``."""
+        if effective is not None:
+            self._set_effective(model, effective)
+        self._reserve(model)
+
+    def on_measured(self, model: str, effective: Mapping[str, int]) -> None:
+        """A fresh measurement of a running child; held only if it is tracked now."""
+        self._set_effective(model, effective)
+        if model in self._held:
+            self._reserve(model)
+
+    def on_sleeping(self, model: str) -> None:
+        """The child unloaded its model and context but lives on: it holds nothing now."""
+        self._held.pop(model, None)
+
+    def on_unloaded(self, model: str) -> None:
+        """Exited, cleanly or not: release and forget what it held."""
+        self._held.pop(model, None)
+        if model in self._figures:
+            fig = self._figures[model]
+            self._figures[model] = ModelFigures(fig.min, fig.max, None)
+
+    def held(self, model: str) -> Mapping[str, int]:
+        return dict(self._held.get(model, {}))
+
+    def _set_effective(self, model: str, effective: Mapping[str, int]) -> None:
+        fig = self.figures(model)
+        self._figures[model] = ModelFigures(fig.min, fig.max, dict(effective))
+
+    def _reserve(self, model: str) -> None:
+        fig = self.figures(model)
+        self._held[model] = _positive(fig.effective if fig.effective is not None else fig.min)
+
+    # -- devices ---------------------------------------------------------------------------
+
+    def calibrate(
+        self,
+        readings: Iterable[DeviceReading],
+        usage: Mapping[str, Mapping[str, int]] | None = None,
+    ) -> None:
+        """Take fresh readings; ``usage``: fresh per-instance measurements where known.
+
+        Every tracked instance is subtracted once: by its measurement if in ``usage``, else
+        by what it holds. An untracked (sleeping) child's memory is external, rightly: it is
+        not ours to count until it wakes.
+        """
+        usage = usage or {}
+        for reading in readings:
+            tracked = 0
+            for model, held in self._held.items():
+                measured = usage.get(model)
+                tracked += (measured if measured is not None else held).get(reading.name, 0)
+            external = max(0, reading.total - reading.free - tracked)
+            self._devices[reading.name] = _Device(reading.total, external)
+
+    def available(self, device: str, *, without: str | None = None) -> int | None:
+        """Bytes a new load may use on ``device`` (margin not deducted); None = unlimited."""
+        dev = self._devices.get(device)
+        limit = self.limits.get(device)
+        if dev is None and limit is None:
+            return None
+        room = dev.total - dev.external if dev is not None else None
+        if limit is not None:
+            room = limit if room is None else min(room, limit)
+        assert room is not None
+        held = sum(h.get(device, 0) for m, h in self._held.items() if m != without)
+        return room - held
+
+    def deficit(self, model: str) -> dict[str, int]:
+        """Bytes ``model``'s ``min`` lacks per device, margin included; empty when it fits."""
+        short = {}
+        for device, need in self.figures(model).min.items():
+            avail = self.available(device, without=model)
+            if need <= 0 or avail is None:
+                continue
+            lack = need - (avail - self.margin)
+            if lack > 0:
+                short[device] = lack
+        return short
+
+    # -- making room -----------------------------------------------------------------------
+
+    def plan_room(self, model: str, candidates: Sequence[Candidate]) -> RoomPlan:
+        """The next step to fit ``model``; ``candidates``: instances the scheduler could stop.
+
+        Candidates not marked busy are idle; instances held but not offered (loading,
+        queued, stopping) count as busy.
+        """
+        short = self.deficit(model)
+        if not short:
+            return RoomPlan(Verdict.FITS, short)
+        idle = [
+            c for c in candidates if not c.busy and c.name != model and self._helps(c.name, short)
+        ]
+        if idle:
+            victim = min(idle, key=lambda c: c.last_used)
+            return RoomPlan(Verdict.EVICT, short, victim.name)
+        if any(self._helps(m, short) for m in self._held if m != model):
+            return RoomPlan(Verdict.WAIT, short)
+        return RoomPlan(Verdict.LOAD_ANYWAY, short)
+
+    def _helps(self, victim: str, short: Mapping[str, int]) -> bool:
+        held = self._held.get(victim, {})
+        return any(held.get(device, 0) > 0 for device in short)
+
+    # The scheduler's RoomCheck protocol (node_agent.core.scheduler).
+
+    def shortfall(self, model: str) -> bool:
+        return bool(self.deficit(model))
+
+    def pick_victim(self, model: str, candidates: Sequence[str]) -> str | None:
+        """The first of ``candidates`` (already ordered best victim first) that helps."""
+        short = self.deficit(model)
+        return next((c for c in candidates if c != model and self._helps(c, short)), None)
+
+    # -- snapshot --------------------------------------------------------------------------
+
+    def statistics(self) -> LedgerStatistics:
+        names = sorted(set(self._devices) | set(self.limits), key=lambda n: (n != "host", n))
+        devices = []
+        for name in names:
+            dev = self._devices.get(name)
+            devices.append(
+                DeviceStatistics(
+                    name=name,
+                    total=dev.total if dev is not None else None,
+                    limit=self.limits.get(name),
+                    external=dev.external if dev is not None else 0,
+                    held={m: h[name] for m, h in sorted(self._held.items()) if h.get(name)},
+                    available=self.available(name),
+                    margin=self.margin,
+                )
+            )
+        return LedgerStatistics(self.margin, tuple(devices))
+
+
+def freed_memory_visible(
+    baseline_free: Mapping[str, int],
+    fresh: Iterable[DeviceReading],
+    expected: Mapping[str, int],
+    *,
+    slack: float = 0.2,
+) -> bool:
+    """Whether a stopped victim's memory shows free again.
+
+    ``baseline_free``: free bytes per device read just before the victim was stopped;
+    ``expected``: what it held. True once every device's free memory rose by at least
+    ``expected x (1 - slack)``; the slack absorbs estimates above the real use and small
+    moves of other processes. Devices without a baseline are not waited for. How long to
+    keep asking is the caller's bound (GPU drivers lag; the host frees at exit).
+    """
+    now = {r.name: r.free for r in fresh}
+    for device, amount in expected.items():
+        if amount <= 0 or device not in baseline_free or device not in now:
+            continue
+        if now[device] - baseline_free[device] < amount * (1 - slack):
+            return False
+    return True
+
+
+def _positive(figures: Mapping[str, int]) -> dict[str, int]:
+    return {device: size for device, size in figures.items() if size > 0}
+
+
+def _copy(figures: Mapping[str, int] | None) -> dict[str, int] | None:
+    return dict(figures) if figures is not None else None

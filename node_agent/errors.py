@@ -1,0 +1,65 @@
+"""One error hierarchy for the agent.
+
+Library errors are wrapped with ``raise ... from``; handlers turn ``ApiError`` into the
+OpenAI-shaped body that llama.cpp's router sends (``{"error": {"code", "message", "type"}}``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class CorralError(Exception):
+    """Base of every error Corral raises on purpose."""
+
+
+class ConfigError(CorralError):
+    """A flag, preset file or models directory that cannot be used as given.
+
+    The message says what was wrong, where (file and line when there is one) and how to fix it.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, line: int | None = None) -> None:
+        where = ""
+        if path is not None:
+            where = f"{path}:{line}: " if line is not None else f"{path}: "
+        super().__init__(f"{where}{message}")
+        self.path = path
+        self.line = line
+
+
+class BinaryError(CorralError):
+    """No usable llama-server binary was found, or it cannot run on this machine."""
+
+
+class ChildError(CorralError):
+    """A llama-server child failed to start, become ready or stop."""
+
+
+class ApiError(CorralError):
+    """An error answered to an HTTP client, in llama.cpp's error shape."""
+
+    # llama.cpp's error types by status code (server-common: format_error_response).
+    _TYPES: ClassVar[dict[int, str]] = {
+        400: "invalid_request_error",
+        401: "authentication_error",
+        403: "permission_error",
+        404: "not_found_error",
+        413: "invalid_request_error",
+        500: "server_error",
+        501: "not_supported_error",
+        503: "unavailable_error",
+    }
+
+    def __init__(self, status: int, message: str, *, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = headers or {}
+
+    @property
+    def type(self) -> str:
+        return self._TYPES.get(self.status, "server_error")
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"code": self.status, "message": self.message, "type": self.type}}

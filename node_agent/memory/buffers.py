@@ -1,0 +1,97 @@
+"""The buffer sizes a llama-server child logs at ``-lv 4``, read from its stderr lines.
+
+Lines look like ``load_tensors:   CPU_Mapped model buffer size =     5.74 MiB`` or
+``llama_kv_cache:      CUDA0 KV buffer size =   448.00 MiB``. They cross-check the host's
+``smaps_rollup`` reading (which also counts the binary and its libraries) and are the
+reference the estimator's accuracy test compares against.
+
+The sizes are printed in MiB with two decimals, so each is exact to ±5 KiB.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+MIB = 1 << 20
+KINDS = ("model", "KV", "RS", "output", "compute")
+
+_LINE = re.compile(
+    rb"\s(?P<buffer>[A-Za-z][\w-]*)\s+(?P<kind>model|KV|RS|output|compute) buffer size\s*=\s*"
+    rb"(?P<mib>\d+(?:\.\d+)?) MiB"
+)
+
+
+@dataclass(frozen=True)
+class BufferLine:
+    buffer: str  # ggml's buffer type name: CPU, CPU_Mapped, CUDA0, CUDA_Host, Vulkan0…
+    kind: str  # one of KINDS
+    size: int  # bytes
+
+    @property
+    def device(self) -> str:
+        return buffer_device(self.buffer)
+
+
+def buffer_device(buffer: str) -> str:
+    """The ledger's device for a ggml buffer type: host memory for CPU and pinned buffers."""
+    if buffer.startswith("CPU") or buffer.endswith("_Host") or buffer == "Metal_Mapped":
+        return "host"
+    return buffer.removesuffix("_Mapped").removesuffix("_Split")
+
+
+def parse_buffer_line(line: str | bytes) -> BufferLine | None:
+    """The buffer a log line reports, or None; stderr may hold bytes that are not UTF-8."""
+    raw = line.encode("utf-8", "replace") if isinstance(line, str) else line
+    match = _LINE.search(raw)
+    if match is None:
+        return None
+    size = round(float(match["mib"]) * MIB)
+    return BufferLine(match["buffer"].decode(), match["kind"].decode(), size)
+
+
+@dataclass
+class LoggedBuffers:
+    """Buffers seen in a child's log so far, by (buffer type, kind).
+
+    Model buffers add up (one per buffer type: mapped file and repacked weights are two).
+    Context buffers are replaced when logged again: a context that reserves its graph twice
+    (``--fit``, a retry with a smaller ubatch) holds only the last one.
+    """
+
+    sizes: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    def feed(self, line: str | bytes) -> BufferLine | None:
+        found = parse_buffer_line(line)
+        if found is not None:
+            key = (found.buffer, found.kind)
+            if found.kind == "model":
+                self.sizes[key] = self.sizes.get(key, 0) + found.size
+            else:
+                self.sizes[key] = found.size
+        return found
+
+    def feed_all(self, lines: Iterable[str | bytes]) -> LoggedBuffers:
+        for line in lines:
+            self.feed(line)
+        return self
+
+    def by_kind(self, device: str | None = None) -> dict[str, int]:
+        """Bytes per kind (``RS`` folded into ``KV``), on one device or all."""
+        out = dict.fromkeys(("model", "KV", "output", "compute"), 0)
+        for (buffer, kind), size in self.sizes.items():
+            if device is None or buffer_device(buffer) == device:
+                out["KV" if kind == "RS" else kind] += size
+        return out
+
+    def per_device(self) -> Mapping[str, int]:
+        out: dict[str, int] = {}
+        for (buffer, _kind), size in self.sizes.items():
+            dev = buffer_device(buffer)
+            out[dev] = out.get(dev, 0) + size
+        return out
+
+    @property
+    def total(self) -> int:
+        return sum(self.sizes.values())

@@ -1,0 +1,189 @@
+"""Device probes: how much memory each device has and what our children use of it.
+
+Behind the :class:`DeviceProbe` protocol so the registry and tests see one seam:
+
+* :class:`HostProbe`: the host's RAM from ``/proc/meminfo`` (``MemTotal``,
+  ``MemAvailable``, which counts reclaimable page cache as free the way the kernel would
+  hand it out) and a child's private memory from ``/proc/PID/smaps_rollup``.
+* :class:`NvmlProbe`: NVIDIA GPUs through NVML (``pynvml``, the optional ``nvidia`` extra),
+  named ``CUDA0``… in NVML's order, which is PCI bus order; children must run with
+  ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (:data:`CHILD_ENV`) so CUDA numbers them the same way.
+  Per-process use comes from NVML's running-process list.
+* :func:`open_probes`: the host always, plus NVML when the library loads and sees a GPU.
+  Without NVML the agent runs on the host ledger alone.
+
+``--memory-limit`` is not applied here: the ledger caps ``available`` with it, which is the
+same as capping ``total`` while keeping ``free`` real (see ``node_agent.core.ledger``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Collection, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from node_agent.core.ledger import DeviceReading
+from node_agent.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+HOST = "host"
+# Environment for every child: CUDA's default order is "fastest first", NVML's is PCI bus
+# order; without this CUDA0 in a child's log could be another GPU than NVML's CUDA0.
+CHILD_ENV = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+class DeviceProbe(Protocol):
+    """Reads devices and per-process use; implementations must not raise on a dead pid."""
+
+    def read(self) -> list[DeviceReading]: ...
+
+    def process_usage(self, pids: Collection[int]) -> dict[str, int]:
+        """Bytes ``pids`` together hold per device (devices where they hold nothing omitted)."""
+        ...
+
+
+class HostProbe:
+    def __init__(self, proc: Path = Path("/proc")) -> None:
+        self.proc = proc
+
+    def read(self) -> list[DeviceReading]:
+        fields = _kib_fields(self.proc / "meminfo", ("MemTotal", "MemAvailable"))
+        total = fields.get("MemTotal", 0)
+        return [DeviceReading(HOST, total, fields.get("MemAvailable", 0))] if total else []
+
+    def process_usage(self, pids: Collection[int]) -> dict[str, int]:
+        # Private memory only: shared pages (libc, and the weights of a file two children
+        # map) would be counted once per child otherwise. Clean private pages include the
+        # model file's mapped pages, which are what a child's weights occupy in RAM.
+        used = 0
+        for pid in pids:
+            rollup = self.proc / str(pid) / "smaps_rollup"
+            fields = _kib_fields(rollup, ("Private_Clean", "Private_Dirty"))
+            used += sum(fields.values())
+        return {HOST: used} if used else {}
+
+
+class NvmlLibrary(Protocol):
+    """The part of ``pynvml`` the probe uses (a test seam: a fake implements this)."""
+
+    def nvmlDeviceGetCount(self) -> int: ...
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any: ...
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Any:
+        """An object with ``total`` and ``free`` in bytes."""
+        ...
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> Sequence[Any]:
+        """Objects with ``pid`` and ``usedGpuMemory`` (None where the driver hides it)."""
+        ...
+
+
+class NvmlProbe:
+    def __init__(self, nvml: NvmlLibrary) -> None:
+        self.nvml = nvml
+        count = nvml.nvmlDeviceGetCount()
+        self.handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+
+    def read(self) -> list[DeviceReading]:
+        readings = []
+        for index, handle in enumerate(self.handles):
+            info = self.nvml.nvmlDeviceGetMemoryInfo(handle)
+            readings.append(DeviceReading(f"CUDA{index}", int(info.total), int(info.free)))
+        return readings
+
+    def process_usage(self, pids: Collection[int]) -> dict[str, int]:
+        wanted = set(pids)
+        usage = {}
+        for index, handle in enumerate(self.handles):
+            used = sum(
+                int(p.usedGpuMemory or 0)
+                for p in self.nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+                if p.pid in wanted
+            )
+            if used:
+                usage[f"CUDA{index}"] = used
+        return usage
+
+
+class CompositeProbe:
+    """Several probes read as one."""
+
+    def __init__(self, probes: Sequence[DeviceProbe]) -> None:
+        self.probes = list(probes)
+
+    def read(self) -> list[DeviceReading]:
+        return [r for probe in self.probes for r in probe.read()]
+
+    def process_usage(self, pids: Collection[int]) -> dict[str, int]:
+        usage: dict[str, int] = {}
+        for probe in self.probes:
+            usage.update(probe.process_usage(pids))
+        return usage
+
+
+def load_nvml() -> NvmlLibrary | None:
+    """``pynvml`` initialised, or None where it is not installed or finds no driver."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:  # pynvml.NVMLError and friends: no driver, no GPU
+        log.info("NVML unavailable (%s): the ledger covers host memory only", exc)
+        return None
+    lib: NvmlLibrary = pynvml
+    return lib
+
+
+def open_probes(nvml: NvmlLibrary | None = None, *, use_nvml: bool = True) -> CompositeProbe:
+    """The host, plus every NVIDIA GPU when NVML is usable."""
+    probes: list[DeviceProbe] = [HostProbe()]
+    lib = nvml if nvml is not None else (load_nvml() if use_nvml else None)
+    if lib is not None:
+        with contextlib.suppress(Exception):  # a driver that answers init but not queries
+            gpu = NvmlProbe(lib)
+            if gpu.handles:
+                probes.append(gpu)
+    return CompositeProbe(probes)
+
+
+def parse_memory_limit(text: str) -> tuple[str, int]:
+    """``DEVICE=SIZE`` (``host=8GiB``, ``CUDA0=20G``, ``host=512MiB``) → (device, bytes)."""
+    device, sep, size = text.partition("=")
+    if not sep or not device.strip():
+        raise ConfigError(f"--memory-limit {text!r}: expected DEVICE=SIZE, e.g. host=8GiB")
+    return device.strip(), parse_size(size, f"--memory-limit {text!r}")
+
+
+def parse_size(text: str, what: str = "size") -> int:
+    raw = text.strip().lower().removesuffix("ib").removesuffix("b")
+    number = raw.rstrip("kmgt")
+    unit = raw[len(number) :]
+    try:
+        value = float(number)
+    except ValueError as exc:
+        raise ConfigError(f"{what}: cannot read size {text!r} (use e.g. 512MiB, 8GiB)") from exc
+    if value < 0 or unit not in _UNITS:
+        raise ConfigError(f"{what}: cannot read size {text!r} (use e.g. 512MiB, 8GiB)")
+    return int(value * _UNITS[unit])
+
+
+def _kib_fields(path: Path, names: Sequence[str]) -> dict[str, int]:
+    """``Name:  123 kB`` lines of a /proc file, in bytes; empty when the file is gone."""
+    try:
+        text = path.read_text()
+    except OSError:  # the process exited between listing and reading: it holds nothing
+        return {}
+    out = {}
+    for line in text.splitlines():
+        name, _, rest = line.partition(":")
+        if name in names:
+            out[name] = int(rest.split()[0]) * 1024
+    return out

@@ -1,0 +1,181 @@
+"""A minimal GGUF header reader: metadata and the tensor-info table, never tensor data.
+
+Why not gguf-py's ``GGUFReader``: it builds numpy views of every field and every tensor, which
+costs ~10 ms a file; admission estimates a model's memory before each load and ``GET /models``
+shows the figures for every model, so we parse only what the estimator needs. The file is
+memory-mapped and the walk stops at the end of the tensor-info table, so only the header's
+pages are touched (a 40 GB model costs the same as a 1 MB one).
+
+Format (GGUF v2/v3, little-endian): magic ``GGUF``, u32 version, u64 tensor count, u64
+metadata count, the metadata (key string, u32 type, value), then per tensor its name, u32
+n_dims, u64 dims, u32 ggml type and u64 offset. Big arrays (the vocabulary) are skipped, only
+their length is kept: the estimator needs ``n_vocab``, not the tokens.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from node_agent.errors import CorralError
+
+
+class GgufError(CorralError):
+    """A file that is not a readable GGUF header."""
+
+
+@dataclass(frozen=True)
+class SkippedArray:
+    """An array whose items were not kept (only string and large arrays): its length."""
+
+    length: int
+
+
+MetaValue = int | float | bool | str | tuple[int | float | bool | str, ...] | SkippedArray
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]
+    ggml_type: int
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the tensor's data, from its type's block size and block bytes."""
+        elements = 1
+        for dim in self.shape:
+            elements *= dim
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(self.ggml_type)]
+        return elements // block * size
+
+
+@dataclass(frozen=True)
+class GgufHeader:
+    version: int
+    metadata: Mapping[str, MetaValue]
+    tensors: tuple[TensorInfo, ...]
+
+
+# Value type ids (gguf spec) → struct format of a scalar; 8 = string, 9 = array.
+_SCALARS: dict[int, struct.Struct] = {
+    0: struct.Struct("<B"),
+    1: struct.Struct("<b"),
+    2: struct.Struct("<H"),
+    3: struct.Struct("<h"),
+    4: struct.Struct("<I"),
+    5: struct.Struct("<i"),
+    6: struct.Struct("<f"),
+    7: struct.Struct("<?"),
+    10: struct.Struct("<Q"),
+    11: struct.Struct("<q"),
+    12: struct.Struct("<d"),
+}
+_STRING, _ARRAY = 8, 9
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+# Numeric arrays up to this length are kept (per-layer head counts, SWA patterns); longer ones
+# (token scores, types, merges) are skipped by length without decoding.
+_KEEP_ARRAY = 4096
+
+
+class _Cursor:
+    __slots__ = ("buf", "pos")
+
+    def __init__(self, buf: mmap.mmap | bytes) -> None:
+        self.buf = buf
+        self.pos = 0
+
+    def u32(self) -> int:
+        (value,) = _U32.unpack_from(self.buf, self.pos)
+        self.pos += 4
+        return int(value)
+
+    def u64(self) -> int:
+        (value,) = _U64.unpack_from(self.buf, self.pos)
+        self.pos += 8
+        return int(value)
+
+    def string(self) -> str:
+        length = self.u64()
+        start = self.pos
+        self.pos += length
+        if self.pos > len(self.buf):
+            raise GgufError("string runs past the end of the file")
+        return bytes(self.buf[start : self.pos]).decode("utf-8", errors="replace")
+
+    def skip_strings(self, count: int) -> None:
+        buf, pos, unpack = self.buf, self.pos, _U64.unpack_from
+        for _ in range(count):
+            pos += 8 + unpack(buf, pos)[0]
+        self.pos = pos
+
+    def value(self, vtype: int) -> MetaValue:
+        if vtype == _STRING:
+            return self.string()
+        if vtype == _ARRAY:
+            return self.array()
+        fmt = _SCALARS.get(vtype)
+        if fmt is None:
+            raise GgufError(f"unknown metadata value type {vtype}")
+        (value,) = fmt.unpack_from(self.buf, self.pos)
+        self.pos += fmt.size
+        return value  # type: ignore[no-any-return]
+
+    def array(self) -> MetaValue:
+        itype = self.u32()
+        count = self.u64()
+        if itype == _STRING:
+            self.skip_strings(count)
+            return SkippedArray(count)
+        fmt = _SCALARS.get(itype)
+        if fmt is None:
+            raise GgufError(f"unsupported array item type {itype}")
+        if count > _KEEP_ARRAY:
+            self.pos += count * fmt.size
+            return SkippedArray(count)
+        end = self.pos + count * fmt.size
+        items = tuple(v for (v,) in fmt.iter_unpack(self.buf[self.pos : end]))
+        self.pos = end
+        return items
+
+
+def read_header(path: Path) -> GgufHeader:
+    """Read a GGUF file's metadata and tensor-info table; raises :class:`GgufError`."""
+    try:
+        with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            return _parse(buf)
+    except (OSError, ValueError) as exc:  # ValueError: mmap of an empty file
+        raise GgufError(f"{path}: cannot read GGUF header: {exc}") from exc
+    except (struct.error, IndexError) as exc:
+        raise GgufError(f"{path}: truncated GGUF header") from exc
+
+
+def _parse(buf: mmap.mmap | bytes) -> GgufHeader:
+    if buf[:4] != b"GGUF":
+        raise GgufError("not a GGUF file (bad magic)")
+    cur = _Cursor(buf)
+    cur.pos = 4
+    version = cur.u32()
+    if version not in (2, 3):
+        raise GgufError(f"unsupported GGUF version {version}")
+    n_tensors = cur.u64()
+    n_kv = cur.u64()
+    metadata: dict[str, MetaValue] = {}
+    for _ in range(n_kv):
+        key = cur.string()
+        metadata[key] = cur.value(cur.u32())
+    tensors = []
+    for _ in range(n_tensors):
+        name = cur.string()
+        n_dims = cur.u32()
+        shape = tuple(cur.u64() for _ in range(n_dims))
+        ggml_type = cur.u32()
+        cur.pos += 8  # data offset: the estimator never reads tensor data
+        tensors.append(TensorInfo(name, shape, ggml_type))
+    return GgufHeader(version, metadata, tuple(tensors))

@@ -1,0 +1,166 @@
+"""The memory ledger at work: estimates, device readings and child transitions fed to it.
+
+A thin layer over the pure :class:`~node_agent.core.ledger.MemoryLedger`. The scheduler asks
+it (as its ``RoomCheck``) whether the head of the queue fits and which idle model to evict;
+the registry tells it when children spawn, become ready, sleep and exit; and it waits, after
+a victim's exit, until the victim's memory really shows free again (GPU drivers report freed
+memory late; the host frees at exit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from node_agent.core.ledger import MemoryLedger, freed_memory_visible
+from node_agent.errors import CorralError
+from node_agent.memory.devices import CompositeProbe
+from node_agent.memory.estimator import estimate_range
+from node_agent.sources.spec import ModelSpec
+
+log = logging.getLogger(__name__)
+
+MIB = 1 << 20
+# How long a victim's memory may take to show free after its exit (Ollama waits up to a few
+# seconds for the same reason: drivers release VRAM after the process is gone).
+FREED_WAIT_SECONDS = 5.0
+FREED_POLL_SECONDS = 0.05
+
+
+def _estimator_options(spec: ModelSpec) -> dict[str, str | None]:
+    """The estimator's view of a spec's options: flags on are None, flags off are left out."""
+    options: dict[str, str | None] = {}
+    for key, value in spec.options:
+        if value is True:
+            options[key] = None
+        elif isinstance(value, str):
+            options[key] = value
+    return options
+
+
+class MemoryWatch:
+    """Owns the ledger and the device probes for one agent."""
+
+    def __init__(
+        self,
+        *,
+        margin_mib: int,
+        limits: Mapping[str, int],
+        probe: CompositeProbe,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.ledger = MemoryLedger(margin_mib * MIB, limits)
+        self.probe = probe
+        self._clock = clock
+        self._devices = [r.name for r in probe.read()]
+        for device in limits:
+            if device not in self._devices:
+                self._devices.append(device)
+        self._estimated: dict[str, tuple[Any, ...]] = {}
+        self._warned: set[str] = set()
+
+    @property
+    def devices(self) -> list[str]:
+        return list(self._devices)
+
+    # -- estimates -------------------------------------------------------------------------
+
+    def prepare(self, spec: ModelSpec) -> None:
+        """Estimate ``spec``'s min and max (once per file version and options)."""
+        path = spec.model_path
+        if path is None:
+            return
+        try:
+            stat = Path(path).stat()
+        except OSError:
+            return  # not on disk (yet): no estimate, no memory check, as in llama.cpp
+        key = (path, stat.st_mtime_ns, stat.st_size, spec.options)
+        if self._estimated.get(spec.name) == key:
+            return
+        budget = {d: a for d in self._devices if (a := self.ledger.available(d)) is not None}
+        try:
+            figures = estimate_range(Path(path), _estimator_options(spec), self._devices, budget)
+        except (CorralError, OSError, ValueError) as exc:
+            log.warning("model=%s: cannot estimate its memory (%s); not checked", spec.name, exc)
+            return
+        self.ledger.set_estimate(spec.name, figures.min.per_device(), figures.max.per_device())
+        self._estimated[spec.name] = key
+
+    def refresh(self) -> None:
+        """Read the devices and recalibrate external use."""
+        self.ledger.calibrate(self.probe.read())
+
+    # -- the scheduler's RoomCheck -----------------------------------------------------------
+
+    def shortfall(self, model: str) -> bool:
+        short = self.ledger.deficit(model)
+        if short and model not in self._warned:
+            lacking = ", ".join(f"{d}: {b / MIB:.0f} MiB" for d, b in sorted(short.items()))
+            log.info("model=%s does not fit now (short by %s)", model, lacking)
+        return bool(short)
+
+    def pick_victim(self, model: str, candidates: Sequence[str]) -> str | None:
+        return self.ledger.pick_victim(model, candidates)
+
+    def warn_if_short(self, model: str) -> None:
+        """Called as a load starts: a load that does not fit went ahead (nothing to evict)."""
+        short = self.ledger.deficit(model)
+        if short:
+            lacking = ", ".join(f"{d}: {b / MIB:.0f} MiB" for d, b in sorted(short.items()))
+            log.warning(
+                "model=%s is projected to be short by %s with nothing else to unload; "
+                "loading anyway",
+                model,
+                lacking,
+            )
+
+    # -- transitions -------------------------------------------------------------------------
+
+    def spawned(self, model: str) -> None:
+        self.ledger.on_spawned(model)
+
+    def ready(self, model: str, pid: int | None) -> None:
+        effective = self.probe.process_usage([pid]) if pid is not None else None
+        self.ledger.on_ready(model, effective or None)
+
+    def sleeping(self, model: str) -> None:
+        self.ledger.on_sleeping(model)
+
+    def exiting(self, model: str) -> tuple[dict[str, int], dict[str, int]]:
+        """Before a child's exit is reported: (free per device now, what it held)."""
+        baseline = {r.name: r.free for r in self.probe.read()}
+        return baseline, dict(self.ledger.held(model))
+
+    async def wait_freed(self, baseline: Mapping[str, int], held: Mapping[str, int]) -> bool:
+        """Wait (bounded) until memory the model held shows free; False if it never did."""
+        deadline = self._clock() + FREED_WAIT_SECONDS
+        gpu_held = {d: b for d, b in held.items() if d != "host"}
+        if not gpu_held:
+            return True  # the host's memory is free the moment the process is gone
+        while not freed_memory_visible(baseline, self.probe.read(), gpu_held):
+            if self._clock() >= deadline:
+                return False
+            await asyncio.sleep(FREED_POLL_SECONDS)
+        return True
+
+    def unloaded(self, model: str) -> None:
+        self.ledger.on_unloaded(model)
+
+    # -- views -------------------------------------------------------------------------------
+
+    def figures(self, model: str) -> dict[str, Any]:
+        fig = self.ledger.figures(model)
+        return {
+            "min": dict(fig.min),
+            "max": dict(fig.max) if fig.max is not None else None,
+            "effective": dict(fig.effective) if fig.effective is not None else None,
+            "held": dict(self.ledger.held(model)),
+        }
+
+    def statistics(self) -> dict[str, Any]:
+        self.refresh()
+        return self.ledger.statistics().as_dict()

@@ -1,0 +1,420 @@
+"""The registry: the one owner of the agent's models, their children and the scheduler.
+
+All scheduling state lives in the pure :class:`~node_agent.core.scheduler.Scheduler`; this
+module only carries out its decisions (spawn a child, stop a victim) and turns child events
+into scheduler events. Every mutation happens synchronously on the event loop, between two
+awaits, so nothing here needs a lock: asyncio runs one step at a time, and a request's
+"is it ready?" and "take the lease" are one step (never split by an eviction).
+
+Each child has one owner task (:meth:`Registry._own_child`): it starts the child, waits for
+it to exit and reports the exit. Stopping goes through :meth:`Registry._stop`, which drains
+requests in flight (up to the model's stop timeout) before asking the child to exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from node_agent.aio import Changed, TaskSet
+from node_agent.child.state import ChildEvent, EventKind
+from node_agent.core.scheduler import DecisionKind, Lease, ModelState, Scheduler
+from node_agent.errors import ApiError
+from node_agent.sources.spec import ModelSpec
+
+if TYPE_CHECKING:
+    from node_agent.router.memory import MemoryWatch
+
+log = logging.getLogger(__name__)
+
+# llama.cpp's router honours this to make its races reproducible; so do we (SPEC).
+FAKE_TIMING_ENV = "LLAMA_SERVER_DEBUG_FAKE_TIMING"
+FAKE_TIMING_SECONDS = 2.0
+
+
+class Child(Protocol):
+    """One running llama-server, as the registry drives it (``child.process.ChildProcess``)."""
+
+    @property
+    def port(self) -> int | None: ...
+    @property
+    def pid(self) -> int | None: ...
+    async def start(self) -> None: ...
+    async def stop(self) -> int | None: ...
+    async def wait_exited(self) -> int: ...
+
+
+ChildFactory = Callable[[ModelSpec, "ModelEvents"], Child]
+
+
+@dataclass
+class ModelEvents:
+    """The child's window onto the registry: what its stdout protocol reports, as it happens.
+
+    Ready and exit are not here: the child's owner task sees those as ``start()`` returning
+    and ``wait_exited()`` returning, in order.
+    """
+
+    registry: Registry
+    name: str
+
+    def dispatch(self, event: ChildEvent) -> None:
+        if event.kind is EventKind.LOADING and event.progress is not None:
+            data = {"status": "loading", "progress": {"value": event.progress}}
+            self.registry._publish(self.name, "status_change", data)
+        elif event.kind is EventKind.SLEEPING:
+            self.registry._child_slept(self.name)
+        elif event.kind is EventKind.WOKE:
+            self.registry._child_woke(self.name)
+
+
+@dataclass
+class _Running:
+    child: Child
+    task: asyncio.Task[None] | None = None
+    stop_task: asyncio.Task[None] | None = None
+    # Free memory per device just before the stop, and what the model held: after the exit
+    # the registry waits until that memory shows free again (GPUs report it late).
+    freed_check: tuple[dict[str, int], dict[str, int]] | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Event:
+    """One ``/models/sse`` message: llama.cpp's ``{"model", "event", "data"}``."""
+
+    model: str
+    event: str
+    data: dict[str, Any] | None
+
+
+class Registry:
+    """Models by name, their children, and the scheduler that decides between them."""
+
+    def __init__(
+        self,
+        specs: Mapping[str, ModelSpec],
+        *,
+        models_max: int,
+        child_factory: ChildFactory,
+        memory: MemoryWatch | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        fake_timing: bool | None = None,
+    ) -> None:
+        self._sched = Scheduler(models_max, memory)
+        self.memory = memory
+        self._specs: dict[str, ModelSpec] = {}
+        self._aliases: dict[str, str] = {}
+        self._running: dict[str, _Running] = {}
+        self._factory = child_factory
+        self._clock = clock
+        self._changed = Changed()
+        self._tasks = TaskSet("registry")
+        self._subscribers: set[asyncio.Queue[Event]] = set()
+        self.fake_timing = (
+            bool(os.environ.get(FAKE_TIMING_ENV)) if fake_timing is None else fake_timing
+        )
+        self._set_specs(specs)
+
+    # -- catalog -----------------------------------------------------------------------------
+
+    def _set_specs(self, specs: Mapping[str, ModelSpec]) -> None:
+        self._specs = dict(specs)
+        self._aliases = {}
+        for name, spec in self._specs.items():
+            self._sched.add_model(name, pin=spec.pin, priority=spec.priority)
+            for alias in spec.aliases:
+                self._aliases.setdefault(alias, name)
+
+    def resolve(self, name: str) -> str | None:
+        """The canonical name for a model name or alias, or None when unknown."""
+        if name in self._specs:
+            return name
+        return self._aliases.get(name)
+
+    def spec(self, name: str) -> ModelSpec:
+        return self._specs[name]
+
+    def specs(self) -> Mapping[str, ModelSpec]:
+        return self._specs
+
+    @property
+    def scheduler(self) -> Scheduler:
+        """Read access for snapshots (``/models``, metrics, tests); never mutate it."""
+        return self._sched
+
+    def child(self, name: str) -> Child | None:
+        running = self._running.get(name)
+        return running.child if running is not None else None
+
+    async def reload(self, specs: Mapping[str, ModelSpec], changed: set[str]) -> None:
+        """Apply a re-read catalog: stop models that vanished or whose arguments changed.
+
+        The others are updated in place. Requests for a changed model that arrive meanwhile
+        wait in the queue and load it again with its new arguments.
+        """
+        gone = [name for name in self._specs if name not in specs]
+        self._set_specs({**{n: self._specs[n] for n in gone}, **specs})
+        stops = [self._stop(name, "reload") for name in (*gone, *changed)]
+        await _wait_all(stops)
+        for name in gone:
+            if name not in self._running:
+                self._sched.remove_model(name)
+                self._specs.pop(name, None)
+        self._publish("*", "models_reload", None)
+        self._wake()
+
+    # -- requests ----------------------------------------------------------------------------
+
+    async def acquire(self, name: str, *, autoload: bool, inference: bool = True) -> Lease:
+        """Wait until ``name`` can take a request and lease it; load it when allowed.
+
+        Cancelling (the client went away) leaves the queue; a load it started goes on.
+        """
+        lease = self._sched.try_lease(name, self._clock(), inference=inference)
+        if lease is not None:
+            return lease
+        if not autoload and not self._sched.view(name).state.running:
+            raise ApiError(400, "model is not loaded")
+        self._prepare(name)
+        waiter = self._sched.join(name)
+        try:
+            while True:
+                changed = self._changed.current()
+                self._tick()
+                decision = self._sched.poll(waiter, self._clock(), inference=inference)
+                if decision.kind is DecisionKind.LEASED:
+                    assert decision.lease is not None
+                    return decision.lease
+                if decision.kind is DecisionKind.LOAD:
+                    if not autoload:
+                        raise ApiError(400, "model is not loaded")
+                    self._start(name)
+                    continue
+                if decision.kind is DecisionKind.FAILED:
+                    raise ApiError(500, f"model name={name} failed to load")
+                if decision.kind is DecisionKind.GONE:
+                    raise ApiError(400, f"model '{name}' not found")
+                await changed.wait()
+        finally:
+            self._sched.leave(waiter)
+            self._wake()
+
+    def release(self, lease: Lease) -> None:
+        self._sched.release(lease, self._clock())
+        self._wake()
+
+    def port(self, lease: Lease) -> int:
+        """The port of the child a lease points at (leased models always have a child)."""
+        running = self._running.get(lease.model)
+        if running is None or running.child.port is None:
+            raise ApiError(500, f"model name={lease.model} is not running")
+        return running.child.port
+
+    async def load(self, name: str) -> None:
+        """``POST /models/load``: start loading ``name`` (returns once it is spawned)."""
+        view = self._sched.view(name)
+        if view.state.running and not view.stopping:
+            raise ApiError(400, "model is already running")
+        self._prepare(name)
+        waiter = self._sched.join(name)
+        try:
+            while True:
+                changed = self._changed.current()
+                self._tick()
+                decision = self._sched.poll(waiter, self._clock())
+                if decision.kind is DecisionKind.LEASED:
+                    assert decision.lease is not None
+                    self._sched.release(decision.lease, self._clock())
+                    return
+                if decision.kind is DecisionKind.LOAD:
+                    self._start(name)
+                    return
+                if decision.kind is DecisionKind.FAILED:
+                    raise ApiError(500, f"model name={name} failed to load")
+                if decision.kind is DecisionKind.GONE:
+                    raise ApiError(404, f"model '{name}' not found")
+                if self._sched.stuck(name):
+                    # Only busy models could make room: a request would wait, but a direct
+                    # load is told to come back (llama.cpp's wording).
+                    raise ApiError(500, "model limit reached, try again later")
+                await changed.wait()
+        finally:
+            self._sched.leave(waiter)
+            self._wake()
+
+    async def unload(self, name: str) -> None:
+        """``POST /models/unload``: drain and stop ``name``; returns once stopping began."""
+        if not self._sched.view(name).state.running:
+            raise ApiError(400, "model is not running")
+        self._stop(name, "manual")
+
+    # -- the scheduler's decisions -----------------------------------------------------------
+
+    def _wake(self) -> None:
+        self._changed.notify()
+
+    def _prepare(self, name: str) -> None:
+        if self.memory is not None:
+            self.memory.prepare(self._specs[name])
+
+    def _tick(self) -> None:
+        if self.memory is not None:
+            self.memory.refresh()
+        for victim in self._sched.tick():
+            log.info("evicting model=%s to make room", victim)
+            self._begin_stop(victim, "evict")
+
+    def _start(self, name: str) -> None:
+        """Spawn ``name``'s child (the caller holds the scheduler's claim)."""
+        spec = self._specs[name]
+        child = self._factory(spec, ModelEvents(self, name))
+        running = self._running[name] = _Running(child)
+        self._sched.claim_done(name, spawned=True)
+        if self.memory is not None:
+            self.memory.warn_if_short(name)
+            self.memory.spawned(name)
+        self._publish(name, "model_status", {"status": "loading"})
+        running.task = self._tasks.spawn(self._own_child(name, running), f"child:{name}")
+        self._wake()
+
+    async def _own_child(self, name: str, running: _Running) -> None:
+        """Start the child, report ready, then wait for its exit and report that."""
+        reason = ""
+        try:
+            if self.fake_timing:
+                await asyncio.sleep(FAKE_TIMING_SECONDS)
+            await running.child.start()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a failed start is reported as the child's exit below
+            reason = str(exc)
+            log.warning("model=%s failed to load: %s", name, reason)
+        else:
+            self._sched.on_ready(name, self._clock())
+            if self.memory is not None:
+                self.memory.ready(name, running.child.pid)
+            log.info(
+                "model=%s loaded (pid=%s port=%s)", name, running.child.pid, running.child.port
+            )
+            self._publish(name, "status_change", {"status": "loaded"})
+            self._wake()
+        code = await running.child.wait_exited()
+        if self.memory is not None:
+            # Still "stopping" to the scheduler meanwhile: nobody loads into memory that does
+            # not show free yet.
+            check = running.freed_check
+            if check is not None and not await self.memory.wait_freed(*check):
+                log.warning("model=%s: its memory did not show free in time", name)
+            self.memory.unloaded(name)
+        if self._running.get(name) is running:
+            del self._running[name]
+        failed = not self._sched.view(name).stopping
+        self._sched.on_exited(name, code, reason=reason)
+        if failed:
+            log.warning("model=%s exited unexpectedly with code %s", name, code)
+        data: dict[str, Any] = {"status": "unloaded", "exit_code": code}
+        self._publish(name, "status_change", data)
+        if name not in self._specs:
+            self._sched.remove_model(name)
+        self._wake()
+
+    def _begin_stop(self, name: str, reason: str) -> None:
+        running = self._running.get(name)
+        if running is None or running.stop_task is not None:
+            return
+        if self.memory is not None:
+            running.freed_check = self.memory.exiting(name)
+        running.stop_task = self._tasks.spawn(
+            self._drain_and_stop(name, running, reason), f"stop:{name}"
+        )
+
+    def _stop(self, name: str, reason: str) -> asyncio.Task[None] | None:
+        """Mark ``name`` stopping and start its drain; returns the stop's task, if any."""
+        self._sched.request_stop(name)
+        self._begin_stop(name, reason)
+        self._wake()
+        running = self._running.get(name)
+        return running.stop_task if running is not None else None
+
+    async def _drain_and_stop(self, name: str, running: _Running, reason: str) -> None:
+        """Let requests in flight finish (up to the stop timeout), then stop the child."""
+        spec = self._specs.get(name)
+        timeout = spec.stop_timeout if spec is not None else 10.0
+        deadline = self._clock() + timeout
+        log.info("stopping model=%s (%s)", name, reason)
+        while self._sched.view(name).in_flight > 0 and self._clock() < deadline:
+            changed = self._changed.current()
+            try:
+                await asyncio.wait_for(changed.wait(), max(0.0, deadline - self._clock()))
+            except TimeoutError:
+                break
+        await running.child.stop()
+        if running.task is not None:
+            await asyncio.shield(running.task)
+
+    def _child_slept(self, name: str) -> None:
+        self._sched.on_sleeping(name)
+        if self.memory is not None:
+            self.memory.sleeping(name)
+        self._publish(name, "status_change", {"status": "sleeping"})
+        self._wake()
+
+    def _child_woke(self, name: str) -> None:
+        self._sched.on_woke(name)
+        running = self._running.get(name)
+        if self.memory is not None and running is not None:
+            self.memory.ready(name, running.child.pid)
+        self._publish(name, "status_change", {"status": "loaded"})
+        self._wake()
+
+    # -- events ------------------------------------------------------------------------------
+
+    def _publish(self, model: str, event: str, data: dict[str, Any] | None) -> None:
+        message = Event(model, event, data)
+        for queue in self._subscribers:
+            queue.put_nowait(message)
+
+    async def events(self) -> AsyncIterator[Event]:
+        """Every event from now on, for one ``/models/sse`` client."""
+        queue: asyncio.Queue[Event] = asyncio.Queue()
+        self._subscribers.add(queue)
+        try:
+            while True:
+                yield await queue.get()
+        finally:
+            self._subscribers.discard(queue)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Load the models marked ``load-on-startup`` (in the background, like llama.cpp)."""
+        for name, spec in self._specs.items():
+            if spec.load_on_startup:
+                self._tasks.spawn(self._load_quietly(name), f"startup:{name}")
+
+    async def _load_quietly(self, name: str) -> None:
+        try:
+            await self.load(name)
+        except ApiError as exc:
+            log.warning("load-on-startup of model=%s: %s", name, exc.message)
+
+    async def close(self) -> None:
+        """Stop every child (draining requests up to their stop timeouts), then the tasks."""
+        await _wait_all([self._stop(name, "shutdown") for name in list(self._running)])
+        await self._tasks.close()
+
+    def state(self, name: str) -> ModelState:
+        return self._sched.view(name).state
+
+
+async def _wait_all(tasks: list[asyncio.Task[None] | None]) -> None:
+    """Wait for stop tasks without cancelling them when the waiter is cancelled."""
+    pending = [t for t in tasks if t is not None]
+    if pending:
+        await asyncio.wait([asyncio.shield(t) for t in pending])

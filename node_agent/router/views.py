@@ -1,0 +1,109 @@
+"""JSON views of the registry in llama.cpp's router shapes (``GET /models``, ``GET /props``).
+
+Corral's own figures go under a ``corral`` key per model, so every key and type llama.cpp
+sends stays exactly as clients expect it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+from node_agent.core.scheduler import ModelState
+
+if TYPE_CHECKING:
+    from node_agent.router.app import RouterSettings
+    from node_agent.router.registry import Registry
+
+CHILD_HOST = "127.0.0.1"
+
+
+class _Listed(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def source(self) -> str: ...
+    @property
+    def aliases(self) -> tuple[str, ...]: ...
+    @property
+    def options(self) -> tuple[tuple[str, str | bool], ...]: ...
+    @property
+    def mmproj(self) -> str | None: ...
+    def argv(self) -> tuple[str, ...]: ...
+
+
+def child_args(binary: str, spec: _Listed, port: int | None) -> list[str]:
+    """The child's full command line, as llama.cpp lists it in ``status.args``."""
+    return [
+        binary,
+        "--host",
+        CHILD_HOST,
+        "--port",
+        str(port or 0),
+        "--alias",
+        spec.name,
+        *spec.argv(),
+    ]
+
+
+def preset_text(spec: _Listed) -> str:
+    """The model's merged preset as an INI section (llama.cpp's ``status.preset``)."""
+    lines = [f"[{spec.name}]"]
+    for key, value in sorted(spec.options):
+        text = ("true" if value else "false") if isinstance(value, bool) else value
+        lines.append(f"{key} = {text}")
+    return "\n".join(lines) + "\n\n"
+
+
+def model_entry(registry: Registry, name: str, binary: str, now: int) -> dict[str, Any]:
+    spec: Any = registry.spec(name)
+    view = registry.scheduler.view(name)
+    child = registry.child(name)
+    status: dict[str, Any] = {
+        "value": view.state.value,
+        "args": child_args(binary, spec, child.port if child is not None else None),
+        "preset": preset_text(spec),
+    }
+    if view.failed and view.state is ModelState.UNLOADED:
+        status["exit_code"] = view.exit_code
+        status["failed"] = True
+    modalities = ["text", "image"] if spec.mmproj else ["text"]
+    entry: dict[str, Any] = {
+        "id": name,
+        "aliases": list(spec.aliases),
+        "tags": [],
+        "object": "model",
+        "owned_by": "llamacpp",
+        "created": now,
+        "status": status,
+        "architecture": {"input_modalities": modalities, "output_modalities": ["text"]},
+        "source": spec.source,
+        "can_remove": False,
+    }
+    meta = getattr(child, "meta", None) if child is not None else None
+    if view.state in (ModelState.LOADED, ModelState.SLEEPING) and isinstance(meta, dict):
+        entry["meta"] = meta
+    entry["corral"] = {
+        "stopping": view.stopping,
+        "in_flight": view.in_flight,
+        "queued": view.queued,
+        "pid": child.pid if child is not None else None,
+    }
+    if registry.memory is not None:
+        registry.memory.prepare(spec)
+        entry["corral"]["memory"] = registry.memory.figures(name)
+    return entry
+
+
+def router_props(settings: RouterSettings) -> dict[str, Any]:
+    """``GET /props`` without a model: the router's own properties (llama.cpp's keys)."""
+    return {
+        "role": "router",
+        "max_instances": settings.models_max,
+        "models_autoload": settings.models_autoload,
+        "model_alias": "llama-server",
+        "model_path": "none",
+        "default_generation_settings": {"params": None, "n_ctx": 0},
+        "ui_settings": {},
+        "build_info": settings.build_info,
+        "cors_proxy_enabled": False,
+    }

@@ -1,0 +1,181 @@
+"""All sources merged into one catalog, and what changed between two catalogs.
+
+Order, lowest first (llama.cpp's ``server_models::load_models``): HF cache < ``--models-dir``
+(a same-named model replaces the cached one) < preset sections (merged into an existing model,
+only the keys they set) < the agent's command line (merged into every model). The ``[*]``
+section cascades under *every* model, whatever its source, before that merge.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from node_agent.errors import ConfigError
+from node_agent.sources.hf_cache import scan_hf_cache
+from node_agent.sources.models_dir import scan_models_dir
+from node_agent.sources.preset_ini import PresetFile, load_preset_file
+from node_agent.sources.spec import (
+    CHILD_RESERVED,
+    SOURCE_PRESET,
+    ModelSpec,
+    OptionValue,
+    PresetLayer,
+    merge_options,
+)
+
+# Keys that tell a child which weights to load; a preset-only model needs one of them.
+MODEL_KEYS = ("model", "model-url", "hf-repo", "docker-repo")
+# The command line never renames or re-points a model (llama.cpp's unset_model_args).
+NOT_FROM_COMMAND_LINE = frozenset({"model", "mmproj", "alias", "hf-repo"})
+
+
+@dataclass(frozen=True)
+class Catalog(Mapping[str, ModelSpec]):
+    """Models by canonical name, plus alias resolution."""
+
+    models: Mapping[str, ModelSpec] = field(default_factory=dict)
+    aliases: Mapping[str, str] = field(default_factory=dict)
+    """alias -> canonical name."""
+
+    def __getitem__(self, name: str) -> ModelSpec:
+        return self.models[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.models)
+
+    def __len__(self) -> int:
+        return len(self.models)
+
+    def resolve(self, name: str) -> ModelSpec | None:
+        """The model named ``name`` or aliased so (llama.cpp: names first, then aliases)."""
+        spec = self.models.get(name)
+        if spec is None and name in self.aliases:
+            spec = self.models[self.aliases[name]]
+        return spec
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogDiff:
+    """What ``GET /models?reload=1`` must do, by model name."""
+
+    added: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+    """Gone from every source: unload if running, then forget."""
+    changed: tuple[str, ...] = ()
+    """The child's command line differs: a running child must restart to apply it."""
+    updated: tuple[str, ...] = ()
+    """Only agent-side settings differ (aliases, TTL, pin, priority, stop-timeout,
+    load-on-startup, source): apply in place."""
+
+
+def load_catalog(
+    *,
+    hub: Path | None = None,
+    models_dir: str | None = None,
+    preset_files: Sequence[str | Path | PresetFile] = (),
+    cli_options: Sequence[tuple[str, OptionValue]] = (),
+) -> Catalog:
+    """Read every source and merge them (ConfigError on any unusable input).
+
+    ``hub`` is the HF hub folder (``hf_cache.hub_dir(env)``); ``preset_files`` are applied in
+    order, a later file's section merging over an earlier one's; ``cli_options`` are the
+    agent's own llama-server options (``AgentOptions.child_options``).
+    """
+    cached = scan_hf_cache(hub)
+    local = scan_models_dir(models_dir) if models_dir is not None else []
+    presets = [p if isinstance(p, PresetFile) else load_preset_file(p) for p in preset_files]
+
+    global_layer = PresetLayer()
+    sections: dict[str, PresetLayer] = {}
+    for preset in presets:
+        global_layer = preset.global_layer.over(global_layer)
+        for name, layer in preset.sections.items():
+            sections[name] = layer.over(sections[name]) if name in sections else layer
+
+    merged: dict[str, ModelSpec] = {}
+    for spec in [*cached, *local]:  # local replaces cached whole, as in llama.cpp
+        merged[spec.name] = _with_global(spec, global_layer)
+    for name, layer in sorted(sections.items()):
+        base = merged.get(name) or _with_global(ModelSpec(name, SOURCE_PRESET), global_layer)
+        # The section is cascaded over [*] before it merges, so [*]'s keys win over what the
+        # scan found, as in llama.cpp (cascade(global, custom) then merge).
+        spec = base.with_layer(layer.over(global_layer), source=SOURCE_PRESET)
+        if not any(spec.get(key) for key in MODEL_KEYS):
+            raise ConfigError(
+                f"preset [{name}] names no model: no file, folder or cached model has that "
+                f"name, and it sets none of {', '.join(MODEL_KEYS)}",
+                path=(layer.origin or "").rpartition(":")[0] or None,
+                line=_line(layer.origin),
+            )
+        merged[name] = spec
+
+    overrides = tuple((k, v) for k, v in cli_options if k not in NOT_FROM_COMMAND_LINE)
+    final = {
+        name: dataclasses.replace(spec, options=merge_options(spec.options, overrides))
+        for name, spec in sorted(merged.items())
+    }
+    return Catalog(models=final, aliases=_alias_map(final))
+
+
+def _with_global(spec: ModelSpec, global_layer: PresetLayer) -> ModelSpec:
+    # llama.cpp's cascade(global, presets): the global values first, the model's own on top.
+    return dataclasses.replace(
+        spec.with_layer(global_layer), options=merge_options(global_layer.options, spec.options)
+    )
+
+
+def _line(origin: str | None) -> int | None:
+    if not origin:
+        return None
+    tail = origin.rpartition(":")[2]
+    return int(tail) if tail.isdigit() else None
+
+
+def _alias_map(models: Mapping[str, ModelSpec]) -> dict[str, str]:
+    # Same checks, and messages, as llama.cpp's server_models::add_model — but made whatever
+    # the order, so a collision is reported on every start, not only in some scan orders.
+    aliases: dict[str, str] = {}
+    for name, spec in models.items():
+        for alias in spec.aliases:
+            if alias == name:
+                continue
+            if alias in models:
+                raise ConfigError(
+                    f"alias '{alias}' for model '{name}' conflicts with existing model name"
+                )
+            if alias in aliases:
+                raise ConfigError(
+                    f"alias '{alias}' for model '{name}' conflicts with alias of model "
+                    f"'{aliases[alias]}'"
+                )
+            aliases[alias] = name
+    return aliases
+
+
+def diff_catalogs(old: Catalog, new: Catalog) -> CatalogDiff:
+    """Compare two catalogs for a reload (llama.cpp compares each preset minus host, port
+    and alias; Corral also keeps its agent-side settings out of the restart decision)."""
+    added = tuple(n for n in new if n not in old)
+    removed = tuple(n for n in old if n not in new)
+    changed: list[str] = []
+    updated: list[str] = []
+    for name in new:
+        if name not in old:
+            continue
+        before, after = old[name], new[name]
+        if before == after:
+            continue
+        if _child_view(before) != _child_view(after):
+            changed.append(name)
+        else:
+            updated.append(name)
+    return CatalogDiff(added, removed, tuple(changed), tuple(updated))
+
+
+def _child_view(spec: ModelSpec) -> tuple[object, ...]:
+    # What the child process sees or loads: its arguments (order-insensitive) and the files.
+    options = sorted((k, str(v)) for k, v in spec.options if k not in CHILD_RESERVED)
+    return (options, spec.model_path, spec.mmproj)

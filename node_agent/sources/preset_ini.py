@@ -1,0 +1,284 @@
+"""``--models-preset`` INI files, read with llama.cpp's rules (``common/preset.cpp``).
+
+Syntax, as llama.cpp's PEG grammar has it: ``[name]`` headers; ``key = value`` lines whose key
+is ``[A-Za-z_][A-Za-z0-9_.-]*``; ``;`` or ``#`` starts a comment anywhere, so a value ends at
+the first ``;``/``#`` (there is no quoting: quotes stay part of the value); surrounding
+whitespace is dropped. Values are passed on as written: a relative ``model`` path is
+relative to the agent's working directory, as in llama.cpp, not to the INI's folder.
+
+Keys: llama-server flags without dashes, short forms or ``LLAMA_ARG_*`` names; ``no-x = true``
+means ``x = false``; ``version`` is reserved and skipped. Preset-only keys: ``load-on-startup``,
+``stop-timeout``, ``alias`` (comma-separated) and Corral's ``ttl``, ``pin``, ``priority``.
+
+Where llama.cpp is silent or lax, Corral refuses with file and line: an unknown key (llama.cpp
+also refuses, without a line), a router-level key (llama.cpp silently drops it), a duplicate
+section (llama.cpp silently keeps only the last), a key given twice, a key outside any section
+(llama.cpp makes it a model named ``default``), a flag whose value is not a boolean, and a
+non-numeric ``stop-timeout`` (llama.cpp warns and uses 10).
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+from node_agent.errors import ConfigError
+from node_agent.sources.options import llama_options, parse_bool
+from node_agent.sources.spec import OptionValue, PresetLayer
+
+GLOBAL_SECTION = "*"
+
+T = TypeVar("T")
+
+# Router settings: one value for the whole agent, meaningless per model. llama.cpp's
+# unset_reserved_args drops them from presets silently; a user who wrote one expected it to
+# do something, so it is an error here.
+ROUTER_KEYS = frozenset(
+    {
+        "host",
+        "port",
+        "api-key",
+        "api-key-file",
+        "ssl-key-file",
+        "ssl-cert-file",
+        "models-dir",
+        "models-preset",
+        "models-max",
+        "models-autoload",
+    }
+)
+# Corral's own agent flags: same mistake, same message.
+AGENT_KEYS = frozenset(
+    {
+        "llama-server",
+        "models-memory-margin",
+        "memory-limit",
+        "models-ttl",
+        "queue-timeout",
+        "max-queue",
+        "log-level",
+    }
+)
+# Preset-only keys, with llama.cpp's pseudo env names for the two it defines.
+PRESET_ONLY = {
+    "load-on-startup": "load-on-startup",
+    "__PRESET_LOAD_ON_STARTUP": "load-on-startup",
+    "stop-timeout": "stop-timeout",
+    "__PRESET_STOP_TIMEOUT": "stop-timeout",
+    "ttl": "ttl",
+    "pin": "pin",
+    "priority": "priority",
+}
+
+_HEADER = re.compile(r"\[\s*([^\]]*?)\s*\]\s*(?:[;#].*)?")
+_KEY_VALUE = re.compile(r"([A-Za-z_][A-Za-z0-9_.-]*)\s*=\s*(.*)")
+
+
+@dataclass(frozen=True, slots=True)
+class PresetFile:
+    """A parsed preset file: the ``[*]`` layer and one layer per ``[name]`` section."""
+
+    path: str
+    global_layer: PresetLayer
+    sections: dict[str, PresetLayer] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Section:
+    name: str
+    line: int
+    entries: list[tuple[str, str, int]] = field(default_factory=list)
+
+
+def load_preset_file(path: str | Path) -> PresetFile:
+    """Read and validate one INI file (ConfigError with file:line on any mistake)."""
+    where = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError("preset file does not exist (--models-preset)", path=where) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read preset file: {e}", path=where) from e
+    return parse_preset_text(text, where)
+
+
+def parse_preset_text(text: str, path: str) -> PresetFile:
+    sections = _split_sections(text, path)
+    global_layer = PresetLayer()
+    layers: dict[str, PresetLayer] = {}
+    for section in sections:
+        layer = _interpret(section, path)
+        if section.name == GLOBAL_SECTION:
+            global_layer = layer
+        else:
+            layers[section.name] = layer
+    return PresetFile(path=path, global_layer=global_layer, sections=layers)
+
+
+def _split_sections(text: str, path: str) -> list[_Section]:
+    sections: list[_Section] = []
+    by_name: dict[str, _Section] = {}
+    current: _Section | None = None
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line[0] in ";#":
+            continue
+        if line.startswith("["):
+            m = _HEADER.fullmatch(line)
+            if m is None or not m.group(1):
+                raise ConfigError(f"malformed section header {line!r}", path=path, line=number)
+            name = m.group(1)
+            if name in by_name:
+                first = by_name[name].line
+                raise ConfigError(
+                    f"section [{name}] appears twice (first at line {first}); merge them",
+                    path=path,
+                    line=number,
+                )
+            current = _Section(name, number)
+            by_name[name] = current
+            sections.append(current)
+            continue
+        m = _KEY_VALUE.fullmatch(line)
+        if m is None:
+            raise ConfigError(
+                f"cannot parse {line!r}: expected '[name]' or 'key = value'", path=path, line=number
+            )
+        if current is None:
+            raise ConfigError(
+                f"key {m.group(1)!r} is outside any section: put it under [*] (all models) "
+                "or under [model-name]",
+                path=path,
+                line=number,
+            )
+        # llama.cpp's grammar ends a value at the first ';' or '#', whitespace before it dropped.
+        value = re.split(r"[;#]", m.group(2), maxsplit=1)[0].rstrip()
+        current.entries.append((m.group(1), value, number))
+    return sections
+
+
+def _interpret(section: _Section, path: str) -> PresetLayer:
+    table = llama_options()
+    options: dict[str, OptionValue] = {}
+    extras: dict[str, object] = {}
+    seen: dict[str, tuple[str, int]] = {}
+    where = f"[{section.name}]"
+
+    def once(canonical: str, key: str, line: int) -> None:
+        if canonical in seen:
+            first_key, first_line = seen[canonical]
+            raise ConfigError(
+                f"{key!r} in {where} sets {canonical!r} again "
+                f"(already set by {first_key!r} at line {first_line})",
+                path=path,
+                line=line,
+            )
+        seen[canonical] = (key, line)
+
+    for key, value, line in section.entries:
+        if key == "version":  # reserved by llama.cpp for future use
+            continue
+        if key in PRESET_ONLY:
+            name = PRESET_ONLY[key]
+            once(name, key, line)
+            extras[name] = _preset_only_value(name, value, key, where, path, line)
+            continue
+        match = table.key(key)
+        if match is None:
+            raise ConfigError(_unknown_key_message(key, where), path=path, line=line)
+        opt = match.option
+        if opt.name in ROUTER_KEYS:
+            raise ConfigError(
+                f"{key!r} in {where} is a router setting, not a per-model one: "
+                f"give --{opt.name} on the agent's command line instead",
+                path=path,
+                line=line,
+            )
+        once(opt.name, key, line)
+        if opt.name == "alias":
+            extras["alias"] = tuple(a.strip() for a in value.split(",") if a.strip())
+        elif opt.is_flag:
+            flag = parse_bool(value)
+            if flag is None:
+                raise ConfigError(
+                    f"{key!r} in {where} is a flag: expected true/false (on/off, 1/0), "
+                    f"got {value!r}",
+                    path=path,
+                    line=line,
+                )
+            options[opt.name] = flag != match.negated
+        elif opt.nargs > 1:
+            raise ConfigError(
+                f"{key!r} in {where} takes {opt.nargs} values, which presets cannot express "
+                "(llama.cpp refuses it too); give it on the command line",
+                path=path,
+                line=line,
+            )
+        elif not value:
+            raise ConfigError(f"{key!r} in {where} needs a value", path=path, line=line)
+        else:
+            options[opt.name] = value
+
+    aliases = extras.get("alias")
+    return PresetLayer(
+        options=tuple(options.items()),
+        aliases=aliases if isinstance(aliases, tuple) else None,
+        load_on_startup=_get(extras, "load-on-startup", bool),
+        stop_timeout=_get(extras, "stop-timeout", float),
+        ttl=_get(extras, "ttl", float),
+        pin=_get(extras, "pin", bool),
+        priority=_get(extras, "priority", int),
+        origin=f"{path}:{section.line}",
+    )
+
+
+def _get(extras: dict[str, object], name: str, kind: type[T]) -> T | None:
+    value = extras.get(name)
+    return value if isinstance(value, kind) else None
+
+
+def _unknown_key_message(key: str, where: str) -> str:
+    if key in AGENT_KEYS:
+        return (
+            f"{key!r} in {where} is an agent setting, not a per-model one: "
+            f"give --{key} on the agent's command line instead"
+        )
+    hint = llama_options().suggest(key) or _closest_preset_only(key)
+    tail = f"; did you mean {hint!r}?" if hint else ""
+    return f"unknown key {key!r} in {where}: not a llama-server option nor a preset key{tail}"
+
+
+def _closest_preset_only(key: str) -> str | None:
+    close = difflib.get_close_matches(key, list(PRESET_ONLY), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def _preset_only_value(
+    name: str, value: str, key: str, where: str, path: str, line: int
+) -> bool | float | int:
+    def bad(expected: str) -> ConfigError:
+        return ConfigError(
+            f"{key!r} in {where} expects {expected}, got {value!r}", path=path, line=line
+        )
+
+    if name in ("load-on-startup", "pin"):
+        flag = parse_bool(value)
+        if flag is None:
+            raise bad("true or false")
+        return flag
+    if name == "priority":
+        try:
+            return int(value)
+        except ValueError:
+            raise bad("an integer") from None
+    try:
+        number = float(value)
+    except ValueError:
+        raise bad("a number of seconds") from None
+    if not math.isfinite(number) or number < 0:
+        raise bad("a number of seconds >= 0")
+    return number

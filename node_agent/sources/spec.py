@@ -1,0 +1,158 @@
+"""What the agent knows about one model: its name, where it came from, how to start it.
+
+``ModelSpec`` is the merged result of every source (llama.cpp's ``common_preset``); a
+``PresetLayer`` is one source's contribution, merged on top with llama.cpp's rule: only the keys
+a layer sets replace earlier values (``common_preset::merge``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from node_agent.sources.options import llama_options
+
+OptionValue = str | bool
+"""A value option's text, or a flag's on/off (off renders as its ``--no-`` form)."""
+
+Options = tuple[tuple[str, OptionValue], ...]
+
+T = TypeVar("T")
+
+DEFAULT_STOP_TIMEOUT = 10.0  # seconds; llama.cpp's DEFAULT_STOP_TIMEOUT
+
+# Where llama.cpp's GET /models says a model came from (server_model_source names).
+SOURCE_CACHE = "cache"
+SOURCE_MODELS_DIR = "models_dir"
+SOURCE_PRESET = "preset"
+
+# Options the agent owns for every child and never passes through: the child listens on
+# 127.0.0.1 and a port the agent picks, is named by its model (llama.cpp's update_args sets
+# --alias to the name), and is not a router itself (unset_reserved_args).
+CHILD_RESERVED = frozenset(
+    {
+        "host",
+        "port",
+        "alias",
+        "api-key",
+        "api-key-file",
+        "ssl-key-file",
+        "ssl-cert-file",
+        "models-dir",
+        "models-preset",
+        "models-max",
+        "models-autoload",
+    }
+)
+
+
+def merge_options(base: Options, top: Iterable[tuple[str, OptionValue]]) -> Options:
+    """``base`` with ``top``'s options replacing or appended (order of first appearance)."""
+    merged = dict(base)
+    merged.update(top)
+    return tuple(merged.items())
+
+
+@dataclass(frozen=True, slots=True)
+class PresetLayer:
+    """One source's settings for a model; ``None`` means "not set here, keep what is below"."""
+
+    options: Options = ()
+    aliases: tuple[str, ...] | None = None
+    load_on_startup: bool | None = None
+    stop_timeout: float | None = None
+    ttl: float | None = None
+    pin: bool | None = None
+    priority: int | None = None
+    origin: str | None = None
+    """``file:line`` of the INI section, for error messages."""
+
+    def over(self, below: PresetLayer) -> PresetLayer:
+        """This layer merged on top of ``below`` (the ``[*]`` cascade)."""
+        return PresetLayer(
+            options=merge_options(below.options, self.options),
+            aliases=self.aliases if self.aliases is not None else below.aliases,
+            load_on_startup=_pick(self.load_on_startup, below.load_on_startup),
+            stop_timeout=_pick(self.stop_timeout, below.stop_timeout),
+            ttl=_pick(self.ttl, below.ttl),
+            pin=_pick(self.pin, below.pin),
+            priority=_pick(self.priority, below.priority),
+            origin=self.origin or below.origin,
+        )
+
+
+def _pick(top: T | None, below: T | None) -> T | None:
+    return top if top is not None else below
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """A model the agent can serve, merged from all sources."""
+
+    name: str
+    """Canonical name (what ``GET /models`` lists as ``id``)."""
+    source: str
+    """``cache``, ``models_dir`` or ``preset``, as llama.cpp reports it."""
+    options: Options = ()
+    """llama-server options by canonical name, in the order they were first set."""
+    aliases: tuple[str, ...] = ()
+    load_on_startup: bool = False
+    stop_timeout: float = DEFAULT_STOP_TIMEOUT
+    ttl: float | None = None
+    """Corral: unload after this many idle seconds; None = the agent's ``--models-ttl``."""
+    pin: bool = False
+    """Corral: never chosen as an eviction victim."""
+    priority: int = 0
+    """Corral: lower priorities are evicted first."""
+    cache_file: str | None = None
+    """The GGUF an HF-cache model resolves to (its child gets ``--hf-repo``, like llama.cpp)."""
+    cache_mmproj: str | None = None
+
+    def get(self, name: str) -> OptionValue | None:
+        """An option's value by canonical name (``ctx-size``), or None when unset."""
+        for key, value in self.options:
+            if key == name:
+                return value
+        return None
+
+    @property
+    def model_path(self) -> str | None:
+        """The GGUF file to load (``--model``, else the HF cache file), as given."""
+        value = self.get("model")
+        return value if isinstance(value, str) else self.cache_file
+
+    @property
+    def mmproj(self) -> str | None:
+        value = self.get("mmproj")
+        return value if isinstance(value, str) else self.cache_mmproj
+
+    def argv(self) -> tuple[str, ...]:
+        """The child's arguments, without the binary and the agent-owned options
+        (``--host``, ``--port``, ``--alias``, router keys); see ``CHILD_RESERVED``."""
+        table = llama_options()
+        words: list[str] = []
+        for key, value in self.options:
+            if key in CHILD_RESERVED:
+                continue
+            words.extend(table.named(key).render(value))
+        return tuple(words)
+
+    def with_layer(self, layer: PresetLayer, *, source: str | None = None) -> ModelSpec:
+        """This spec with ``layer`` merged on top (llama.cpp's ``common_preset::merge``)."""
+        return dataclasses.replace(
+            self,
+            source=source or self.source,
+            options=merge_options(self.options, layer.options),
+            aliases=layer.aliases if layer.aliases is not None else self.aliases,
+            load_on_startup=_pick(layer.load_on_startup, self.load_on_startup) or False,
+            stop_timeout=_or(layer.stop_timeout, self.stop_timeout),
+            ttl=_pick(layer.ttl, self.ttl),
+            pin=_or(layer.pin, self.pin),
+            priority=_or(layer.priority, self.priority),
+        )
+
+
+def _or(top: T | None, below: T) -> T:
+    return top if top is not None else below

@@ -1,0 +1,1 @@
+"""Corral operator: reconciles ModelPreset resources into the presets of node agents."""

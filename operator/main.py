@@ -1,0 +1,126 @@
+"""``corral operator``: command line, and running kopf next to the reconcile loop."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import threading
+from collections.abc import Sequence
+
+import aiohttp
+
+from .agents import AgentUrl, pod_url
+from .handlers import LoginFn, build_registry, operator_settings
+from .kube import Credentials, HttpCluster, load_credentials
+from .reconcile import Config, Reconciler, parse_selector
+
+DEFAULT_SELECTOR = "app.kubernetes.io/name=corral,app.kubernetes.io/component=agent"
+
+
+def parse_args(argv: Sequence[str] | None) -> Config:
+    env = os.environ
+    p = argparse.ArgumentParser(
+        prog="corral operator",
+        description="Turn ModelPresets into the presets of the Corral agents on matching nodes.",
+    )
+    p.add_argument(
+        "--namespace",
+        default=env.get("CORRAL_NAMESPACE") or env.get("POD_NAMESPACE") or "default",
+        help="where the agents, the presets ConfigMap and the Services live "
+        "(env CORRAL_NAMESPACE, else POD_NAMESPACE, else default)",
+    )
+    p.add_argument(
+        "--presets-configmap",
+        default=env.get("CORRAL_PRESETS_CONFIGMAP") or "corral-presets",
+        help="the ConfigMap the agents mount "
+        "(env CORRAL_PRESETS_CONFIGMAP; default corral-presets)",
+    )
+    p.add_argument(
+        "--agent-selector",
+        default=env.get("CORRAL_AGENT_SELECTOR") or DEFAULT_SELECTOR,
+        help="labels of the agent pods, k=v[,k=v] "
+        f"(env CORRAL_AGENT_SELECTOR; default {DEFAULT_SELECTOR})",
+    )
+    p.add_argument("--agent-port", type=int, default=8080, help="the agents' HTTP port (8080)")
+    p.add_argument(
+        "--poll-interval", type=float, default=10.0, help="seconds between agent polls (10)"
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    ns = p.parse_args(list(argv) if argv is not None else None)
+    try:
+        selector = parse_selector(ns.agent_selector)
+    except ValueError as exc:
+        p.error(str(exc))
+    if not selector:
+        p.error("--agent-selector may not be empty (it would select every pod)")
+    if ns.poll_interval <= 0:
+        p.error("--poll-interval must be positive")
+    return Config(
+        namespace=ns.namespace,
+        configmap=ns.presets_configmap,
+        agent_selector=selector,
+        agent_port=ns.agent_port,
+        poll_interval=ns.poll_interval,
+        poll_timeout=min(3.0, ns.poll_interval),
+        verbose=ns.verbose,
+    )
+
+
+async def run_operator(
+    config: Config,
+    *,
+    credentials: Credentials | None = None,
+    login: LoginFn | None = None,
+    agent_url: AgentUrl | None = None,
+    stop_flag: asyncio.Event | threading.Event | None = None,
+) -> None:
+    """kopf (watching, indexing) and the reconcile loop, as siblings; when kopf stops (a signal
+    or ``stop_flag``), the loop is cancelled with it.
+
+    The loop task is created before kopf starts on purpose: at exit kopf cancels every task
+    created after its own start as "its" sub-task, and the loop must be stopped by us, in order.
+    """
+    import kopf
+
+    creds = credentials if credentials is not None else load_credentials()
+    async with aiohttp.ClientSession() as session:
+        reconciler = Reconciler(
+            config, HttpCluster(session, creds), session, agent_url or pod_url(config.agent_port)
+        )
+        registry = build_registry(reconciler, login=login)
+        async with asyncio.TaskGroup() as tg:
+            loop = tg.create_task(reconciler.run(), name="corral reconcile loop")
+            try:
+                await kopf.operator(
+                    registry=registry,
+                    settings=operator_settings(),
+                    standalone=True,
+                    clusterwide=False,
+                    namespaces=[config.namespace],
+                    stop_flag=stop_flag,
+                )
+            finally:
+                loop.cancel()
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if config.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        asyncio.run(run_operator(config))
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+def run(argv: list[str] | None = None) -> int:
+    return main(argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,275 @@
+"""ModelPreset objects as plain, validated values (no kopf, no I/O).
+
+The CRD's schema and CEL rules are the first line of defence; this module checks again what the
+renderer relies on, because a cluster may run the operator against an older copy of the CRD (or
+one whose CEL rules its apiserver cannot enforce), and a bad value here would otherwise end up in
+every selected node's preset file.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# llama-server options the agent owns: where the child listens, which model it serves, who may
+# call it, and the router's own options. A preset that sets them would either break the agent's
+# proxying or fight spec.source / spec.aliases. Kept in step with the CRD's CEL rule by
+# tests/unit/test_crd_cel.py.
+RESERVED_OPTIONS: frozenset[str] = frozenset(
+    {
+        "--port",
+        "--host",
+        "-m",
+        "--model",
+        "-mu",
+        "--model-url",
+        "-hf",
+        "-hfr",
+        "--hf-repo",
+        "-hff",
+        "--hf-file",
+        "-hft",
+        "--hf-token",
+        "-dr",
+        "--docker-repo",
+        "--api-key",
+        "--api-key-file",
+        "-a",
+        "--alias",
+        "--path",
+        "--api-prefix",
+        "--reuse-port",
+        "--ssl-key-file",
+        "--ssl-cert-file",
+    }
+)
+RESERVED_PREFIXES: tuple[str, ...] = ("--models-", "--no-models-")
+
+# Where the chart mounts PersistentVolumeClaims in agent pods (see operator/README.md).
+PVC_MOUNT_ROOT = "/models/pvc"
+
+_OPTION = re.compile(r"^--?[A-Za-z][A-Za-z0-9_-]*$")
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]*$")
+_SHA256 = re.compile(r"^[a-f0-9]{64}$")
+
+
+class InvalidPreset(ValueError):
+    """A ModelPreset whose spec cannot be rendered; the message is shown in its status."""
+
+
+@dataclass(frozen=True)
+class LocalPathSource:
+    path: str
+
+
+@dataclass(frozen=True)
+class HuggingFaceSource:
+    repo: str
+    file: str | None = None
+    revision: str | None = None
+
+
+@dataclass(frozen=True)
+class UrlSource:
+    url: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class PvcSource:
+    claim_name: str
+    sub_path: str
+
+    @property
+    def path(self) -> str:
+        return f"{PVC_MOUNT_ROOT}/{self.claim_name}/{self.sub_path}"
+
+
+Source = LocalPathSource | HuggingFaceSource | UrlSource | PvcSource
+
+
+@dataclass(frozen=True)
+class Lifecycle:
+    load_on_startup: bool | None = None
+    stop_timeout: int | None = None
+    ttl: int | None = None
+    pin: bool | None = None
+    priority: int | None = None
+
+
+@dataclass(frozen=True)
+class Preset:
+    """One ModelPreset, reduced to what placement, rendering and status need."""
+
+    name: str  # metadata.name
+    model_name: str  # spec.modelName, else metadata.name
+    source: Source
+    options: tuple[tuple[str, str], ...] = ()  # spec.args as (INI key, value), in given order
+    aliases: tuple[str, ...] = ()
+    node_selector: tuple[tuple[str, str], ...] = ()  # sorted
+    lifecycle: Lifecycle = Lifecycle()
+    uid: str = ""
+    generation: int = 0
+    created: str = ""  # metadata.creationTimestamp (RFC 3339 sorts as text)
+
+    def selects(self, labels: Mapping[str, str]) -> bool:
+        """Whether a node with these labels gets this model (all selector labels must match)."""
+        return all(labels.get(key) == value for key, value in self.node_selector)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every name a client may use for this model on a node."""
+        return (self.model_name, *self.aliases)
+
+
+def parse_args(args: list[str] | tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """Command-line style llama-server options → INI (key, value) pairs.
+
+    ``--ctx-size 4096`` and ``--ctx-size=4096`` give ``ctx-size = 4096``; a bare flag gives
+    ``flag = true`` (``--no-mmap`` stays ``no-mmap = true``: the agent reads ``no-x = true`` as
+    ``x = false``, like llama.cpp). A token is an option only when a letter follows its dashes,
+    so negative numbers (``--n-gpu-layers -1``) are values.
+    """
+    options: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    i = 0
+    while i < len(args):
+        token = args[i]
+        if any(c in token for c in "\r\n"):
+            raise InvalidPreset(f"args[{i}] contains a line break")
+        head, eq, inline = token.partition("=")
+        if not _OPTION.match(head):
+            raise InvalidPreset(f"args[{i}] = {token!r} is not an option (expected --name or -n)")
+        if head in RESERVED_OPTIONS or head.startswith(RESERVED_PREFIXES):
+            raise InvalidPreset(f"args may not set {head}: the agent or spec.source owns it")
+        if eq:
+            value = inline
+        elif i + 1 < len(args) and not _OPTION.match(args[i + 1].partition("=")[0]):
+            i += 1
+            value = args[i]
+            if any(c in value for c in "\r\n"):
+                raise InvalidPreset(f"args[{i}] contains a line break")
+        else:
+            value = "true"
+        key = head.lstrip("-")
+        if key in seen:
+            # An INI section holds a key once; silently keeping one of two would surprise.
+            raise InvalidPreset(f"args set {head} twice")
+        seen.add(key)
+        options.append((key, value.strip()))
+        i += 1
+    return tuple(options)
+
+
+def _str(obj: Mapping[str, Any], key: str, where: str) -> str:
+    value = obj.get(key)
+    if not isinstance(value, str) or not value:
+        raise InvalidPreset(f"{where}.{key} must be a non-empty string")
+    return value
+
+
+def _opt_str(obj: Mapping[str, Any], key: str, where: str) -> str | None:
+    return _str(obj, key, where) if obj.get(key) is not None else None
+
+
+def parse_source(source: Mapping[str, Any]) -> Source:
+    kinds = [k for k in ("huggingFace", "url", "localPath", "pvc") if source.get(k) is not None]
+    if len(kinds) != 1:
+        raise InvalidPreset(
+            "exactly one of source.huggingFace, source.url, source.localPath, source.pvc "
+            f"must be set (found {len(kinds)})"
+        )
+    kind = kinds[0]
+    body = source[kind]
+    if not isinstance(body, Mapping):
+        raise InvalidPreset(f"source.{kind} must be an object")
+    where = f"spec.source.{kind}"
+    if kind == "localPath":
+        path = _str(body, "path", where)
+        if not path.startswith("/"):
+            raise InvalidPreset(f"{where}.path must be absolute")
+        return LocalPathSource(path)
+    if kind == "huggingFace":
+        return HuggingFaceSource(
+            _str(body, "repo", where),
+            _opt_str(body, "file", where),
+            _opt_str(body, "revision", where),
+        )
+    if kind == "url":
+        url, sha = _str(body, "url", where), _str(body, "sha256", where)
+        if not url.startswith(("http://", "https://")):
+            raise InvalidPreset(f"{where}.url must be an http(s) URL")
+        if not _SHA256.match(sha):
+            raise InvalidPreset(f"{where}.sha256 must be 64 lower-case hex digits")
+        return UrlSource(url, sha)
+    sub = _str(body, "subPath", where)
+    if sub.startswith("/") or ".." in sub.split("/"):
+        raise InvalidPreset(f"{where}.subPath must be relative and may not contain '..'")
+    return PvcSource(_str(body, "claimName", where), sub)
+
+
+def _opt_int(obj: Mapping[str, Any], key: str) -> int | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidPreset(f"spec.lifecycle.{key} must be an integer")
+    return value
+
+
+def _opt_bool(obj: Mapping[str, Any], key: str) -> bool | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, bool):
+        raise InvalidPreset(f"spec.lifecycle.{key} must be a boolean")
+    return value
+
+
+def parse_preset(obj: Mapping[str, Any]) -> Preset:
+    """A ModelPreset object (as the API returns it) → Preset; raises InvalidPreset."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    name = str(meta.get("name", ""))
+    model_name = spec.get("modelName") or name
+    if not isinstance(model_name, str) or not _MODEL_NAME.match(model_name):
+        raise InvalidPreset(f"model name {model_name!r} is not valid")
+    source = spec.get("source")
+    if not isinstance(source, Mapping):
+        raise InvalidPreset("spec.source is required")
+    raw_args = spec.get("args") or []
+    if not isinstance(raw_args, list) or not all(isinstance(a, str) for a in raw_args):
+        raise InvalidPreset("spec.args must be a list of strings")
+    aliases = spec.get("aliases") or []
+    if not isinstance(aliases, list) or not all(
+        isinstance(a, str) and _MODEL_NAME.match(a) for a in aliases
+    ):
+        raise InvalidPreset("spec.aliases must be a list of valid model names")
+    if len(set(aliases)) != len(aliases):
+        raise InvalidPreset("spec.aliases must be unique")
+    if model_name in aliases:
+        raise InvalidPreset("spec.aliases may not contain the model name itself")
+    selector = ((spec.get("placement") or {}).get("nodeSelector")) or {}
+    if not isinstance(selector, Mapping):
+        raise InvalidPreset("spec.placement.nodeSelector must be a map of labels")
+    life = spec.get("lifecycle") or {}
+    return Preset(
+        name=name,
+        model_name=model_name,
+        source=parse_source(source),
+        options=parse_args(raw_args),
+        aliases=tuple(aliases),
+        node_selector=tuple(sorted((str(k), str(v)) for k, v in selector.items())),
+        lifecycle=Lifecycle(
+            load_on_startup=_opt_bool(life, "loadOnStartup"),
+            stop_timeout=_opt_int(life, "stopTimeout"),
+            ttl=_opt_int(life, "ttl"),
+            pin=_opt_bool(life, "pin"),
+            priority=_opt_int(life, "priority"),
+        ),
+        uid=str(meta.get("uid", "")),
+        generation=int(meta.get("generation") or 0),
+        created=str(meta.get("creationTimestamp", "")),
+    )

@@ -1,0 +1,423 @@
+"""The operator's one loop: read the indexes, poll the agents, write what differs.
+
+kopf's handlers only keep indexes and wake this loop; every write (the ConfigMap, pod labels,
+Services, ModelPreset status, Events) happens here, in one task, so there is one writer per
+object and no two handlers race on the same ConfigMap. A pass computes the whole desired state
+from snapshots (render.py, status.py are pure) and writes only the differences, so passes are
+idempotent and a failed write is simply retried by the next pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import re
+import secrets
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import aiohttp
+
+from .agents import AgentPod, AgentUrl, poll_agents
+from .kube import Cluster, KubeError, ns_path, preset_status_path
+from .render import Rendering, configmap_patch, render
+from .status import AgentReport, compute_status, needs_write, transitions
+
+log = logging.getLogger("corral.operator")
+
+GROUP, VERSION = "corral.dev", "v1alpha1"
+PRESET_LABEL_PREFIX = "preset.corral.dev/"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "corral-operator"}
+PRESET_NAME_LABEL = "corral.dev/modelpreset"
+_LABEL_KEY = re.compile(r"^([a-z0-9.-]{1,253}/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+
+
+def preset_label(name: str) -> str:
+    """The agent pod label key for a preset. ModelPreset names are DNS-1035 labels (≤ 63, CRD
+    rule), which is exactly what a label key's name part accepts."""
+    return PRESET_LABEL_PREFIX + name
+
+
+def parse_selector(text: str) -> dict[str, str]:
+    """``a=b,c=d`` → {a: b, c: d}. Equality only: it also becomes the Services' selector."""
+    out: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, eq, value = (s.strip() for s in part.partition("="))
+        if not eq or not _LABEL_KEY.match(key) or not _LABEL_VALUE.match(value):
+            raise ValueError(f"agent selector {part!r}: only label=value terms are supported")
+        out[key] = value
+    return out
+
+
+@dataclass(frozen=True)
+class Config:
+    namespace: str = "default"
+    configmap: str = "corral-presets"
+    agent_selector: Mapping[str, str] = field(
+        default_factory=lambda: {
+            "app.kubernetes.io/name": "corral",
+            "app.kubernetes.io/component": "agent",
+        }
+    )
+    agent_port: int = 8080
+    poll_interval: float = 10.0
+    poll_timeout: float = 3.0
+    debounce: float = 0.2  # coalesce a burst of watch events into one pass
+    verbose: bool = False
+
+    @property
+    def stale_after(self) -> dt.timedelta:
+        return dt.timedelta(seconds=max(3 * self.poll_interval, 3 * self.poll_timeout))
+
+    @property
+    def seen_refresh(self) -> dt.timedelta:
+        return dt.timedelta(seconds=max(6 * self.poll_interval, 1.0))
+
+
+class Store(Protocol):
+    """A kopf index: key → the values indexed under it."""
+
+    def __getitem__(self, key: Any) -> Iterable[Any]: ...
+    def __iter__(self) -> Any: ...
+
+
+@dataclass
+class Indexes:
+    presets: Store  # name → ModelPreset object (plain dict)
+    nodes: Store  # name → labels
+    agents: Store  # pod name → AgentPod
+    services: Store  # name → Service object (ours only)
+    configmaps: Store  # name → data
+
+
+def _values(store: Store) -> list[Any]:
+    out: list[Any] = []
+    for key in list(store):
+        try:
+            out.extend(store[key])
+        except KeyError:  # removed between listing and reading
+            continue
+    return out
+
+
+def _first(store: Store, key: str) -> Any | None:
+    try:
+        return next(iter(store[key]), None)
+    except KeyError:
+        return None
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class Reconciler:
+    def __init__(
+        self,
+        config: Config,
+        cluster: Cluster,
+        session: aiohttp.ClientSession,
+        agent_url: AgentUrl,
+        clock: Callable[[], dt.datetime] = _now,
+    ) -> None:
+        self.config = config
+        self.cluster = cluster
+        self.session = session
+        self.agent_url = agent_url
+        self.clock = clock
+        self.reports: dict[str, AgentReport] = {}
+        self._indexes: Indexes | None = None
+        self._armed = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._last_poll: dt.datetime | None = None
+        self.passes = 0
+
+    # --- called from kopf handlers -------------------------------------------------------
+    def attach(self, indexes: Indexes) -> None:
+        self._indexes = indexes
+
+    def wake(self) -> None:
+        """A watched object changed. kopf runs event handlers only once every index has been
+        filled from its initial listing, so the first wake also means "safe to write": before
+        it, an empty index would look like "all presets deleted" and wipe the ConfigMap."""
+        self._armed.set()
+        self._wake.set()
+
+    # --- the loop -------------------------------------------------------------------------
+    async def run(self) -> None:
+        await self._armed.wait()
+        while True:
+            await asyncio.sleep(self.config.debounce)
+            self._wake.clear()
+            try:
+                await self.reconcile_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # task boundary: log, and let the next pass retry
+                log.exception("reconcile pass failed")
+            delay = self.config.poll_interval
+            if self._last_poll is not None:
+                since = (self.clock() - self._last_poll).total_seconds()
+                delay = max(0.0, self.config.poll_interval - since)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=delay)
+
+    async def reconcile_once(self) -> None:
+        idx = self._indexes
+        if idx is None:
+            return
+        self.passes += 1
+        now = self.clock()
+        presets = sorted(_values(idx.presets), key=lambda o: o["metadata"]["name"])
+        node_labels: dict[str, Mapping[str, str]] = {}
+        for name in list(idx.nodes):
+            labels = _first(idx.nodes, name)
+            if labels is not None:
+                node_labels[name] = labels
+        pods: list[AgentPod] = sorted(_values(idx.agents), key=lambda p: p.name)
+        if self._last_poll is None or (
+            (now - self._last_poll).total_seconds() >= self.config.poll_interval
+        ):
+            self.reports = await poll_agents(
+                self.session, pods, self.agent_url, self.reports, now, self.config.poll_timeout
+            )
+            self._last_poll = now
+        agent_nodes = {
+            p.node: node_labels[p.node]
+            for p in pods
+            if p.node and not p.deleting and p.node in node_labels
+        }
+        rendering = render(presets, agent_nodes)
+        await self._write_configmap(rendering)
+        await self._write_pod_labels(pods, rendering)
+        await self._write_services(presets)
+        await self._write_statuses(presets, rendering, now)
+
+    # --- writers --------------------------------------------------------------------------
+    async def _guard(self, what: str, coro: Any) -> None:
+        try:
+            await coro
+        except KubeError as exc:
+            log.warning("%s failed: %s", what, exc)
+
+    async def _write_configmap(self, rendering: Rendering) -> None:
+        assert self._indexes is not None
+        cfg = self.config
+        current = _first(self._indexes.configmaps, cfg.configmap)
+        desired = rendering.configmap_data()
+        path = ns_path(cfg.namespace, "configmaps", cfg.configmap)
+        if current is None:
+            body = {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": cfg.configmap, "namespace": cfg.namespace},
+                "data": desired,
+            }
+            try:
+                await self.cluster.create(ns_path(cfg.namespace, "configmaps"), body)
+                log.info("created ConfigMap %s with %d set(s)", cfg.configmap, len(rendering.files))
+                return
+            except KubeError as exc:
+                if exc.status != 409:  # exists but not indexed yet: fall through to patch
+                    log.warning("creating ConfigMap %s failed: %s", cfg.configmap, exc)
+                    return
+            current = {}
+        patch = configmap_patch(current, desired)
+        if patch:
+            log.info(
+                "ConfigMap %s: %d node(s), %d set(s), %d key(s) changed",
+                cfg.configmap,
+                len(rendering.node_sets),
+                len(rendering.files),
+                len(patch),
+            )
+            await self._guard("patching the ConfigMap", self.cluster.patch(path, {"data": patch}))
+
+    async def _write_pod_labels(self, pods: list[AgentPod], rendering: Rendering) -> None:
+        """Label each agent pod with the presets it serves: offered in its node's file *and*
+        listed by its agent — so a Service never routes to an agent that would answer
+        "model not found" because the kubelet has not delivered the new file yet."""
+        for pod in pods:
+            if not pod.node or pod.deleting:
+                continue
+            report = self.reports.get(pod.node)
+            listed = report.models if report is not None else {}
+            want = {
+                preset_label(name): "true"
+                for name, preset in rendering.presets.items()
+                if pod.node in rendering.offered(name) and preset.model_name in listed
+            }
+            have = {k: v for k, v in pod.labels.items() if k.startswith(PRESET_LABEL_PREFIX)}
+            if want == have:
+                continue
+            patch: dict[str, str | None] = dict(want)
+            patch.update({k: None for k in have if k not in want})
+            log.info("pod %s: preset labels %s", pod.name, sorted(want))
+            await self._guard(
+                f"labelling pod {pod.name}",
+                self.cluster.patch(
+                    ns_path(self.config.namespace, "pods", pod.name),
+                    {"metadata": {"labels": patch}},
+                ),
+            )
+
+    def desired_service(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        meta = obj["metadata"]
+        name = meta["name"]
+        labels = {**MANAGED_BY, PRESET_NAME_LABEL: name}
+        svc_meta: dict[str, Any] = {
+            "name": name,
+            "namespace": self.config.namespace,
+            "labels": labels,
+        }
+        if meta.get("uid"):
+            # A namespaced object may be owned by a cluster-scoped one, so the garbage collector
+            # removes the Service with its ModelPreset even while the operator is down. No
+            # blockOwnerDeletion: it would need `update` on modelpresets/finalizers.
+            svc_meta["ownerReferences"] = [
+                {
+                    "apiVersion": f"{GROUP}/{VERSION}",
+                    "kind": "ModelPreset",
+                    "name": name,
+                    "uid": meta["uid"],
+                    "controller": True,
+                }
+            ]
+        return {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": svc_meta,
+            "spec": {
+                "type": "ClusterIP",
+                "selector": {**self.config.agent_selector, preset_label(name): "true"},
+                "ports": [
+                    {
+                        "name": "http",
+                        "port": 80,
+                        "targetPort": self.config.agent_port,
+                        "protocol": "TCP",
+                    }
+                ],
+            },
+        }
+
+    async def _write_services(self, presets: list[dict[str, Any]]) -> None:
+        assert self._indexes is not None
+        ns = self.config.namespace
+        wanted = {o["metadata"]["name"]: self.desired_service(o) for o in presets}
+        for name, want in wanted.items():
+            have = _first(self._indexes.services, name)
+            if have is None:
+                try:
+                    await self.cluster.create(ns_path(ns, "services"), want)
+                    log.info("created Service %s", name)
+                    continue
+                except KubeError as exc:
+                    if exc.status != 409:
+                        log.warning("creating Service %s failed: %s", name, exc)
+                        continue
+                    have = {}
+            patch = _service_patch(have, want)
+            if patch:
+                log.info("updating Service %s", name)
+                await self._guard(
+                    f"patching Service {name}",
+                    self.cluster.patch(ns_path(ns, "services", name), patch),
+                )
+        for name in list(self._indexes.services):
+            if name not in wanted:
+                log.info("deleting Service %s (its ModelPreset is gone)", name)
+                await self._guard(
+                    f"deleting Service {name}", self.cluster.delete(ns_path(ns, "services", name))
+                )
+
+    async def _write_statuses(
+        self, presets: list[dict[str, Any]], rendering: Rendering, now: dt.datetime
+    ) -> None:
+        for obj in presets:
+            meta = obj["metadata"]
+            name = meta["name"]
+            preset = rendering.presets.get(name)
+            old = obj.get("status") or None
+            new = compute_status(
+                model_name=preset.model_name
+                if preset
+                else (obj.get("spec") or {}).get("modelName") or name,
+                generation=int(meta.get("generation") or 0),
+                matched=rendering.matched.get(name, ()),
+                reports=self.reports,
+                previous=old,
+                now=now,
+                stale_after=self.config.stale_after,
+                conflicts=rendering.conflicts.get(name),
+                invalid=rendering.invalid.get(name),
+                load_on_startup=bool(preset and preset.lifecycle.load_on_startup),
+            )
+            if not needs_write(old, new, self.config.seen_refresh):
+                continue
+            try:
+                await self.cluster.patch(preset_status_path(name), {"status": new})
+            except KubeError as exc:
+                log.warning("writing the status of ModelPreset %s failed: %s", name, exc)
+                continue
+            for event in transitions(old, new):
+                await self._guard(f"posting an event for {name}", self._post_event(obj, event, now))
+
+    async def _post_event(self, obj: Mapping[str, Any], event: Any, now: dt.datetime) -> None:
+        meta = obj["metadata"]
+        stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {
+                # Explicit unique names (not generateName): simpler to emulate and to grep.
+                "name": f"{meta['name']}.{secrets.token_hex(8)}",
+                "namespace": self.config.namespace,
+            },
+            "involvedObject": {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "ModelPreset",
+                "name": meta["name"],
+                "uid": meta.get("uid", ""),
+            },
+            "type": event.type,
+            "reason": event.reason,
+            "message": event.message[:1024],
+            "source": {"component": "corral-operator"},
+            "reportingComponent": "corral.dev/operator",
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        log.info(
+            "event %s %s on ModelPreset %s: %s",
+            event.type,
+            event.reason,
+            meta["name"],
+            event.message,
+        )
+        await self.cluster.create(ns_path(self.config.namespace, "events"), body)
+
+
+def _service_patch(have: Mapping[str, Any], want: Mapping[str, Any]) -> dict[str, Any]:
+    """A merge patch for the fields we own (the apiserver fills in clusterIP & co.)."""
+    patch: dict[str, Any] = {}
+    hmeta, wmeta = have.get("metadata") or {}, want["metadata"]
+    hlabels = hmeta.get("labels") or {}
+    if any(hlabels.get(k) != v for k, v in wmeta["labels"].items()):
+        patch.setdefault("metadata", {})["labels"] = wmeta["labels"]
+    if "ownerReferences" in wmeta and hmeta.get("ownerReferences") != wmeta["ownerReferences"]:
+        patch.setdefault("metadata", {})["ownerReferences"] = wmeta["ownerReferences"]
+    hspec, wspec = have.get("spec") or {}, want["spec"]
+    hsel = hspec.get("selector") or {}
+    if hsel != wspec["selector"]:
+        sel: dict[str, str | None] = dict(wspec["selector"])
+        sel.update({k: None for k in hsel if k not in wspec["selector"]})
+        patch.setdefault("spec", {})["selector"] = sel
+    if hspec.get("ports") != wspec["ports"]:
+        patch.setdefault("spec", {})["ports"] = wspec["ports"]
+    return patch

@@ -1,0 +1,123 @@
+"""Placement and rendering: (presets, agent nodes with labels) → the presets ConfigMap (pure).
+
+Deterministic by construction — same inputs, byte-identical output — so the operator can compare
+what it wants with what is stored and write nothing when they agree, and so that nodes with the
+same presets share one file (keyed by its content hash): a 500-node pool with one preset set is
+one INI plus an index, far below the ConfigMap's 1 MiB limit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .ini import render_ini, section_keys
+from .presets import InvalidPreset, Preset, parse_preset
+
+NODES_KEY = "nodes.json"
+
+
+def set_key(ini_text: str) -> str:
+    """The ConfigMap key of one preset set: its content hash (12 hex digits = 48 bits)."""
+    return f"set-{hashlib.sha256(ini_text.encode()).hexdigest()[:12]}.ini"
+
+
+@dataclass(frozen=True)
+class Rendering:
+    files: dict[str, str]  # set key → INI text
+    node_sets: dict[str, str]  # node → set key; nodes without presets are absent
+    matched: dict[str, tuple[str, ...]]  # preset name → agent nodes it selects (sorted)
+    conflicts: dict[str, dict[str, str]]  # preset name → node → why it is not offered there
+    invalid: dict[str, str]  # preset name → why it cannot be rendered at all
+    presets: dict[str, Preset] = field(default_factory=dict)  # the valid ones, by name
+
+    def configmap_data(self) -> dict[str, str]:
+        data = dict(self.files)
+        data[NODES_KEY] = json.dumps(self.node_sets, sort_keys=True, indent=1) + "\n"
+        return data
+
+    def offered(self, preset: str) -> tuple[str, ...]:
+        """Nodes whose file carries this preset (matched minus conflicts)."""
+        bad = self.conflicts.get(preset, {})
+        return tuple(n for n in self.matched.get(preset, ()) if n not in bad)
+
+
+def parse_all(objects: Iterable[Mapping[str, Any]]) -> tuple[list[Preset], dict[str, str]]:
+    """Parse ModelPreset objects; the invalid ones come back with their reason."""
+    valid: list[Preset] = []
+    invalid: dict[str, str] = {}
+    for obj in objects:
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        try:
+            preset = parse_preset(obj)
+            section_keys(preset)  # refuses args that fight structured fields
+        except InvalidPreset as exc:
+            invalid[name] = str(exc)
+            continue
+        valid.append(preset)
+    return valid, invalid
+
+
+def render(
+    objects: Iterable[Mapping[str, Any]],
+    agent_nodes: Mapping[str, Mapping[str, str]],
+) -> Rendering:
+    """Place every valid preset on the agent nodes it selects and render one file per node set.
+
+    ``agent_nodes`` maps each node that runs an agent to its labels. Two presets that claim one
+    name (model name or alias) on the same node conflict there: the older one (creation time,
+    then object name) keeps the name, the newer one is left out on that node and says why in its
+    status — an agent would otherwise merge or refuse them, depending on order.
+    """
+    presets, invalid = parse_all(objects)
+    presets.sort(key=lambda p: (p.created, p.name))
+    matched: dict[str, list[str]] = {p.name: [] for p in presets}
+    conflicts: dict[str, dict[str, str]] = {}
+    per_node: dict[str, list[Preset]] = {}
+    for node in sorted(agent_nodes):
+        labels = agent_nodes[node]
+        claimed: dict[str, str] = {}  # name or alias → preset that holds it on this node
+        for preset in presets:
+            if not preset.selects(labels):
+                continue
+            matched[preset.name].append(node)
+            clash = next((n for n in preset.names if n in claimed), None)
+            if clash is not None:
+                conflicts.setdefault(preset.name, {})[node] = (
+                    f"name {clash!r} is already served on this node by ModelPreset {claimed[clash]}"
+                )
+                continue
+            for n in preset.names:
+                claimed[n] = preset.name
+            per_node.setdefault(node, []).append(preset)
+    files: dict[str, str] = {}
+    node_sets: dict[str, str] = {}
+    for node, chosen in per_node.items():
+        text = render_ini(chosen)
+        key = set_key(text)
+        files[key] = text
+        node_sets[node] = key
+    return Rendering(
+        files=files,
+        node_sets=node_sets,
+        matched={name: tuple(nodes) for name, nodes in matched.items()},
+        conflicts=conflicts,
+        invalid=invalid,
+        presets={p.name: p for p in presets},
+    )
+
+
+def configmap_patch(
+    current: Mapping[str, str], desired: Mapping[str, str]
+) -> dict[str, str | None]:
+    """A merge patch of ConfigMap ``data`` turning ``current`` into ``desired`` ({} = no change).
+
+    Keys of sets no node uses any more are removed (``None``), in the same write as the new
+    index, so the kubelet's atomic ``..data`` swap never shows an index naming a missing file.
+    """
+    patch: dict[str, str | None] = {k: v for k, v in desired.items() if current.get(k) != v}
+    patch.update({k: None for k in current if k not in desired})
+    return patch

@@ -1,0 +1,304 @@
+"""ModelPreset.status from placement and what the agents report (pure: ``now`` is an argument).
+
+The operator is the only writer of the status. Per node: the model's state on that node, its
+memory figures, the last error, and when the node's agent was last seen; an agent not seen for
+``stale_after`` makes its nodes ``Unknown`` (never a stale ``Loaded``). Two conditions in the
+standard shape (type, status, observedGeneration, lastTransitionTime, reason, message):
+
+- ``Ready``: every matched node offers the model and can serve it now (loaded or sleeping; or
+  unloaded-and-healthy for a model loaded on first request).
+- ``Degraded``: something needs a human: a node failed to run it, an agent is not answering, its
+  name collides with another preset on a node, or the spec cannot be rendered.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+# Agent (llama.cpp) state value → the state shown in the status.
+_STATES = {
+    "loaded": "Loaded",
+    "loading": "Loading",
+    "sleeping": "Sleeping",
+    "downloading": "Downloading",
+    "unloaded": "Unloaded",
+}
+_SERVING = {"Loaded", "Sleeping"}
+_BAD = {"Failed", "Unknown", "Conflict"}
+
+
+def fmt_time(t: dt.datetime) -> str:
+    return t.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(s: object) -> dt.datetime | None:
+    if not isinstance(s, str):
+        return None
+    try:
+        return dt.datetime.strptime(s, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class ModelReport:
+    """One entry of an agent's ``GET /models``."""
+
+    value: str
+    failed: bool = False
+    exit_code: int | None = None
+    memory: Mapping[str, Any] | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class AgentReport:
+    """The last thing known about one node's agent."""
+
+    last_seen: dt.datetime | None  # last successful poll
+    models: Mapping[str, ModelReport] = field(default_factory=dict)  # by model id
+    error: str | None = None  # why the latest poll failed, if it did
+
+
+def parse_models(body: object) -> dict[str, ModelReport]:
+    """llama.cpp's ``{"object":"list","data":[{"id", "status":{"value",…}}]}`` → reports.
+
+    Unknown fields are ignored (Corral adds some, e.g. ``memory``); malformed entries are skipped
+    rather than failing the whole node, since one odd model must not blank the others' status.
+    """
+    if not isinstance(body, Mapping) or not isinstance(body.get("data"), list):
+        raise ValueError("not a model list (expected {'object': 'list', 'data': [...]})")
+    out: dict[str, ModelReport] = {}
+    for entry in body["data"]:
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("id"), str):
+            continue
+        st = entry.get("status")
+        st = st if isinstance(st, Mapping) else {}
+        memory = entry.get("memory", st.get("memory"))
+        error = st.get("error", entry.get("error"))
+        exit_code = st.get("exit_code")
+        out[entry["id"]] = ModelReport(
+            value=str(st.get("value", "unknown")),
+            failed=bool(st.get("failed", False)),
+            exit_code=exit_code if isinstance(exit_code, int) else None,
+            memory=memory if isinstance(memory, Mapping) else None,
+            error=error if isinstance(error, str) else None,
+        )
+    return out
+
+
+def node_entry(
+    node: str,
+    model_name: str,
+    report: AgentReport | None,
+    previous: Mapping[str, Any] | None,
+    conflict: str | None,
+    now: dt.datetime,
+    stale_after: dt.timedelta,
+) -> dict[str, Any]:
+    prev = previous or {}
+    entry: dict[str, Any] = {"name": node}
+    last_error = prev.get("lastError")
+    seen = report.last_seen if report is not None else None
+    seen = seen or parse_time(prev.get("lastSeen"))
+    if seen is not None:
+        entry["lastSeen"] = fmt_time(seen)
+    if conflict is not None:
+        entry["state"] = "Conflict"
+        last_error = conflict
+    elif report is None or report.last_seen is None or now - report.last_seen > stale_after:
+        entry["state"] = "Unknown"
+        if report is not None and report.error:
+            last_error = report.error
+    else:
+        model = report.models.get(model_name)
+        if model is None:
+            entry["state"] = "Pending"  # the agent has not picked up the new file yet
+        else:
+            state = _STATES.get(model.value, "Unknown")
+            if model.value == "unloaded" and model.failed:
+                state = "Failed"
+                last_error = model.error or (
+                    f"llama-server exited with code {model.exit_code}"
+                    if model.exit_code is not None
+                    else "llama-server failed"
+                )
+            elif model.error:
+                last_error = model.error
+            entry["state"] = state
+            if model.memory is not None:
+                entry["memory"] = dict(model.memory)
+    if last_error:
+        entry["lastError"] = str(last_error)[:1024]
+    return entry
+
+
+def _condition(
+    ctype: str,
+    status: bool,
+    reason: str,
+    message: str,
+    generation: int,
+    previous: Mapping[str, Any] | None,
+    now: dt.datetime,
+) -> dict[str, Any]:
+    value = "True" if status else "False"
+    since = fmt_time(now)
+    if previous is not None and previous.get("status") == value:
+        since = str(previous.get("lastTransitionTime") or since)
+    return {
+        "type": ctype,
+        "status": value,
+        "observedGeneration": generation,
+        "lastTransitionTime": since,
+        "reason": reason,
+        "message": message,
+    }
+
+
+def _count(nodes: Sequence[Mapping[str, Any]], state: str) -> int:
+    return sum(1 for n in nodes if n["state"] == state)
+
+
+def compute_status(
+    *,
+    model_name: str,
+    generation: int,
+    matched: Sequence[str],
+    reports: Mapping[str, AgentReport],
+    previous: Mapping[str, Any] | None,
+    now: dt.datetime,
+    stale_after: dt.timedelta,
+    conflicts: Mapping[str, str] | None = None,
+    invalid: str | None = None,
+    load_on_startup: bool = False,
+) -> dict[str, Any]:
+    prev = previous or {}
+    prev_nodes = {n.get("name"): n for n in prev.get("nodes") or [] if isinstance(n, Mapping)}
+    prev_conds = {c.get("type"): c for c in prev.get("conditions") or [] if isinstance(c, Mapping)}
+    conflicts = conflicts or {}
+    nodes = [
+        node_entry(
+            node,
+            model_name,
+            reports.get(node),
+            prev_nodes.get(node),
+            conflicts.get(node),
+            now,
+            stale_after,
+        )
+        for node in sorted(matched)
+    ]
+    ok = set(_SERVING) if load_on_startup else _SERVING | {"Unloaded"}
+    not_ready = [n for n in nodes if n["state"] not in ok]
+
+    def names(state: str) -> str:
+        return ", ".join(n["name"] for n in nodes if n["state"] == state)
+
+    if invalid is not None:
+        ready = (False, "InvalidSpec", invalid)
+        degraded = (True, "InvalidSpec", invalid)
+    elif not nodes:
+        ready = (False, "NoMatchingNodes", "no node running an agent matches spec.placement")
+        degraded = (False, "AsExpected", "no node to serve it on")
+    else:
+        for state, reason in (
+            ("Failed", "NodesFailed"),
+            ("Unknown", "AgentsUnknown"),
+            ("Conflict", "NameConflict"),
+            ("Pending", "Pending"),
+            ("Downloading", "Downloading"),
+            ("Loading", "Loading"),
+            ("Unloaded", "Loading"),
+        ):
+            if any(n["state"] == state for n in not_ready):
+                ready = (False, reason, f"{state}: {names(state)}")
+                break
+        else:
+            ready = (True, "AllNodesReady", f"serving on {len(nodes)} node(s)")
+        bad = [n for n in nodes if n["state"] in _BAD]
+        if bad:
+            first = bad[0]
+            reason = {"Failed": "NodesFailed", "Unknown": "AgentsUnknown"}.get(
+                first["state"], "NameConflict"
+            )
+            detail = "; ".join(
+                f"{n['name']}: {n['state']}"
+                + (f" ({n['lastError']})" if n.get("lastError") else "")
+                for n in bad
+            )
+            degraded = (True, reason, detail[:32768])
+        else:
+            degraded = (False, "AsExpected", "all matched nodes are healthy")
+    return {
+        "observedGeneration": generation,
+        "modelName": model_name,
+        "matchedNodes": len(nodes),
+        "loadedNodes": _count(nodes, "Loaded"),
+        "nodes": nodes,
+        "conditions": [
+            _condition("Ready", *ready, generation, prev_conds.get("Ready"), now),
+            _condition("Degraded", *degraded, generation, prev_conds.get("Degraded"), now),
+        ],
+    }
+
+
+def _without_seen(status: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(status)
+    out["nodes"] = [
+        {k: v for k, v in n.items() if k != "lastSeen"} for n in status.get("nodes") or []
+    ]
+    return out
+
+
+def needs_write(
+    old: Mapping[str, Any] | None, new: Mapping[str, Any], refresh: dt.timedelta
+) -> bool:
+    """Whether ``new`` differs from the stored status enough to be written.
+
+    ``lastSeen`` moves on every poll; writing each one would be a status PATCH per preset every
+    poll interval. It is written when anything else changes, or when it has moved by ``refresh``.
+    """
+    if old is None:
+        return True
+    if _without_seen(old) != _without_seen(new):
+        return True
+    old_seen = {n.get("name"): parse_time(n.get("lastSeen")) for n in old.get("nodes") or []}
+    for n in new.get("nodes") or []:
+        before, after = old_seen.get(n["name"]), parse_time(n.get("lastSeen"))
+        if after is not None and (before is None or after - before >= refresh):
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class Transition:
+    """A Kubernetes Event to post: only when a condition changes status."""
+
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+def transitions(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list[Transition]:
+    before = {c.get("type"): c for c in (old or {}).get("conditions") or []}
+    out: list[Transition] = []
+    for cond in new.get("conditions") or []:
+        was = before.get(cond["type"], {}).get("status")
+        if was == cond["status"]:
+            continue
+        if cond["type"] == "Ready":
+            if cond["status"] == "True":
+                out.append(Transition("Normal", "Ready", cond["message"]))
+            elif was == "True":
+                message = f"{cond['reason']}: {cond['message']}"
+                out.append(Transition("Warning", "NotReady", message))
+        elif cond["type"] == "Degraded":
+            if cond["status"] == "True":
+                out.append(Transition("Warning", cond["reason"], cond["message"]))
+            elif was == "True":
+                out.append(Transition("Normal", "Recovered", cond["message"]))
+    return out

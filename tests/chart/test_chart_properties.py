@@ -1,0 +1,513 @@
+"""What the rendered objects promise: the contract with the agent and the operator, security,
+scheduling on GPU nodes, and least-privilege RBAC."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.chart.rendering import (
+    CHART,
+    FULLNAME,
+    NAMESPACE,
+    RELEASE,
+    REPO,
+    Manifest,
+    Rendered,
+    pod_specs,
+    render_objects,
+    render_templates,
+    scenario_values,
+)
+
+Render = Callable[..., Rendered]
+
+STABLE_LABELS = {
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/component",
+}
+AGENT_SELECTOR = {
+    "app.kubernetes.io/name": "corral",
+    "app.kubernetes.io/instance": RELEASE,
+    "app.kubernetes.io/component": "agent",
+}
+# The agent's default per-model stop-timeout (SPEC: preset key stop-timeout, default 10 s).
+AGENT_STOP_TIMEOUT_S = 10
+CPU_ONLY = CHART / "ci" / "cpu-only-values.yaml"
+API_KEY = CHART / "ci" / "api-key-values.yaml"
+PVC_CACHE = CHART / "ci" / "pvc-cache-values.yaml"
+
+
+def agent_pod(rendered: Rendered) -> Manifest:
+    spec: Manifest = rendered.one("DaemonSet")["spec"]["template"]["spec"]
+    return spec
+
+
+def agent_container(rendered: Rendered) -> Manifest:
+    (container,) = agent_pod(rendered)["containers"]
+    assert container["name"] == "agent"
+    result: Manifest = container
+    return result
+
+
+def operator_container(rendered: Rendered) -> Manifest:
+    (container,) = rendered.one("Deployment")["spec"]["template"]["spec"]["containers"]
+    result: Manifest = container
+    return result
+
+
+def env_of(container: Manifest) -> dict[str, Manifest]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+# --- Security ------------------------------------------------------------------------------
+
+
+def test_every_pod_runs_restricted(scenario: Path) -> None:
+    rendered = Rendered(render_objects(scenario_values(scenario)))
+    owners = []
+    for owner, spec in pod_specs(rendered):
+        owners.append(owner)
+        pod_sc = spec["securityContext"]
+        assert pod_sc["runAsNonRoot"] is True, owner
+        assert pod_sc["runAsUser"] != 0, owner
+        assert pod_sc["seccompProfile"] == {"type": "RuntimeDefault"}, owner
+        assert not spec.get("hostNetwork") and not spec.get("hostPID"), owner
+        for container in spec["containers"] + spec.get("initContainers", []):
+            sc = container["securityContext"]
+            assert sc["readOnlyRootFilesystem"] is True, owner
+            assert sc["allowPrivilegeEscalation"] is False, owner
+            assert sc["capabilities"] == {"drop": ["ALL"]}, owner
+            assert not sc.get("privileged"), owner
+    assert any(o.startswith("DaemonSet/") for o in owners)
+
+
+def test_writable_tmp_is_an_empty_dir(render: Render) -> None:
+    rendered = render()
+    for owner, spec in pod_specs(rendered):
+        if owner.startswith("Pod/"):
+            continue
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        (container,) = spec["containers"]
+        tmp = [m for m in container["volumeMounts"] if m["mountPath"] == "/tmp"]
+        assert len(tmp) == 1, owner
+        assert "emptyDir" in volumes[tmp[0]["name"]], owner
+
+
+def test_agent_needs_no_kubernetes_api_token(render: Render) -> None:
+    rendered = render()
+    assert agent_pod(rendered)["automountServiceAccountToken"] is False
+    sa = rendered.one("ServiceAccount", f"{FULLNAME}-agent")
+    assert sa["automountServiceAccountToken"] is False
+
+
+# --- The agent's contract ------------------------------------------------------------------
+
+
+def test_agent_command_is_the_contract(render: Render) -> None:
+    container = agent_container(render())
+    assert container["command"] == ["corral"]
+    assert container["args"][:11] == [
+        "agent",
+        "--host", "0.0.0.0",
+        "--port", "8080",
+        "--models-dir", "/models",
+        "--models-preset", "/etc/corral/presets",
+        "--models-max", "4",
+    ]  # fmt: skip
+    assert container["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
+
+
+def test_agent_options_from_values(render: Render) -> None:
+    args = agent_container(render(scenario_values(CPU_ONLY)))["args"]
+    assert args[args.index("--models-max") + 1] == "2"
+    assert args[args.index("--memory-limit") + 1] == "host=4GiB"
+    args = agent_container(
+        render({"agent": {"modelsMemoryMarginMiB": 512, "extraArgs": ["-c", "4096"]}})
+    )["args"]
+    assert args[args.index("--models-memory-margin") + 1] == "512"
+    assert args[-2:] == ["-c", "4096"]
+    assert "--models-memory-margin" not in agent_container(render())["args"]
+
+
+def test_node_name_comes_from_the_downward_api(render: Render) -> None:
+    env = env_of(agent_container(render()))
+    assert env["NODE_NAME"] == {
+        "name": "NODE_NAME",
+        "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}},
+    }
+
+
+def test_api_key_comes_from_a_secret_only_when_set(render: Render) -> None:
+    assert "LLAMA_ARG_API_KEY" not in env_of(agent_container(render()))
+    rendered = render(scenario_values(API_KEY))
+    secret_ref = {"secretKeyRef": {"name": "corral-api-key", "key": "api-key"}}
+    assert env_of(agent_container(rendered))["LLAMA_ARG_API_KEY"]["valueFrom"] == secret_ref
+    (test_container,) = rendered.one("Pod")["spec"]["containers"]
+    assert env_of(test_container)["LLAMA_ARG_API_KEY"]["valueFrom"] == secret_ref
+    assert not any(o["kind"] == "Secret" for o in rendered), "the chart never holds the key"
+
+
+def test_presets_configmap_is_mounted_as_a_directory(scenario: Path) -> None:
+    rendered = Rendered(render_objects(scenario_values(scenario)))
+    pod = agent_pod(rendered)
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    (mount,) = [m for m in agent_container(rendered)["volumeMounts"] if m["name"] == "presets"]
+    assert mount == {"name": "presets", "mountPath": "/etc/corral/presets", "readOnly": True}
+    assert volumes["presets"]["configMap"] == {"name": f"{FULLNAME}-presets"}
+    # No mount of any pod may use subPath: a subPath mount never sees ConfigMap updates.
+    for owner, spec in pod_specs(rendered):
+        for container in spec["containers"]:
+            for m in container.get("volumeMounts", []):
+                assert "subPath" not in m and "subPathExpr" not in m, (owner, m)
+
+
+def test_presets_configmap_starts_empty(render: Render) -> None:
+    configmap = render().one("ConfigMap", f"{FULLNAME}-presets")
+    assert configmap["data"] == {"nodes.json": "{}"}
+
+
+def test_presets_configmap_keeps_the_operators_data_on_upgrade() -> None:
+    # Offline, `lookup` finds nothing; the template must read the live object back instead
+    # of resetting it (an upgrade would otherwise wipe every preset until the next reconcile).
+    template = (CHART / "templates" / "configmap.yaml").read_text()
+    assert 'lookup "v1" "ConfigMap" .Release.Namespace $name' in template
+
+
+@pytest.mark.parametrize(
+    ("values", "volume"),
+    [
+        ({}, {"hostPath": {"path": "/var/lib/corral/models", "type": "DirectoryOrCreate"}}),
+        (
+            {"agent": {"modelCache": {"type": "emptyDir", "emptyDir": {"sizeLimit": "20Gi"}}}},
+            {"emptyDir": {"sizeLimit": "20Gi"}},
+        ),
+        (
+            scenario_values(PVC_CACHE),
+            {"persistentVolumeClaim": {"claimName": "corral-models", "readOnly": True}},
+        ),
+    ],
+    ids=["hostPath", "emptyDir", "pvc"],
+)
+def test_model_cache_is_mounted_at_models(
+    render: Render, values: dict[str, Any], volume: Manifest
+) -> None:
+    rendered = render(values)
+    volumes = {v["name"]: v for v in agent_pod(rendered)["volumes"]}
+    assert volumes["models"] == {"name": "models", **volume}
+    (mount,) = [m for m in agent_container(rendered)["volumeMounts"] if m["name"] == "models"]
+    assert mount["mountPath"] == "/models"
+
+
+def test_pvc_mounts_for_pvc_sources(render: Render) -> None:
+    rendered = render(scenario_values(PVC_CACHE))
+    volumes = {v["name"]: v for v in agent_pod(rendered)["volumes"]}
+    mounts = {m["mountPath"]: m for m in agent_container(rendered)["volumeMounts"]}
+    mount = mounts["/models/pvc/shared-models"]
+    assert mount["readOnly"] is True
+    assert volumes[mount["name"]]["persistentVolumeClaim"] == {
+        "claimName": "shared-models",
+        "readOnly": True,
+    }
+
+
+# --- Probes and shutdown -------------------------------------------------------------------
+
+
+def test_agent_probes_health(render: Render) -> None:
+    container = agent_container(render())
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/health", "port": "http"}, probe
+
+
+def test_liveness_is_on_the_agent_only(render: Render) -> None:
+    container = operator_container(render())
+    assert not {"livenessProbe", "readinessProbe", "startupProbe"} & container.keys()
+
+
+def test_grace_period_exceeds_the_stop_timeout(scenario: Path) -> None:
+    rendered = Rendered(render_objects(scenario_values(scenario)))
+    grace = agent_pod(rendered)["terminationGracePeriodSeconds"]
+    assert grace > AGENT_STOP_TIMEOUT_S
+    assert grace == 60
+
+
+# --- Scheduling ----------------------------------------------------------------------------
+
+
+def test_agents_go_to_gpu_nodes_by_default(render: Render) -> None:
+    rendered = render()
+    pod = agent_pod(rendered)
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert pod["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    ]
+    assert agent_container(rendered)["resources"] == {"limits": {"nvidia.com/gpu": 1}}
+    assert "runtimeClassName" not in pod
+    assert agent_container(rendered)["image"] == "ghcr.io/corral-dev/corral-agent:0.1.0-cuda"
+
+
+def test_gpu_scheduling_merges_with_the_agents_own(render: Render) -> None:
+    rendered = render(
+        {
+            "agent": {
+                "nodeSelector": {"pool": "inference"},
+                "tolerations": [{"key": "dedicated", "operator": "Exists"}],
+            }
+        }
+    )
+    pod = agent_pod(rendered)
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true", "pool": "inference"}
+    assert [t["key"] for t in pod["tolerations"]] == ["nvidia.com/gpu", "dedicated"]
+    # Helm merges maps: a default label goes away only when set to null.
+    rendered = render({"agent": {"gpu": {"nodeSelector": {"nvidia.com/gpu.present": None}}}})
+    assert "nodeSelector" not in agent_pod(rendered)
+
+
+def test_runtime_class_mode_requests_no_gpu_resource(render: Render) -> None:
+    rendered = render(
+        {"agent": {"gpu": {"mode": "runtimeClass"}, "resources": {"limits": {"memory": "8Gi"}}}}
+    )
+    assert agent_pod(rendered)["runtimeClassName"] == "nvidia"
+    assert agent_container(rendered)["resources"] == {"limits": {"memory": "8Gi"}}
+
+
+def test_gpu_count_merges_with_other_limits(render: Render) -> None:
+    rendered = render({"agent": {"gpu": {"count": 8}, "resources": {"limits": {"memory": "64Gi"}}}})
+    assert agent_container(rendered)["resources"]["limits"] == {
+        "nvidia.com/gpu": 8,
+        "memory": "64Gi",
+    }
+
+
+def test_cpu_only_cluster(render: Render) -> None:
+    rendered = render(scenario_values(CPU_ONLY))
+    pod = agent_pod(rendered)
+    assert "nodeSelector" not in pod and "tolerations" not in pod
+    assert "runtimeClassName" not in pod
+    assert agent_container(rendered)["resources"] == {"requests": {"cpu": "500m", "memory": "1Gi"}}
+    assert agent_container(rendered)["image"].endswith(":0.1.0-cpu")
+
+
+# --- Labels and selectors ------------------------------------------------------------------
+
+
+def test_selectors_use_only_stable_labels(scenario: Path) -> None:
+    rendered = Rendered(render_objects(scenario_values(scenario)))
+    for obj in rendered:
+        if obj["kind"] in {"DaemonSet", "Deployment"}:
+            selector = obj["spec"]["selector"]["matchLabels"]
+            assert set(selector) == STABLE_LABELS, obj["kind"]
+            assert selector.items() <= obj["spec"]["template"]["metadata"]["labels"].items()
+        elif obj["kind"] == "Service":
+            assert obj["spec"]["selector"] == AGENT_SELECTOR, obj["metadata"]["name"]
+    assert rendered.one("DaemonSet")["spec"]["selector"]["matchLabels"] == AGENT_SELECTOR
+
+
+def test_common_labels_stay_out_of_selectors(render: Render) -> None:
+    rendered = render({"commonLabels": {"team": "ml"}, "agent": {"podLabels": {"tier": "gpu"}}})
+    daemonset = rendered.one("DaemonSet")
+    assert daemonset["metadata"]["labels"]["team"] == "ml"
+    assert daemonset["spec"]["template"]["metadata"]["labels"]["tier"] == "gpu"
+    assert daemonset["spec"]["selector"]["matchLabels"] == AGENT_SELECTOR
+
+
+def test_services(render: Render) -> None:
+    rendered = render()
+    regular = rendered.one("Service", f"{FULLNAME}-agent")
+    headless = rendered.one("Service", f"{FULLNAME}-agent-headless")
+    assert regular["spec"]["type"] == "ClusterIP"
+    assert headless["spec"]["clusterIP"] == "None"
+    for service in (regular, headless):
+        assert service["spec"]["ports"] == [
+            {"name": "http", "port": 8080, "targetPort": "http", "protocol": "TCP"}
+        ]
+
+
+# --- The operator --------------------------------------------------------------------------
+
+
+def test_operator_is_one_replica_recreated(render: Render) -> None:
+    deployment = render().one("Deployment", f"{FULLNAME}-operator")
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+
+
+def test_operator_command_is_the_contract(render: Render) -> None:
+    rendered = render()
+    container = operator_container(rendered)
+    assert container["command"] == ["corral"]
+    assert container["args"] == [
+        "operator",
+        "--namespace", "$(POD_NAMESPACE)",
+        "--presets-configmap", f"{FULLNAME}-presets",
+        "--agent-selector",
+        f"app.kubernetes.io/name=corral,app.kubernetes.io/instance={RELEASE},"
+        "app.kubernetes.io/component=agent",
+        "--agent-port", "8080",
+    ]  # fmt: skip
+    assert env_of(container)["POD_NAMESPACE"]["valueFrom"] == {
+        "fieldRef": {"fieldPath": "metadata.namespace"}
+    }
+    # The selector the operator gets is exactly what the DaemonSet selects.
+    selector = container["args"][container["args"].index("--agent-selector") + 1]
+    pairs = dict(pair.split("=", 1) for pair in selector.split(","))
+    assert pairs == rendered.one("DaemonSet")["spec"]["selector"]["matchLabels"]
+    # And the ConfigMap it patches is the one the agents mount.
+    assert rendered.one("ConfigMap", f"{FULLNAME}-presets")
+
+
+def test_operator_disabled_renders_agents_only(render: Render) -> None:
+    rendered = render({"operator": {"enabled": False}})
+    assert not {"Deployment", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"} & (
+        rendered.kinds()
+    )
+    assert [sa["metadata"]["name"] for sa in rendered.all("ServiceAccount")] == [
+        f"{FULLNAME}-agent"
+    ]
+    assert rendered.one("DaemonSet") and rendered.one("ConfigMap")
+
+
+# --- RBAC ----------------------------------------------------------------------------------
+
+Rule = tuple[str, str, frozenset[str]]
+
+
+def rules_of(role: Manifest) -> set[Rule]:
+    rules: set[Rule] = set()
+    for rule in role["rules"]:
+        assert "resourceNames" not in rule and "nonResourceURLs" not in rule
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                key = (group, resource, frozenset(rule["verbs"]))
+                assert key not in rules, f"duplicate rule {key}"
+                rules.add(key)
+    return rules
+
+
+def test_cluster_role_is_minimal(render: Render) -> None:
+    role = render().one("ClusterRole")
+    assert rules_of(role) == {
+        ("corral.dev", "modelpresets", frozenset({"get", "list", "watch", "patch"})),
+        ("corral.dev", "modelpresets/status", frozenset({"get", "patch"})),
+        ("", "nodes", frozenset({"get", "list", "watch"})),
+    }
+
+
+def test_namespaced_role_is_minimal(render: Render) -> None:
+    role = render().one("Role")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert rules_of(role) == {
+        ("", "configmaps", frozenset({"get", "list", "watch", "create", "patch"})),
+        ("", "pods", frozenset({"get", "list", "watch", "patch"})),
+        ("", "services", frozenset({"get", "list", "watch", "create", "patch", "delete"})),
+        ("", "events", frozenset({"create"})),
+        ("events.k8s.io", "events", frozenset({"create"})),
+    }
+
+
+def test_no_wildcards_and_no_secret_access(scenario: Path) -> None:
+    rendered = Rendered(render_objects(scenario_values(scenario)))
+    for role in rendered.all("ClusterRole") + rendered.all("Role"):
+        for group, resource, verbs in rules_of(role):
+            assert "*" not in {group, resource} | verbs
+            assert resource != "secrets"
+            assert not verbs & {"escalate", "bind", "impersonate", "update", "deletecollection"}
+
+
+def test_bindings_grant_the_roles_to_the_operator_only(render: Render) -> None:
+    rendered = render()
+    subject = {"kind": "ServiceAccount", "name": f"{FULLNAME}-operator", "namespace": NAMESPACE}
+    for kind, role_kind in (("ClusterRoleBinding", "ClusterRole"), ("RoleBinding", "Role")):
+        binding = rendered.one(kind)
+        assert binding["subjects"] == [subject]
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": role_kind,
+            "name": rendered.one(role_kind)["metadata"]["name"],
+        }
+    deployment = rendered.one("Deployment")
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == subject["name"]
+
+
+# --- helm test, ServiceMonitor, CRD --------------------------------------------------------
+
+
+def test_helm_test_pod_calls_health_and_models(render: Render) -> None:
+    pod = render().one("Pod")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert pod["spec"]["restartPolicy"] == "Never"
+    (container,) = pod["spec"]["containers"]
+    script = container["command"][-1]
+    base = f"http://{FULLNAME}-agent.{NAMESPACE}.svc:8080"
+    assert f'base="{base}"' in script
+    assert '"$base/health"' in script and '"$base/v1/models"' in script
+    assert "curl -fsS" in script  # -f: an HTTP error fails the test
+
+
+def test_service_monitor_scrapes_each_agent_once(render: Render) -> None:
+    assert "ServiceMonitor" not in render().kinds()
+    rendered = render({"serviceMonitor": {"enabled": True}})
+    monitor = rendered.one("ServiceMonitor")
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    matching = [
+        s["metadata"]["name"]
+        for s in rendered.all("Service")
+        if selector.items() <= s["metadata"]["labels"].items()
+    ]
+    assert matching == [f"{FULLNAME}-agent-headless"]
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] == "http" and endpoint["path"] == "/metrics"
+    assert "authorization" not in endpoint
+
+
+def test_service_monitor_sends_the_api_key(render: Render) -> None:
+    (endpoint,) = render(scenario_values(API_KEY)).one("ServiceMonitor")["spec"]["endpoints"]
+    assert endpoint["authorization"] == {
+        "type": "Bearer",
+        "credentials": {"name": "corral-api-key", "key": "api-key"},
+    }
+
+
+def test_crd_comes_from_crds_dir(render: Render) -> None:
+    crd = render().one("CustomResourceDefinition")
+    with (REPO / "crds" / "modelpresets.corral.dev.yaml").open() as f:
+        source = yaml.safe_load(f)
+    assert crd["spec"] == source["spec"]
+    assert crd["metadata"]["name"] == source["metadata"]["name"] == "modelpresets.corral.dev"
+    assert crd["spec"]["group"] == "corral.dev"
+    assert crd["spec"]["scope"] == "Cluster"
+    assert crd["spec"]["names"]["plural"] == "modelpresets"
+    assert [v["name"] for v in crd["spec"]["versions"]] == ["v1alpha1"]
+    assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert crd["metadata"]["labels"]["app.kubernetes.io/instance"] == RELEASE
+
+
+def test_crd_behind_crds_enabled(render: Render) -> None:
+    assert "CustomResourceDefinition" not in render({"crds": {"enabled": False}}).kinds()
+    crd = render({"crds": {"keep": False}}).one("CustomResourceDefinition")
+    assert "helm.sh/resource-policy" not in crd["metadata"].get("annotations", {})
+
+
+def test_chart_crd_copy_is_byte_identical_to_crds_dir() -> None:
+    """crds/ is the one source; charts/corral/files/crds/ is its copy (hack/sync-crd.sh)."""
+    sources = {p.name: p.read_bytes() for p in sorted((REPO / "crds").glob("*.yaml"))}
+    copies = {p.name: p.read_bytes() for p in sorted((CHART / "files" / "crds").glob("*.yaml"))}
+    assert sources, "crds/ holds no CRD"
+    assert sorted(copies) == sorted(sources), "run hack/sync-crd.sh"
+    for name, data in sources.items():
+        drifted = f"charts/corral/files/crds/{name} drifted: run hack/sync-crd.sh"
+        assert copies[name] == data, drifted
+
+
+def test_notes_render(render: Render) -> None:
+    notes = render_templates({})["corral/templates/NOTES.txt"]
+    assert f"svc/{FULLNAME}-agent" in notes
+    assert "kubectl wait --for=condition=Ready modelpreset/" in notes
+    notes = render_templates(scenario_values(API_KEY))["corral/templates/NOTES.txt"]
+    assert "corral-api-key" in notes

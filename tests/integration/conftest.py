@@ -1,0 +1,48 @@
+"""Fixtures for tests with the real agent and real llama-server children on demo models."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from node_agent.demo_models import write_demo_models
+from tests.integration.harness import AgentProcess
+
+
+@pytest.fixture(scope="session")
+def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo models (tiny, small, medium), generated once per session.
+
+    ``CORRAL_TEST_MODELS`` names a folder to keep them in between runs.
+    """
+    cached = os.environ.get("CORRAL_TEST_MODELS")
+    folder = Path(cached) if cached else tmp_path_factory.mktemp("demo-models")
+    write_demo_models(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def llama_server() -> str:
+    from node_agent.binary import find_llama_server
+
+    return str(find_llama_server(None, os.environ))
+
+
+@pytest.fixture
+def start_agent() -> Iterator[Any]:
+    agents: list[AgentProcess] = []
+
+    def start(*args: str, env: dict[str, str] | None = None) -> AgentProcess:
+        agent = AgentProcess(args, env)
+        agents.append(agent)
+        return agent
+
+    yield start
+    for agent in agents:
+        agent.stop()
+        leftover = agent.children()
+        assert not leftover, f"children outlived the agent: {leftover}"

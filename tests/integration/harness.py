@@ -1,0 +1,150 @@
+"""The real agent as a process, and a tiny blocking HTTP client, for integration tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def http(
+    method: str,
+    url: str,
+    body: Any = None,
+    *,
+    headers: dict[str, str] | None = None,
+    timeout: float = 60,
+    raw: bytes | None = None,
+) -> tuple[int, Any]:
+    """A tiny blocking HTTP client: (status, parsed JSON or text)."""
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    request = urllib.request.Request(url, data=data, method=method, headers=headers or {})
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            status, payload = response.status, response.read()
+    except urllib.error.HTTPError as err:
+        status, payload = err.code, err.read()
+    try:
+        return status, json.loads(payload)
+    except ValueError:
+        return status, payload.decode(errors="replace")
+
+
+def chat(model: str, max_tokens: int = 4, **extra: Any) -> dict[str, Any]:
+    return {
+        "model": model,
+        "max_tokens": max_tokens,
+        "messages": [{"role": "user", "content": "hello"}],
+        **extra,
+    }
+
+
+class AgentProcess:
+    """``corral agent`` as a real process, on a free port."""
+
+    def __init__(self, args: Sequence[str], env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"corral-agent-{self.port}.log"
+        self._log = self.log_path.open("wb")
+        full_env = {**os.environ, **(env or {})}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "node_agent.cli", "agent", "--port", str(self.port), *args],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            cwd=REPO,
+        )
+        self.wait_healthy()
+
+    def wait_healthy(self, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"agent exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                status, _ = http("GET", self.url + "/health", timeout=1)
+                if status == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise AssertionError(f"agent did not become healthy:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def get(self, path: str, **kw: Any) -> tuple[int, Any]:
+        return http("GET", self.url + path, **kw)
+
+    def post(self, path: str, body: Any = None, **kw: Any) -> tuple[int, Any]:
+        return http("POST", self.url + path, body, **kw)
+
+    def models(self) -> dict[str, dict[str, Any]]:
+        status, data = self.get("/models")
+        assert status == 200, data
+        return {m["id"]: m for m in data["data"]}
+
+    def state(self, model: str) -> str:
+        value: str = self.models()[model]["status"]["value"]
+        return value
+
+    def wait_state(self, model: str, state: str, timeout: float = 20) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            entry = self.models()[model]
+            if entry["status"]["value"] == state:
+                return entry
+            time.sleep(0.05)
+        raise AssertionError(f"{model} never became {state}: {self.models()[model]['status']}")
+
+    def children(self) -> list[int]:
+        """PIDs of llama-server processes started by this agent."""
+        return children_of(self.proc.pid)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        # after the name in parentheses (which may hold spaces): state, then parent pid
+        fields = stat.rpartition(")")[2].split()
+        if int(fields[1]) == pid and b"llama-server" in cmdline and fields[0] != "Z":
+            found.append(int(entry.name))
+    return found

@@ -1,0 +1,81 @@
+"""The benchmark's smoke size, end to end: it runs, and reports every scenario and target.
+
+No timing is asserted (CI machines are noisy); the full size is run by hand (hack/bench.sh).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.harness import REPO
+
+SCENARIOS = ("S1", "S2", "S3", "S4", "S5", "S6")
+HEADER = "| Scenario | Metric | Corral | llama.cpp router | Direct child |"
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            state = (entry / "stat").read_text().rpartition(")")[2].split()[0]
+        except OSError:
+            continue
+        if text.encode() in cmdline and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_smoke_benchmark_reports_every_scenario_and_target(demo_dir: Path, tmp_path: Path) -> None:
+    # The run puts its work folder (models dirs, logs) next to the models it is given: give
+    # it models inside tmp_path, so that any process left behind can be found by that path.
+    models = tmp_path / "demo"
+    models.mkdir()
+    for source in demo_dir.glob("*.gguf"):
+        try:
+            os.link(source, models / source.name)
+        except OSError:  # another filesystem
+            shutil.copyfile(source, models / source.name)
+    out = tmp_path / "results"
+    run = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--smoke", "--out", str(out), "--models", str(models)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=55,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert HEADER in run.stdout
+
+    data = json.loads((out / "latest.json").read_text())
+    assert data["size"] == "smoke"
+    assert {"cores", "cpu_model", "python", "llama_server"} <= set(data["machine"])
+    by_id = {s["id"]: s for s in data["scenarios"]}
+    assert sorted(by_id) == list(SCENARIOS)
+    for scenario in by_id.values():
+        assert scenario["errors"] == {}, scenario["errors"]
+        for target in scenario["targets"]:
+            assert scenario["samples"].get(target), (scenario["id"], target)
+            # The headline metric has a figure for every target the scenario applies to.
+            headline = scenario["metrics"][0]["values"]
+            assert headline.get(target) is not None, (scenario["id"], target, headline)
+        for router in ("corral", "llama.cpp"):
+            assert router in scenario["resources"], (scenario["id"], router)
+
+    table = (out / "latest.md").read_text()
+    assert HEADER in table
+    for scenario_id in SCENARIOS:
+        assert f"| {scenario_id} |" in table
+    assert not _processes_mentioning(str(tmp_path)), "the benchmark left processes running"

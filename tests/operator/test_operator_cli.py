@@ -1,0 +1,66 @@
+"""``corral operator`` flags and their environment fallbacks (the chart relies on them)."""
+
+from __future__ import annotations
+
+import pytest
+from preset_operator.main import parse_args
+
+AGENT = {"app.kubernetes.io/name": "corral", "app.kubernetes.io/component": "agent"}
+
+
+def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in (
+        "CORRAL_NAMESPACE",
+        "POD_NAMESPACE",
+        "CORRAL_PRESETS_CONFIGMAP",
+        "CORRAL_AGENT_SELECTOR",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    cfg = parse_args([])
+    assert (cfg.namespace, cfg.configmap, dict(cfg.agent_selector)) == (
+        "default",
+        "corral-presets",
+        AGENT,
+    )
+    assert (cfg.agent_port, cfg.poll_interval) == (8080, 10.0)
+
+
+def test_environment_fallbacks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("POD_NAMESPACE", "from-pod")
+    monkeypatch.delenv("CORRAL_NAMESPACE", raising=False)
+    assert parse_args([]).namespace == "from-pod"
+    monkeypatch.setenv("CORRAL_NAMESPACE", "corral")
+    monkeypatch.setenv("CORRAL_PRESETS_CONFIGMAP", "cm")
+    monkeypatch.setenv("CORRAL_AGENT_SELECTOR", "app=agent, tier=gpu")
+    cfg = parse_args([])
+    assert (cfg.namespace, cfg.configmap, dict(cfg.agent_selector)) == (
+        "corral",
+        "cm",
+        {"app": "agent", "tier": "gpu"},
+    )
+
+
+def test_flags_win_over_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CORRAL_NAMESPACE", "env")
+    cfg = parse_args(
+        [
+            "--namespace",
+            "flag",
+            "--presets-configmap",
+            "p",
+            "--agent-selector",
+            "a=b",
+            "--agent-port",
+            "9000",
+            "--poll-interval",
+            "2.5",
+        ]
+    )
+    assert (cfg.namespace, cfg.configmap, dict(cfg.agent_selector)) == ("flag", "p", {"a": "b"})
+    assert (cfg.agent_port, cfg.poll_interval) == (9000, 2.5)
+
+
+@pytest.mark.parametrize("selector", ["", "app!=x", "app in (a,b)", "=x"])
+def test_selectors_must_be_equality_terms(selector: str) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--agent-selector", selector])

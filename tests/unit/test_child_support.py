@@ -1,0 +1,125 @@
+"""The child package's small parts: the log ring, the orphan scan (on a fake /proc), ports."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from node_agent.child.logs import LogRing, failure_line
+from node_agent.child.orphans import AGENT_PID_ENV, TAG_ENV, find_orphans
+from node_agent.child.ports import release_port, reserve_port
+
+
+class TestLogRing:
+    def test_keeps_the_last_lines(self) -> None:
+        ring = LogRing(3)
+        for i in range(5):
+            ring.append(f"line {i}")
+        assert ring.snapshot() == ["line 2", "line 3", "line 4"]
+        assert ring.tail(2) == ["line 3", "line 4"]
+        assert ring.tail(0) == [] and ring.tail(10) == ring.snapshot()
+        stats = ring.statistics()
+        assert (stats.held, stats.appended, stats.capacity) == (3, 5, 3)
+
+    def test_lines_since_skips_what_was_dropped(self) -> None:
+        ring = LogRing(2)
+        for i in range(4):
+            ring.append(str(i))
+        assert ring.lines_since(0) == (4, ["2", "3"])
+        assert ring.lines_since(3) == (4, ["3"])
+        assert ring.lines_since(4) == (4, [])
+
+    def test_last_matching(self) -> None:
+        ring = LogRing(10)
+        for line in ["a ERROR one", "b", "c error two", "d"]:
+            ring.append(line)
+        assert ring.last_matching("error") == "c error two"
+        assert ring.last_matching("nothing") is None
+
+    def test_closed_ring_takes_no_more_lines(self) -> None:
+        ring = LogRing(2)
+        ring.close()
+        ring.append("late")
+        assert ring.snapshot() == [] and ring.closed
+
+    def test_capacity_must_be_positive(self) -> None:
+        with pytest.raises(ValueError):
+            LogRing(0)
+
+    async def test_follow_gives_the_backlog_then_new_lines_until_closed(self) -> None:
+        ring = LogRing(10)
+        for line in ["old 1", "old 2", "old 3"]:
+            ring.append(line)
+        seen: list[str] = []
+
+        async def follow() -> None:
+            async for line in ring.follow(backlog=2):
+                seen.append(line)
+
+        follower = asyncio.create_task(follow())
+        await asyncio.sleep(0)
+        assert seen == ["old 2", "old 3"]
+        ring.append("new 1")
+        ring.append("new 2")
+        await asyncio.sleep(0)
+        assert seen[2:] == ["new 1", "new 2"]
+        ring.close()
+        await asyncio.wait_for(follower, 1)
+
+
+class TestFailureLine:
+    def test_prefers_the_last_error_line(self) -> None:
+        lines = [
+            "0.00.002.452 E srv  load_model: failed to load model",
+            "0.00.002.461 I srv  operator(): cleaning up before exit...",
+            "corral: exited with code 1",
+        ]
+        assert failure_line(lines, skip_prefix="corral: ") == lines[0]
+
+    def test_falls_back_to_the_last_line(self) -> None:
+        assert failure_line(["one", "two", "  "]) == "two"
+        assert failure_line([]) is None
+
+
+def fake_proc(
+    root: Path, pid: int, *, ppid: int, env: dict[str, str] | None, comm: str = "llama-server"
+) -> None:
+    folder = root / str(pid)
+    folder.mkdir()
+    # The command name may hold spaces and parentheses; the parser splits after the last ')'.
+    (folder / "stat").write_text(f"{pid} ({comm}) S {ppid} {pid} {pid} 0 -1 4194560 0 0\n")
+    if env is not None:
+        (folder / "environ").write_bytes(
+            b"\0".join(f"{k}={v}".encode() for k, v in env.items()) + b"\0"
+        )
+
+
+class TestFindOrphans:
+    def test_only_tagged_children_whose_agent_is_not_their_parent(self, tmp_path: Path) -> None:
+        me = os.getpid()
+        fake_proc(tmp_path, 100, ppid=1, env={TAG_ENV: "t", AGENT_PID_ENV: "50"})  # orphan
+        fake_proc(tmp_path, 101, ppid=60, env={TAG_ENV: "t", AGENT_PID_ENV: "60"})  # live agent
+        fake_proc(tmp_path, 102, ppid=1, env={TAG_ENV: "other", AGENT_PID_ENV: "50"})
+        fake_proc(tmp_path, 103, ppid=1, env=None)  # unreadable or gone
+        fake_proc(tmp_path, 104, ppid=1, env={TAG_ENV: "t"}, comm="a (weird) name")  # no pid
+        fake_proc(tmp_path, 105, ppid=me, env={TAG_ENV: "t"})  # ours, tagged by hand
+        fake_proc(tmp_path, me, ppid=1, env={TAG_ENV: "t", AGENT_PID_ENV: "1"})  # never self
+        (tmp_path / "self").mkdir()
+        assert find_orphans("t", proc_root=tmp_path) == [100, 104]
+        assert find_orphans("other", proc_root=tmp_path) == [102]
+        assert find_orphans("none", proc_root=tmp_path) == []
+
+
+class TestPorts:
+    def test_a_reserved_port_is_not_handed_out_twice(self) -> None:
+        ports = [reserve_port() for _ in range(5)]
+        try:
+            assert len(set(ports)) == 5
+            assert all(1024 <= port < 65536 for port in ports)
+        finally:
+            for port in ports:
+                release_port(port)
+        release_port(None)  # a child that never got a port

@@ -1,0 +1,155 @@
+"""corral agent's command line: llama-server router flags, Corral's flags, child options."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from node_agent.config import AgentOptions, parse_agent_args, parse_size
+from node_agent.errors import ConfigError
+
+
+def parse(*argv: str, env: dict[str, str] | None = None) -> AgentOptions:
+    return parse_agent_args(list(argv), env or {})
+
+
+def test_defaults_match_llama_server() -> None:
+    o = parse()
+    assert (o.host, o.port, o.models_max, o.models_autoload) == ("127.0.0.1", 8080, 4, True)
+    assert (o.timeout, o.sleep_idle_seconds, o.api_keys) == (3600, -1, ())
+    assert o.models_dir is None and o.models_preset is None and o.child_options == ()
+    assert o.models_memory_margin is None and o.memory_limits == ()
+
+
+def test_drop_in_command_line() -> None:
+    o = parse("--models-dir", "D", "--models-max", "2", "-c", "4096", "--host=0.0.0.0")
+    assert (o.models_dir, o.models_max, o.host) == ("D", 2, "0.0.0.0")
+    assert o.child_options == (("ctx-size", "4096"),)
+    assert parse("--models-max", "0").unlimited_models
+    assert parse("--models-max", "-1").unlimited_models
+
+
+def test_router_flags_from_env_and_command_line_wins() -> None:
+    env = {
+        "LLAMA_ARG_PORT": "9000",
+        "LLAMA_ARG_MODELS_MAX": "7",
+        "LLAMA_ARG_MODELS_AUTOLOAD": "false",
+        "LLAMA_ARG_MODELS_DIR": "/env/models",
+        "LLAMA_ARG_MODELS_PRESET": "/env/p.ini",
+        "LLAMA_API_KEY": "k1,k2",
+        "LLAMA_ARG_TIMEOUT": "30",
+        "LLAMA_ARG_HOST": "::",
+    }
+    o = parse("--port", "9100", env=env)
+    assert (o.port, o.models_max, o.models_autoload) == (9100, 7, False)
+    assert (o.models_dir, o.models_preset, o.host, o.timeout) == (
+        "/env/models",
+        "/env/p.ini",
+        "::",
+        30,
+    )
+    assert o.api_keys == ("k1", "k2")
+    assert parse("--models-autoload", env=env).models_autoload is True
+    assert parse("--no-models-autoload").models_autoload is False
+
+
+def test_api_keys_comma_separated_and_from_file(tmp_path: Path) -> None:
+    f = tmp_path / "keys"
+    f.write_text("# comment\nk3\n\n  k4  \n")
+    o = parse("--api-key", "k1, k2", "--api-key-file", str(f))
+    assert o.api_keys == ("k1", "k2", "k3", "k4")
+    with pytest.raises(ConfigError, match=r"--api-key-file '.*nope' cannot be read"):
+        parse("--api-key-file", str(tmp_path / "nope"))
+
+
+def test_corral_flags() -> None:
+    o = parse(
+        "--llama-server", "/bin/ls",
+        "--models-memory-margin", "1024",
+        "--memory-limit", "host=8GiB",
+        "--memory-limit", "cuda0=20G",
+        "--models-ttl", "600",
+        "--queue-timeout", "30.5",
+        "--max-queue", "100",
+        "--log-level", "DEBUG",
+    )  # fmt: skip
+    assert o.llama_server == "/bin/ls"
+    assert o.models_memory_margin == 1024
+    assert o.memory_limits == (("host", 8 * 2**30), ("cuda0", 20 * 10**9))
+    assert (o.models_ttl, o.queue_timeout, o.max_queue, o.log_level) == (600.0, 30.5, 100, "debug")
+    assert parse("--models-ttl", "0", "--max-queue", "0").models_ttl is None
+
+
+def test_sizes() -> None:
+    assert parse_size("512MiB") == 512 * 2**20
+    assert parse_size("1.5 GiB") == int(1.5 * 2**30)
+    assert parse_size("20G") == 20 * 10**9
+    assert parse_size("4Gi") == 4 * 2**30
+    for bad in ("8", "8XB", "GiB", "-1GiB"):
+        with pytest.raises(ValueError):
+            parse_size(bad)
+
+
+def test_child_options_flags_negatives_and_order() -> None:
+    o = parse("--no-mmap", "-ngl", "99", "--temp", "0.2", "-nocb", "--jinja", "-c", "1", "-c", "2")
+    assert o.child_options == (
+        ("mmap", False),
+        ("n-gpu-layers", "99"),
+        ("temperature", "0.2"),
+        ("cont-batching", False),
+        ("jinja", True),
+        ("ctx-size", "2"),  # the last one wins, at its first position
+    )
+
+
+def test_timeout_and_sleep_also_reach_children() -> None:
+    o = parse("-to", "60", "--sleep-idle-seconds", "300")
+    assert (o.timeout, o.sleep_idle_seconds) == (60, 300)
+    assert o.child_options == (("timeout", "60"), ("sleep-idle-seconds", "300"))
+
+
+def test_help_and_version_are_reported_not_passed_on() -> None:
+    assert parse("-h").show_help and parse("--help").show_help and parse("--version").show_version
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--ctx-sise", "1"],
+            "unknown option --ctx-sise: not a corral agent or llama-server "
+            "option; did you mean --ctx-size?",
+        ),
+        (["--models-memory-margn", "1"], "did you mean --models-memory-margin?"),
+        (["--port", "http"], "--port expects a port number, got 'http'"),
+        (["--port", "70000"], "--port expects a port number, got '70000' (must be 0-65535)"),
+        (["--models-max", "two"], "--models-max expects an integer (<= 0: no limit), got 'two'"),
+        (["--models-memory-margin", "-5"], "expects MiB (an integer >= 0), got '-5'"),
+        (["--memory-limit", "8GiB"], "--memory-limit expects DEVICE=SIZE"),
+        (["--memory-limit", "host=8"], "--memory-limit 'host=8': expected a size with a unit"),
+        (
+            ["--memory-limit", "host=1G", "--memory-limit", "host=2G"],
+            "device 'host' is given twice",
+        ),
+        (["--log-level", "loud"], "--log-level expects one of debug, info, warning, error"),
+        (["--models-ttl", "soon"], "--models-ttl expects seconds (0: never), got 'soon'"),
+        (["-c"], "-c expects a value, but nothing follows it"),
+        (["--no-mmap=1"], "--no-mmap is a flag and takes no value"),
+        (["-m", "x.gguf"], "-m names one model, but corral agent serves many"),
+        (["--hf-repo", "a/b"], "names one model"),
+        (["models"], "unexpected argument 'models'"),
+        (["--control-vector-layer-range", "1", "2"], "takes 2 values"),
+    ],
+)
+def test_errors_say_which_flag_what_was_given_and_what_is_expected(
+    argv: list[str], message: str
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse(*argv)
+    assert message in str(err.value)
+
+
+def test_bad_env_value_names_the_variable() -> None:
+    with pytest.raises(ConfigError, match=r"\$LLAMA_ARG_MODELS_MAX expects an integer"):
+        parse(env={"LLAMA_ARG_MODELS_MAX": "lots"})

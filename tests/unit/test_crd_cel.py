@@ -1,0 +1,337 @@
+"""The ModelPreset CRD: structural schema, bounds, CEL rules (cel-expr-python), examples.
+
+The apiserver is not available here, so this file plays its two validation passes on samples:
+the OpenAPI schema (jsonschema, with unknown fields refused as ``kubectl --validate=strict``
+would) and every ``x-kubernetes-validations`` rule evaluated with Google's CEL (cel-cpp with the
+strings extension, as Kubernetes enables it), transition rules with ``oldSelf``.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema  # type: ignore[import-untyped]  # no types-jsonschema in the test extra
+import kubernetes_validate
+import pytest
+import yaml
+from cel_expr_python import cel
+from cel_expr_python.ext import ext_strings
+from preset_operator.presets import RESERVED_OPTIONS, RESERVED_PREFIXES
+from preset_operator.render import render
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD = yaml.safe_load((ROOT / "crds" / "modelpresets.corral.dev.yaml").read_text())
+VERSION = CRD["spec"]["versions"][0]
+SCHEMA = VERSION["schema"]["openAPIV3Schema"]
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+
+_ENV = cel.NewEnv(
+    variables={"self": cel.Type.DYN, "oldSelf": cel.Type.DYN},
+    extensions=[ext_strings.ExtStrings()],
+)
+
+
+# --- a small model of the apiserver's validation ----------------------------------------------
+def _json_schema(node: Any) -> Any:
+    """OpenAPI (structural) → JSON Schema; objects with properties refuse unknown fields."""
+    if isinstance(node, list):
+        return [_json_schema(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _json_schema(v) for k, v in node.items() if not k.startswith("x-kubernetes-")}
+    if node.get("x-kubernetes-preserve-unknown-fields"):
+        out.pop("type", None)
+    elif (
+        "properties" in node
+        and "additionalProperties" not in node
+        and node is not SCHEMA["properties"].get("metadata")
+    ):
+        out["additionalProperties"] = False
+    return out
+
+
+def _rules(
+    schema: dict[str, Any], value: Any, old: Any, path: str
+) -> Iterator[tuple[str, str, Any, Any]]:
+    """(path, rule, self, oldSelf) for every rule whose value is present, walking schema + value."""
+    for r in schema.get("x-kubernetes-validations", []):
+        yield path, r["rule"], value, old
+    if isinstance(value, dict):
+        for key, sub in (schema.get("properties") or {}).items():
+            if key in value:
+                prev = old.get(key) if isinstance(old, dict) else None
+                yield from _rules(sub, value[key], prev, f"{path}.{key}")
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, dict):
+            for key in value:
+                prev = old.get(key) if isinstance(old, dict) else None
+                yield from _rules(extra, value[key], prev, f"{path}[{key}]")
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(value):
+            yield from _rules(schema["items"], item, None, f"{path}[{i}]")
+
+
+def cel_errors(obj: dict[str, Any], old: dict[str, Any] | None = None) -> list[str]:
+    """Messages of the CEL rules ``obj`` breaks (transition rules only on update, when the old
+    value exists too — the apiserver's rule)."""
+    messages = {r["rule"]: r.get("message", r["rule"]) for _, r in _all_rules(SCHEMA)}
+    errors = []
+    for path, rule, value, prev in _rules(SCHEMA, obj, old, ""):
+        if "oldSelf" in rule and (old is None or prev is None):
+            continue
+        result = _ENV.compile(rule).eval(data={"self": value, "oldSelf": prev}).value()
+        if result is not True:
+            errors.append(f"{path or '<root>'}: {messages[rule]}")
+    return errors
+
+
+def schema_errors(obj: dict[str, Any]) -> list[str]:
+    validator = jsonschema.Draft7Validator(_json_schema(SCHEMA))
+    return [f"{'.'.join(map(str, e.path))}: {e.message}" for e in validator.iter_errors(obj)]
+
+
+def errors(obj: dict[str, Any], old: dict[str, Any] | None = None) -> list[str]:
+    return schema_errors(obj) + cel_errors(obj, old)
+
+
+def _all_rules(node: Any, path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    if isinstance(node, dict):
+        for r in node.get("x-kubernetes-validations", []):
+            yield path, r
+        for key, sub in node.items():
+            if key != "x-kubernetes-validations":
+                yield from _all_rules(sub, f"{path}/{key}")
+    elif isinstance(node, list):
+        for i, sub in enumerate(node):
+            yield from _all_rules(sub, f"{path}/{i}")
+
+
+def mp(name: str = "good", **spec: Any) -> dict[str, Any]:
+    spec.setdefault("source", {"localPath": {"path": "/models/a.gguf"}})
+    return {
+        "apiVersion": "corral.dev/v1alpha1",
+        "kind": "ModelPreset",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+# --- the CRD object itself ------------------------------------------------------------------
+def test_crd_is_a_valid_apiextensions_object() -> None:
+    kubernetes_validate.validate(CRD, "1.35", strict=True)
+    assert CRD["spec"]["scope"] == "Cluster" and CRD["spec"]["names"]["shortNames"] == ["mp"]
+    assert VERSION["subresources"] == {"status": {}}
+    columns = [c["name"] for c in VERSION["additionalPrinterColumns"]]
+    assert columns == ["MODEL", "NODES", "LOADED", "READY", "REASON", "AGE"]
+
+
+def _walk(node: dict[str, Any], path: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    yield path, node
+    for key, sub in (node.get("properties") or {}).items():
+        yield from _walk(sub, f"{path}.{key}")
+    if isinstance(node.get("additionalProperties"), dict):
+        yield from _walk(node["additionalProperties"], f"{path}[*]")
+    if isinstance(node.get("items"), dict):
+        yield from _walk(node["items"], f"{path}[]")
+
+
+def test_schema_is_structural_and_bounded() -> None:
+    """The apiserver's structural-schema rules we can break, plus our own bounds policy."""
+    problems = []
+    for path, node in _walk(SCHEMA, ""):
+        preserve = node.get("x-kubernetes-preserve-unknown-fields") is True
+        if "type" not in node and not preserve:
+            problems.append(f"{path}: no type")
+        if "properties" in node and "additionalProperties" in node:
+            problems.append(f"{path}: properties and additionalProperties together")
+        if node.get("additionalProperties") is False:
+            problems.append(f"{path}: additionalProperties: false is not structural")
+        for bad in (
+            "$ref",
+            "definitions",
+            "dependencies",
+            "patternProperties",
+            "oneOf",
+            "anyOf",
+            "not",
+        ):
+            if bad in node:
+                problems.append(f"{path}: {bad} is not allowed")
+        if node.get("uniqueItems"):
+            problems.append(f"{path}: uniqueItems is not allowed")
+        if "items" in node and not isinstance(node["items"], dict):
+            problems.append(f"{path}: items must be one schema")
+        t = node.get("type")
+        if t == "array" and "maxItems" not in node:
+            problems.append(f"{path}: array without maxItems")
+        if (
+            t == "string"
+            and "maxLength" not in node
+            and "enum" not in node
+            and path not in (".apiVersion", ".kind")
+        ):
+            problems.append(f"{path}: string without maxLength")
+        if (
+            t == "object"
+            and isinstance(node.get("additionalProperties"), dict)
+            and "maxProperties" not in node
+        ):
+            problems.append(f"{path}: map without maxProperties")
+        if node.get("x-kubernetes-list-type") == "map":
+            keys = node.get("x-kubernetes-list-map-keys") or []
+            if not keys or not set(keys) <= set(node["items"].get("required", [])):
+                problems.append(f"{path}: list-map keys must be required")
+    # metadata may only be {type: object} (or constrain name/generateName).
+    assert SCHEMA["properties"]["metadata"] == {"type": "object"}
+    assert problems == []
+
+
+def test_every_rule_compiles() -> None:
+    rules = list(_all_rules(SCHEMA))
+    assert len(rules) == 8
+    for _, r in rules:
+        _ENV.compile(r["rule"])
+        assert r.get("message")
+
+
+def test_reserved_options_in_the_crd_match_the_renderer() -> None:
+    rule = next(r["rule"] for _, r in _all_rules(SCHEMA) if "--port" in r["rule"])
+    listed = set(re.findall(r"'(-[^']+)'", rule.split("in [", 1)[1].split("]", 1)[0]))
+    assert listed == set(RESERVED_OPTIONS)
+    assert all(f"startsWith('{p}')" in rule for p in RESERVED_PREFIXES)
+
+
+# --- each rule rejects what it should -------------------------------------------------------
+def test_valid_samples_pass() -> None:
+    assert errors(mp()) == []
+    assert (
+        errors(
+            mp(
+                modelName="org/repo:Q4_K_M",
+                aliases=["a", "b"],
+                args=["--ctx-size", "4096", "-ngl", "-1"],
+            )
+        )
+        == []
+    )
+    assert errors(mp(source={"pvc": {"claimName": "models", "subPath": "dir/x.gguf"}})) == []
+    assert errors(mp(source={"huggingFace": {"repo": "org/repo"}})) == []
+    assert (
+        errors(
+            mp(
+                placement={"nodeSelector": {"gpu": "a100"}},
+                lifecycle={"loadOnStartup": True, "ttl": 60},
+            )
+        )
+        == []
+    )
+
+
+@pytest.mark.parametrize("name", ["qwen2.5", "Upper", "9lives", "a" * 64, "trailing-"])
+def test_name_must_be_a_dns1035_label(name: str) -> None:
+    assert [e for e in errors(mp(name)) if "DNS-1035" in e]
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        {},
+        {"localPath": {"path": "/a"}, "huggingFace": {"repo": "o/r"}},
+        {
+            "url": {"url": "https://x/a.gguf", "sha256": "a" * 64},
+            "pvc": {"claimName": "c", "subPath": "a"},
+        },
+    ],
+)
+def test_exactly_one_source(source: dict[str, Any]) -> None:
+    assert any("exactly one of source" in e for e in errors(mp(source=source)))
+
+
+@pytest.mark.parametrize(
+    "arg",
+    [
+        *sorted(RESERVED_OPTIONS),
+        *[
+            "--port=8080",
+            "--host=0.0.0.0",
+            "--models-dir",
+            "--models-max=2",
+            "--no-models-autoload",
+        ],
+    ],
+)
+def test_reserved_args_are_refused(arg: str) -> None:
+    assert any("args may not set" in e for e in cel_errors(mp(args=["--ctx-size", "1", arg, "x"])))
+
+
+@pytest.mark.parametrize(
+    "args", [["--ctx-size", "4096"], ["-c", "8192", "--n-gpu-layers", "-1"], ["--port-range-x"]]
+)
+def test_ordinary_args_pass(args: list[str]) -> None:
+    assert cel_errors(mp(args=args)) == []
+
+
+def test_aliases_unique_and_not_the_model_name() -> None:
+    assert any("unique" in e for e in errors(mp(aliases=["a", "b", "a"])))
+    assert any("may not contain the model name" in e for e in errors(mp("good", aliases=["good"])))
+    assert any(
+        "may not contain the model name" in e for e in errors(mp(modelName="m", aliases=["m"]))
+    )
+    assert errors(mp("good", modelName="m", aliases=["good"])) == []
+
+
+def test_model_name_is_immutable() -> None:
+    old = mp("good", modelName="m1")
+    assert any(
+        "spec.modelName is immutable" in e for e in cel_errors(mp("good", modelName="m2"), old)
+    )
+    # Adding or removing spec.modelName changes the effective name: the root rule catches it.
+    assert any("model name" in e for e in cel_errors(mp("good", modelName="other"), mp("good")))
+    assert any("model name" in e for e in cel_errors(mp("good"), old))
+    # Spelling out the default is not a change.
+    assert cel_errors(mp("good", modelName="good"), mp("good")) == []
+    assert cel_errors(mp("good", modelName="m1", args=["-c", "1"]), old) == []
+
+
+def test_pvc_subpath_may_not_escape() -> None:
+    bad = mp(source={"pvc": {"claimName": "c", "subPath": "a/../../etc/x"}})
+    assert any("'..'" in e for e in errors(bad))
+
+
+@pytest.mark.parametrize(
+    ("spec", "fragment"),
+    [
+        ({"args": ["x"] * 65}, "too long"),
+        ({"aliases": ["a" * 129]}, "too long"),
+        ({"source": {"url": {"url": "ftp://x", "sha256": "a" * 64}}}, "does not match"),
+        ({"source": {"url": {"url": "https://x"}}}, "'sha256' is a required property"),
+        ({"source": {"localPath": {"path": "relative.gguf"}}}, "does not match"),
+        ({"args": ["--chat-template", "a\nb"]}, "does not match"),
+        ({"unknownField": 1}, "Additional properties"),
+        ({"lifecycle": {"stopTimeout": -1}}, "minimum"),
+    ],
+)
+def test_schema_bounds_and_patterns(spec: dict[str, Any], fragment: str) -> None:
+    assert any(fragment in e for e in schema_errors(mp(**spec))), schema_errors(mp(**spec))
+
+
+# --- the examples ---------------------------------------------------------------------------
+def test_examples_exist_for_each_kind_of_source() -> None:
+    kinds = {next(iter(yaml.safe_load(p.read_text())["spec"]["source"])) for p in EXAMPLES}
+    assert kinds >= {"localPath", "huggingFace", "url"}
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_example_validates_and_renders(path: Path) -> None:
+    obj = yaml.safe_load(path.read_text())
+    assert obj["apiVersion"] == "corral.dev/v1alpha1" and obj["kind"] == "ModelPreset"
+    assert errors(obj) == []
+    assert (
+        cel_errors(copy.deepcopy(obj), obj) == []
+    )  # an unchanged update passes the transition rules
+    r = render([obj], {"node-1": (obj["spec"].get("placement") or {}).get("nodeSelector") or {}})
+    assert r.invalid == {} and list(r.node_sets) == ["node-1"]

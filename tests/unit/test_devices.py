@@ -1,0 +1,177 @@
+"""Device probes through the DeviceProbe seam: host /proc files and a fake NVML."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from node_agent.core.ledger import Candidate, MemoryLedger, Verdict, freed_memory_visible
+from node_agent.errors import ConfigError
+from node_agent.memory import devices
+from node_agent.memory.devices import (
+    CHILD_ENV,
+    DeviceProbe,
+    HostProbe,
+    NvmlProbe,
+    open_probes,
+    parse_memory_limit,
+    parse_size,
+)
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+@dataclass
+class _Proc:
+    pid: int
+    usedGpuMemory: int | None  # pynvml's field name
+
+
+@dataclass
+class _MemInfo:
+    total: int
+    free: int
+
+
+@dataclass
+class FakeNvml:
+    """One GPU; an exited process's memory shows free only ``lag`` reads later (as drivers do)."""
+
+    total: int
+    procs: dict[int, int] = field(default_factory=dict)
+    lag: int = 2
+    _freed: list[list[int]] = field(default_factory=list)  # [bytes, reads left]
+
+    def exit(self, pid: int) -> None:
+        self._freed.append([self.procs.pop(pid), self.lag])
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 1
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any:
+        return index
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Any) -> _MemInfo:
+        pending = sum(size for size, _ in self._freed)
+        for item in self._freed:
+            item[1] -= 1
+        self._freed = [item for item in self._freed if item[1] > 0]
+        return _MemInfo(self.total, self.total - sum(self.procs.values()) - pending)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[_Proc]:
+        return [_Proc(pid, size) for pid, size in self.procs.items()] + [_Proc(999, None)]
+
+
+def test_nvml_probe_reads_devices_and_per_process_memory() -> None:
+    nvml = FakeNvml(total=24 * GIB, procs={10: 3 * GIB, 11: 5 * GIB, 12: GIB})
+    probe: DeviceProbe = NvmlProbe(nvml)
+    (reading,) = probe.read()
+    assert (reading.name, reading.total, reading.free) == ("CUDA0", 24 * GIB, 15 * GIB)
+    assert probe.process_usage([10, 12, 999]) == {"CUDA0": 4 * GIB}  # hidden usage counts 0
+    assert probe.process_usage([4242]) == {}
+
+
+def test_ledger_waits_until_late_freed_gpu_memory_shows() -> None:
+    """Make room through the probe seam: the victim's memory appears free two reads late."""
+    nvml = FakeNvml(total=10 * GIB, procs={100: 6 * GIB}, lag=2)
+    probe = NvmlProbe(nvml)
+    ledger = MemoryLedger(margin=0)
+    ledger.set_estimate("old", {"CUDA0": 5 * GIB})
+    ledger.set_estimate("new", {"CUDA0": 7 * GIB})
+    ledger.on_spawned("old")
+    ledger.on_ready("old", probe.process_usage([100]))
+    ledger.calibrate(probe.read())
+    plan = ledger.plan_room("new", [Candidate("old", last_used=1.0)])
+    assert (plan.verdict, plan.victim) == (Verdict.EVICT, "old")
+
+    baseline = {r.name: r.free for r in probe.read()}
+    expected = ledger.held("old")
+    nvml.exit(100)
+    ledger.on_unloaded("old")
+    reads = 0
+    while True:  # the registry's bounded wait, without the sleeps
+        reads += 1
+        fresh = probe.read()
+        if freed_memory_visible(baseline, fresh, expected):
+            break
+        assert reads < 5
+    assert reads == 3  # two stale readings, then the memory shows free
+    ledger.calibrate(fresh)
+    assert ledger.statistics().devices[0].external == 0
+    assert ledger.plan_room("new", []).verdict is Verdict.FITS
+
+
+def test_a_stale_reading_would_have_inflated_external() -> None:
+    """Why the wait matters: calibrating on a late reading counts the dead child as external."""
+    nvml = FakeNvml(total=10 * GIB, procs={100: 6 * GIB}, lag=1)
+    probe = NvmlProbe(nvml)
+    ledger = MemoryLedger(margin=0)
+    nvml.exit(100)
+    ledger.calibrate(probe.read())
+    assert ledger.statistics().devices[0].external == 6 * GIB
+
+
+def test_host_probe_reads_meminfo_and_smaps_rollup(tmp_path: Path) -> None:
+    (tmp_path / "meminfo").write_text(
+        "MemTotal:       24576000 kB\nMemFree:         1000000 kB\nMemAvailable:   20480000 kB\n"
+    )
+    (tmp_path / "42").mkdir()
+    (tmp_path / "42" / "smaps_rollup").write_text(
+        "Rss:              90000 kB\nShared_Clean:     10000 kB\n"
+        "Private_Clean:    60000 kB\nPrivate_Dirty:    20000 kB\n"
+    )
+    probe: DeviceProbe = HostProbe(tmp_path)
+    (reading,) = probe.read()
+    assert (reading.name, reading.total, reading.free) == ("host", 24576000 * 1024, 20480000 * 1024)
+    assert probe.process_usage([42]) == {"host": 80000 * 1024}
+    assert probe.process_usage([43]) == {}  # exited: holds nothing, no error
+
+
+def test_host_probe_on_this_machine() -> None:
+    (reading,) = HostProbe().read()
+    assert 0 < reading.free <= reading.total
+    assert HostProbe().process_usage([os.getpid()])["host"] > 0
+
+
+def test_without_nvml_only_the_host_is_probed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails as if not installed
+    assert devices.load_nvml() is None
+    names = [r.name for r in open_probes().read()]
+    assert names == ["host"]
+
+
+def test_with_a_gpu_the_composite_probe_lists_both() -> None:
+    probe = open_probes(FakeNvml(total=8 * GIB, procs={7: GIB}))
+    assert [r.name for r in probe.read()] == ["host", "CUDA0"]
+    assert probe.process_usage([7]) == {"CUDA0": GIB}
+    assert CHILD_ENV == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("host=8GiB", ("host", 8 * GIB)),
+        ("CUDA0=20G", ("CUDA0", 20 * GIB)),
+        ("host=512MiB", ("host", 512 * MIB)),
+        ("host=1.5g", ("host", int(1.5 * GIB))),
+        ("host=1048576", ("host", MIB)),
+    ],
+)
+def test_parse_memory_limit(text: str, expected: tuple[str, int]) -> None:
+    assert parse_memory_limit(text) == expected
+
+
+@pytest.mark.parametrize("text", ["host", "=8GiB", "host=lots", "host=8XB", "host=-1G"])
+def test_parse_memory_limit_refuses(text: str) -> None:
+    with pytest.raises(ConfigError, match="memory-limit"):
+        parse_memory_limit(text)
+
+
+def test_parse_size_plain() -> None:
+    assert parse_size("2k") == 2048

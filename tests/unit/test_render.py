@@ -1,0 +1,334 @@
+"""The operator's pure core: parsing, placement, INI rendering, dedup, status."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import random
+from typing import Any
+
+import pytest
+from preset_operator.ini import render_ini
+from preset_operator.presets import InvalidPreset, parse_args, parse_preset
+from preset_operator.render import NODES_KEY, configmap_patch, render, set_key
+from preset_operator.status import (
+    AgentReport,
+    ModelReport,
+    compute_status,
+    needs_write,
+    parse_models,
+    transitions,
+)
+
+
+def mp(name: str, created: str = "2026-01-01T00:00:00Z", **spec: Any) -> dict[str, Any]:
+    spec.setdefault("source", {"localPath": {"path": f"/models/{name}.gguf"}})
+    return {
+        "apiVersion": "corral.dev/v1alpha1",
+        "kind": "ModelPreset",
+        "metadata": {
+            "name": name,
+            "uid": f"uid-{name}",
+            "generation": 1,
+            "creationTimestamp": created,
+        },
+        "spec": spec,
+    }
+
+
+NODES = {
+    "gpu-a1": {"gpu": "a100", "zone": "x"},
+    "gpu-a2": {"gpu": "a100", "zone": "y"},
+    "gpu-h1": {"gpu": "h100", "zone": "x"},
+    "cpu-1": {"zone": "x"},
+}
+
+
+def test_args_become_ini_keys() -> None:
+    assert parse_args(["--ctx-size", "8192", "--flash-attn", "-ngl", "-1", "--temp=0.7", "-c"]) == (
+        ("ctx-size", "8192"),
+        ("flash-attn", "true"),
+        ("ngl", "-1"),  # a negative number is a value, not an option
+        ("temp", "0.7"),
+        ("c", "true"),
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "why"),
+    [
+        (["--port", "1"], "--port"),
+        (["--host=0.0.0.0"], "--host"),
+        (["-m", "/x.gguf"], "-m"),
+        (["--models-max", "3"], "--models-max"),
+        (["--no-models-autoload"], "--no-models-autoload"),
+        (["--api-key", "k"], "--api-key"),
+        (["--alias", "x"], "--alias"),
+        (["4096"], "not an option"),
+        (["--ctx-size", "1", "--ctx-size", "2"], "twice"),
+        (["--chat-template", "a\nb"], "line break"),
+    ],
+)
+def test_bad_args_are_refused(args: list[str], why: str) -> None:
+    with pytest.raises(InvalidPreset, match=why):
+        parse_args(args)
+
+
+def test_sources_become_model_arguments() -> None:
+    hf = parse_preset(
+        mp(
+            "qwen",
+            source={
+                "huggingFace": {"repo": "Qwen/Qwen3-GGUF", "file": "q4.gguf", "revision": "v1"}
+            },
+        )
+    )
+    url = parse_preset(mp("u", source={"url": {"url": "https://x/y.gguf", "sha256": "a" * 64}}))
+    pvc = parse_preset(mp("p", source={"pvc": {"claimName": "models", "subPath": "a/b.gguf"}}))
+    text = render_ini([hf, url, pvc])
+    assert "[qwen]\nhf-repo = Qwen/Qwen3-GGUF\nhf-file = q4.gguf\nhf-revision = v1\n" in text
+    assert f"[u]\nmodel-url = https://x/y.gguf\nmodel-sha256 = {'a' * 64}\n" in text
+    assert "[p]\nmodel = /models/pvc/models/a/b.gguf\n" in text
+    with pytest.raises(InvalidPreset, match="exactly one"):
+        parse_preset(
+            mp(
+                "two",
+                source={
+                    "localPath": {"path": "/a"},
+                    "url": {"url": "https://b", "sha256": "a" * 64},
+                },
+            )
+        )
+
+
+def test_section_carries_aliases_lifecycle_and_args() -> None:
+    p = parse_preset(
+        mp(
+            "llama",
+            modelName="meta/llama:Q4",
+            aliases=["llama", "l3"],
+            args=["--ctx-size", "4096"],
+            lifecycle={
+                "loadOnStartup": True,
+                "stopTimeout": 20,
+                "ttl": 300,
+                "pin": False,
+                "priority": 5,
+            },
+        )
+    )
+    assert render_ini([p]).endswith(
+        "; ModelPreset llama\n[meta/llama:Q4]\nmodel = /models/llama.gguf\nalias = llama,l3\n"
+        "load-on-startup = true\nstop-timeout = 20\nttl = 300\npin = false\npriority = 5\n"
+        "ctx-size = 4096\n"
+    )
+
+
+def test_placement_dedup_and_index() -> None:
+    objs = [
+        mp("small"),  # no selector: every agent node
+        mp("big", placement={"nodeSelector": {"gpu": "a100"}}),
+        mp("huge", placement={"nodeSelector": {"gpu": "h100"}}),
+        mp("nowhere", placement={"nodeSelector": {"gpu": "tpu"}}),
+    ]
+    r = render(objs, NODES)
+    assert r.matched == {
+        "small": ("cpu-1", "gpu-a1", "gpu-a2", "gpu-h1"),
+        "big": ("gpu-a1", "gpu-a2"),
+        "huge": ("gpu-h1",),
+        "nowhere": (),
+    }
+    # Both A100 nodes have {small, big}: one shared file. Three distinct sets in all.
+    assert r.node_sets["gpu-a1"] == r.node_sets["gpu-a2"]
+    assert len(r.files) == 3 == len(set(r.node_sets.values()))
+    a100 = r.files[r.node_sets["gpu-a1"]]
+    assert "[big]" in a100 and "[small]" in a100 and "[huge]" not in a100
+    assert (
+        "[small]" in r.files[r.node_sets["cpu-1"]] and "[big]" not in r.files[r.node_sets["cpu-1"]]
+    )
+    for key, text in r.files.items():
+        assert key == set_key(text)
+    data = r.configmap_data()
+    assert json.loads(data[NODES_KEY]) == r.node_sets
+    assert set(data) == set(r.files) | {NODES_KEY}
+
+
+def test_nodes_without_presets_are_absent_from_the_index() -> None:
+    r = render([mp("big", placement={"nodeSelector": {"gpu": "a100"}})], NODES)
+    assert set(r.node_sets) == {"gpu-a1", "gpu-a2"}
+    assert render([], NODES).configmap_data() == {NODES_KEY: "{}\n"}
+
+
+def test_output_is_deterministic_whatever_the_input_order() -> None:
+    objs = [mp(f"m{i}", placement={"nodeSelector": {"zone": "xy"[i % 2]}}) for i in range(8)]
+    first = render(objs, NODES).configmap_data()
+    for seed in range(5):
+        shuffled = objs[:]
+        random.Random(seed).shuffle(shuffled)
+        nodes = dict(random.Random(seed).sample(sorted(NODES.items()), len(NODES)))
+        assert render(shuffled, nodes).configmap_data() == first
+
+
+def test_name_conflicts_keep_the_older_preset() -> None:
+    objs = [
+        mp("new", created="2026-02-01T00:00:00Z", aliases=["shared"]),
+        mp("old", created="2026-01-01T00:00:00Z", modelName="shared"),
+    ]
+    r = render(objs, {"n1": {}})
+    assert r.offered("old") == ("n1",) and r.offered("new") == ()
+    assert "already served on this node by ModelPreset old" in r.conflicts["new"]["n1"]
+    assert "[new]" not in r.files[r.node_sets["n1"]]
+
+
+def test_invalid_presets_are_reported_not_rendered() -> None:
+    objs = [
+        mp("ok"),
+        mp("bad", args=["--port", "9"]),
+        mp("dup", args=["--ttl", "3"], lifecycle={"ttl": 5}),
+    ]
+    r = render(objs, {"n1": {}})
+    assert set(r.invalid) == {"bad", "dup"}
+    assert "[bad]" not in r.files[r.node_sets["n1"]]
+
+
+def test_configmap_patch_adds_changes_and_removes() -> None:
+    assert configmap_patch({"a": "1", "b": "2"}, {"a": "1", "c": "3"}) == {"c": "3", "b": None}
+    assert configmap_patch({"a": "1"}, {"a": "1"}) == {}
+
+
+NOW = dt.datetime(2026, 3, 1, 12, 0, 0, tzinfo=dt.UTC)
+STALE = dt.timedelta(seconds=30)
+
+
+def report(**models: ModelReport) -> AgentReport:
+    return AgentReport(last_seen=NOW, models=models)
+
+
+def cond(status: dict[str, Any], ctype: str) -> dict[str, Any]:
+    return next(c for c in status["conditions"] if c["type"] == ctype)
+
+
+def test_status_ready_when_every_node_serves() -> None:
+    st = compute_status(
+        model_name="m",
+        generation=3,
+        matched=["a", "b"],
+        reports={
+            "a": report(m=ModelReport("loaded", memory={"host": 5})),
+            "b": report(m=ModelReport("sleeping")),
+        },
+        previous=None,
+        now=NOW,
+        stale_after=STALE,
+    )
+    assert st["observedGeneration"] == 3 and st["matchedNodes"] == 2 and st["loadedNodes"] == 1
+    assert st["nodes"][0] == {
+        "name": "a",
+        "state": "Loaded",
+        "memory": {"host": 5},
+        "lastSeen": "2026-03-01T12:00:00Z",
+    }
+    assert cond(st, "Ready")["status"] == "True" and cond(st, "Degraded")["status"] == "False"
+    assert cond(st, "Ready")["observedGeneration"] == 3
+
+
+def test_status_failed_stale_pending() -> None:
+    old = NOW - dt.timedelta(minutes=5)
+    st = compute_status(
+        model_name="m",
+        generation=1,
+        matched=["a", "b", "c", "d"],
+        reports={
+            "a": report(m=ModelReport("unloaded", failed=True, exit_code=137)),
+            "b": AgentReport(
+                last_seen=old, models={"m": ModelReport("loaded")}, error="agent unreachable: x"
+            ),
+            "c": report(),
+        },
+        previous=None,
+        now=NOW,
+        stale_after=STALE,
+    )
+    states = {n["name"]: n["state"] for n in st["nodes"]}
+    assert states == {"a": "Failed", "b": "Unknown", "c": "Pending", "d": "Unknown"}
+    assert st["nodes"][0]["lastError"] == "llama-server exited with code 137"
+    assert st["nodes"][1]["lastError"] == "agent unreachable: x"
+    assert cond(st, "Ready")["reason"] == "NodesFailed"
+    assert cond(st, "Degraded")["status"] == "True"
+    assert cond(st, "Degraded")["reason"] == "NodesFailed"
+
+
+def test_unloaded_counts_as_ready_only_for_lazy_models() -> None:
+    kw: dict[str, Any] = dict(
+        model_name="m",
+        generation=1,
+        matched=["a"],
+        reports={"a": report(m=ModelReport("unloaded"))},
+        previous=None,
+        now=NOW,
+        stale_after=STALE,
+    )
+    assert cond(compute_status(**kw), "Ready")["status"] == "True"
+    assert cond(compute_status(**kw, load_on_startup=True), "Ready")["status"] == "False"
+
+
+def test_conditions_keep_transition_time_and_events_fire_on_transitions_only() -> None:
+    kw: dict[str, Any] = dict(model_name="m", generation=1, matched=["a"], stale_after=STALE)
+    first = compute_status(
+        **kw, reports={"a": report(m=ModelReport("loaded"))}, previous=None, now=NOW
+    )
+    later = NOW + dt.timedelta(seconds=5)
+    same = compute_status(
+        **kw,
+        reports={"a": AgentReport(later, {"m": ModelReport("loaded")})},
+        previous=first,
+        now=later,
+    )
+    assert cond(same, "Ready")["lastTransitionTime"] == "2026-03-01T12:00:00Z"
+    assert transitions(first, same) == []
+    assert not needs_write(first, same, refresh=dt.timedelta(seconds=60))  # only lastSeen moved
+    assert needs_write(first, same, refresh=dt.timedelta(seconds=5))
+    failed = compute_status(
+        **kw,
+        reports={"a": AgentReport(later, {"m": ModelReport("unloaded", failed=True)})},
+        previous=same,
+        now=later,
+    )
+    assert [(t.type, t.reason) for t in transitions(same, failed)] == [
+        ("Warning", "NotReady"),
+        ("Warning", "NodesFailed"),
+    ]
+    assert cond(failed, "Ready")["lastTransitionTime"] == "2026-03-01T12:00:05Z"
+    assert [t.reason for t in transitions(None, first)] == ["Ready"]
+
+
+def test_invalid_and_unmatched_status() -> None:
+    kw: dict[str, Any] = dict(
+        model_name="m", generation=1, reports={}, previous=None, now=NOW, stale_after=STALE
+    )
+    bad = compute_status(**kw, matched=[], invalid="args may not set --port")
+    assert (
+        cond(bad, "Degraded")["reason"] == "InvalidSpec" and cond(bad, "Ready")["status"] == "False"
+    )
+    none = compute_status(**kw, matched=[])
+    assert (
+        cond(none, "Ready")["reason"] == "NoMatchingNodes"
+        and cond(none, "Degraded")["status"] == "False"
+    )
+
+
+def test_parse_models_reads_llama_cpp_shape() -> None:
+    body = {
+        "object": "list",
+        "data": [
+            {"id": "a", "status": {"value": "loaded"}, "memory": {"cuda0": {"effective": 1}}},
+            {"id": "b", "status": {"value": "unloaded", "failed": True, "exit_code": 1}},
+            {"no": "id"},
+        ],
+    }
+    models = parse_models(body)
+    assert set(models) == {"a", "b"}
+    assert models["a"].memory == {"cuda0": {"effective": 1}}
+    assert models["b"].failed and models["b"].exit_code == 1
+    with pytest.raises(ValueError):
+        parse_models({"error": "x"})
