@@ -55,6 +55,10 @@ Corral's own:
   --llama-server PATH         the llama-server binary (else $LLAMA_SERVER, PATH, corral[cpu])
   --models-memory-margin MiB  turn the memory ledger on: keep MiB free on every device
   --memory-limit DEV=SIZE     cap what models may use on a device (host=8GiB, CUDA0=20GiB)
+  --load-timeout SECONDS      kill a child not ready after this long (default 600)
+  --models-ttl SECONDS        unload a model idle this long (a preset's ttl wins; 0: never)
+  --queue-timeout SECONDS     a request waiting longer for its model gets 503 + Retry-After
+  --max-queue N               at most N requests wait per model; more get 503 + Retry-After
   --log-level LEVEL           debug, info, warning or error (default info)
 
 Any other option is a llama-server option: it is passed to every child (e.g. -c 4096) and
@@ -79,6 +83,9 @@ class Agent:
             models_max=options.models_max,
             child_factory=self._make_child,
             memory=self.memory,
+            ttl=options.models_ttl,
+            queue_timeout=options.queue_timeout,
+            max_queue=options.max_queue,
         )
         self.proxy = Proxy(timeout=options.timeout)
         self.logs: dict[str, LogRing] = {}
@@ -113,6 +120,7 @@ class Agent:
             binary=self.binary,
             args=("--alias", spec.name, *spec.argv()),
             stop_timeout=spec.stop_timeout,
+            load_timeout=self.options.load_timeout,
             agent_tag=self.tag,
         )
         # One log ring per model, kept across restarts, so a crash's last lines stay readable.

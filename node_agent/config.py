@@ -55,6 +55,8 @@ class AgentOptions:
     """MiB to keep free on every device; None = the memory ledger does not limit loads."""
     memory_limits: tuple[tuple[str, int], ...] = ()
     """(device, bytes) caps on what the ledger may use, from ``--memory-limit DEV=SIZE``."""
+    load_timeout: float = 600.0
+    """A child not ready this long after its spawn is killed and its load fails."""
     models_ttl: float | None = None
     """Unload a model idle this many seconds; None = never (a preset's ``ttl`` wins)."""
     queue_timeout: float | None = None
@@ -218,6 +220,13 @@ def _seconds(raw: str) -> float | None:
     return s or None  # 0 = off
 
 
+def _positive_seconds(raw: str) -> float:
+    seconds = float(raw)
+    if not seconds > 0:
+        raise ValueError("must be > 0")
+    return seconds
+
+
 def _count_or_unlimited(raw: str) -> int | None:
     n = int(raw.strip())
     if n < 0:
@@ -325,6 +334,7 @@ _OWN_FLAGS: dict[str, tuple[str, str, Callable[[str], object]]] = {
     "--models-memory-margin": ("models_memory_margin", "MiB (an integer >= 0)", _int_at_least(0)),
     "--memory-limit": ("memory_limit", "DEVICE=SIZE", _identity),
     "--models-ttl": ("models_ttl", "seconds (0: never)", _seconds),
+    "--load-timeout": ("load_timeout", "seconds (> 0)", _positive_seconds),
     "--queue-timeout": ("queue_timeout", "seconds (0: wait forever)", _seconds),
     "--max-queue": ("max_queue", "a count (0: no limit)", _count_or_unlimited),
     "--log-level": ("log_level", "one of " + ", ".join(LOG_LEVELS), _log_level),

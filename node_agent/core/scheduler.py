@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import enum
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -66,6 +66,7 @@ class Decision:
     kind: DecisionKind
     lease: Lease | None = None
     reason: str = ""
+    retry_after: float = 0.0
 
 
 class DecisionKind(enum.Enum):
@@ -74,6 +75,8 @@ class DecisionKind(enum.Enum):
     WAIT = "wait"  # nothing to do until the scheduler's state changes
     FAILED = "failed"  # the load this waiter waited for failed (``reason`` says why)
     GONE = "gone"  # the model left the catalog while the request waited
+    BACKOFF = "backoff"  # the model keeps failing: no load before ``retry_after`` seconds
+    UNLOADED = "unloaded"  # it would need a load, and this waiter may not start one
 
 
 class RoomCheck(Protocol):
@@ -101,6 +104,26 @@ class _Model:
     priority: int = 0
     failed: bool = False
     exit_code: int | None = None
+    error: str | None = None  # why the last child failed (the child's own error line)
+    ready_at: float | None = None
+    failures: int = 0  # failed loads or early crashes in a row
+    retry_at: float = 0.0  # no new load before this time (crash-loop backoff)
+
+
+# Crash-loop backoff: the first failure may be retried at once (a crash of a model that ran
+# fine is worth one immediate reload); from the second failure in a row on, wait 1 s, 2 s,
+# 4 s… up to a minute before loading again, instead of hammering a broken model.
+BACKOFF_BASE = 1.0
+BACKOFF_CAP = 60.0
+# A child that ran this long before dying is not part of a crash loop: its count restarts.
+STABLE_SECONDS = 30.0
+
+
+def backoff_delay(failures: int) -> float:
+    """Seconds to wait before loading a model that failed ``failures`` times in a row."""
+    if failures < 2:
+        return 0.0
+    return float(min(BACKOFF_CAP, BACKOFF_BASE * 2 ** (failures - 2)))
 
 
 @dataclass
@@ -125,6 +148,9 @@ class ModelView:
     queued: int
     failed: bool
     exit_code: int | None
+    error: str | None
+    failures: int
+    retry_at: float
 
 
 @dataclass(frozen=True)
@@ -234,8 +260,14 @@ class Scheduler:
         if not entry.waiters and (not entry.claimed or entry.spawned):
             del self._queue[entry.model]
 
-    def poll(self, waiter: int, now: float, *, inference: bool = True) -> Decision:
-        """What a waiter should do now. Leasing and leaving the queue happen in one step."""
+    def poll(
+        self, waiter: int, now: float, *, inference: bool = True, may_load: bool = True
+    ) -> Decision:
+        """What a waiter should do now. Leasing and leaving the queue happen in one step.
+
+        ``may_load`` False (autoload off): a waiter may wait for a load or a stop under way,
+        but never claims one.
+        """
         reason = self._failures.pop(waiter, None)
         if reason is not None:
             return Decision(DecisionKind.FAILED, reason=reason)
@@ -248,6 +280,15 @@ class Scheduler:
             self.leave(waiter)
             return Decision(DecisionKind.LEASED, lease=lease)
         entry = self._queue[name]
+        model = self._models[name]
+        if not may_load and self._needs_load(entry) and not model.stopping:
+            self.leave(waiter)
+            return Decision(DecisionKind.UNLOADED)
+        if self._needs_load(entry) and model.retry_at > now:
+            self.leave(waiter)
+            return Decision(
+                DecisionKind.BACKOFF, reason=model.error or "", retry_after=model.retry_at - now
+            )
         if self._may_claim(entry):
             entry.claimed = True
             return Decision(DecisionKind.LOAD)
@@ -289,7 +330,7 @@ class Scheduler:
     def on_ready(self, name: str, now: float) -> None:
         model = self._models[name]
         model.state = ModelState.LOADED
-        model.last_used = now
+        model.last_used = model.ready_at = now
         entry = self._queue.get(name)
         if entry is not None:
             # The load is done: its waiters lease on their next poll and leave.
@@ -301,7 +342,7 @@ class Scheduler:
     def on_woke(self, name: str) -> None:
         self._models[name].state = ModelState.LOADED
 
-    def on_exited(self, name: str, exit_code: int | None, *, reason: str = "") -> None:
+    def on_exited(self, name: str, exit_code: int | None, now: float, *, reason: str = "") -> None:
         """The child is gone. An unexpected exit marks the model failed, with its exit code.
 
         A child stopped on purpose is no failure, even while loading: its waiters stay queued
@@ -311,7 +352,14 @@ class Scheduler:
         model = self._models[name]
         died_loading = model.state is ModelState.LOADING and not model.stopping
         model.failed = not model.stopping
-        model.state, model.stopping = ModelState.UNLOADED, False
+        if model.failed:
+            model.error = reason or f"exit code {exit_code}"
+            stable = model.ready_at is not None and now - model.ready_at >= STABLE_SECONDS
+            model.failures = 1 if stable else model.failures + 1
+            model.retry_at = now + backoff_delay(model.failures)
+        else:
+            model.failures, model.retry_at = 0, 0.0
+        model.state, model.stopping, model.ready_at = ModelState.UNLOADED, False, None
         model.exit_code = exit_code
         model.in_flight = 0
         for lease_id in [i for i, lease in self._leases.items() if lease.model == name]:
@@ -383,6 +431,18 @@ class Scheduler:
         candidates.sort(key=lambda m: (m.priority, m.last_used, m.name))
         return [m.name for m in candidates]
 
+    def expired(self, now: float, ttls: Mapping[str, float]) -> list[str]:
+        """Models idle for longer than their TTL (``ttls``: seconds by model; absent = none).
+
+        Idle is counted from the end of the last inference request; a model with a request in
+        flight, a queue entry, a pin or already stopping never expires.
+        """
+        return [
+            name
+            for name in self.victim_candidates()
+            if name in ttls and now - self._models[name].last_used >= ttls[name]
+        ]
+
     def tick(self) -> list[str]:
         """Choose the victims to stop now; each is already marked stopping when returned.
 
@@ -445,6 +505,9 @@ class Scheduler:
             queued=len(entry.waiters) if entry is not None else 0,
             failed=m.failed,
             exit_code=m.exit_code,
+            error=m.error,
+            failures=m.failures,
+            retry_at=m.retry_at,
         )
 
     def statistics(self) -> Statistics:

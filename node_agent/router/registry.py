@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from node_agent.aio import Changed, TaskSet
+from node_agent.child.logs import LogRing, failure_line
 from node_agent.child.state import ChildEvent, EventKind
 from node_agent.core.scheduler import DecisionKind, Lease, ModelState, Scheduler
 from node_agent.errors import ApiError
@@ -35,6 +38,7 @@ log = logging.getLogger(__name__)
 # llama.cpp's router honours this to make its races reproducible; so do we (SPEC).
 FAKE_TIMING_ENV = "LLAMA_SERVER_DEBUG_FAKE_TIMING"
 FAKE_TIMING_SECONDS = 2.0
+TTL_CHECK_SECONDS = 0.25  # how often idle models are checked against their TTL
 
 
 class Child(Protocol):
@@ -81,6 +85,8 @@ class _Running:
     # Free memory per device just before the stop, and what the model held: after the exit
     # the registry waits until that memory shows free again (GPUs report it late).
     freed_check: tuple[dict[str, int], dict[str, int]] | None = None
+    stop_reason: str | None = None  # manual, evict, ttl, reload, shutdown; None: it crashed
+    log_seq: int = 0  # the model's log ring position when this child started
     info: dict[str, Any] = field(default_factory=dict)
 
 
@@ -103,11 +109,18 @@ class Registry:
         models_max: int,
         child_factory: ChildFactory,
         memory: MemoryWatch | None = None,
+        ttl: float | None = None,
+        queue_timeout: float | None = None,
+        max_queue: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         fake_timing: bool | None = None,
     ) -> None:
         self._sched = Scheduler(models_max, memory)
         self.memory = memory
+        self.ttl = ttl  # seconds idle before unload, for models without their own ``ttl``
+        self.queue_timeout = queue_timeout
+        self.max_queue = max_queue
+        self._keep_alive: dict[str, float | None] = {}  # per-request overrides (Ollama's)
         self._specs: dict[str, ModelSpec] = {}
         self._aliases: dict[str, str] = {}
         self._running: dict[str, _Running] = {}
@@ -148,6 +161,10 @@ class Registry:
         """Read access for snapshots (``/models``, metrics, tests); never mutate it."""
         return self._sched
 
+    def now(self) -> float:
+        """The registry's clock (monotonic seconds), for views of scheduler times."""
+        return self._clock()
+
     def child(self, name: str) -> Child | None:
         running = self._running.get(name)
         return running.child if running is not None else None
@@ -174,36 +191,68 @@ class Registry:
     async def acquire(self, name: str, *, autoload: bool, inference: bool = True) -> Lease:
         """Wait until ``name`` can take a request and lease it; load it when allowed.
 
-        Cancelling (the client went away) leaves the queue; a load it started goes on.
+        Cancelling (the client went away) leaves the queue; a load it started goes on. With
+        ``--max-queue`` a request beyond that many waiters, and with ``--queue-timeout`` one
+        that waited that long, gets 503 with Retry-After instead of an endless wait.
         """
         lease = self._sched.try_lease(name, self._clock(), inference=inference)
         if lease is not None:
             return lease
         if not autoload and not self._sched.view(name).state.running:
             raise ApiError(400, "model is not loaded")
+        if self.max_queue is not None and self._sched.view(name).queued >= self.max_queue:
+            raise ApiError(
+                503,
+                f"too many requests are waiting for model '{name}' (--max-queue "
+                f"{self.max_queue}); try again later",
+                headers={"Retry-After": "1"},
+            )
         self._prepare(name)
         waiter = self._sched.join(name)
+        deadline = None if self.queue_timeout is None else self._clock() + self.queue_timeout
         try:
             while True:
                 changed = self._changed.current()
                 self._tick()
-                decision = self._sched.poll(waiter, self._clock(), inference=inference)
+                decision = self._sched.poll(
+                    waiter, self._clock(), inference=inference, may_load=autoload
+                )
                 if decision.kind is DecisionKind.LEASED:
                     assert decision.lease is not None
                     return decision.lease
                 if decision.kind is DecisionKind.LOAD:
-                    if not autoload:
-                        raise ApiError(400, "model is not loaded")
                     self._start(name)
                     continue
+                if decision.kind is DecisionKind.UNLOADED:
+                    raise ApiError(400, "model is not loaded")
                 if decision.kind is DecisionKind.FAILED:
                     raise ApiError(500, f"model name={name} failed to load")
                 if decision.kind is DecisionKind.GONE:
                     raise ApiError(400, f"model '{name}' not found")
-                await changed.wait()
+                if decision.kind is DecisionKind.BACKOFF:
+                    raise _backoff_error(name, decision.reason, decision.retry_after)
+                await self._wait_change(changed, deadline, name)
         finally:
             self._sched.leave(waiter)
             self._wake()
+
+    async def _wait_change(self, changed: asyncio.Event, deadline: float | None, name: str) -> None:
+        view = self._sched.view(name)
+        if deadline is None or (view.state is ModelState.LOADING and not view.stopping):
+            # The queue timeout bounds the wait for a turn, not a load already under way:
+            # a big model that takes longer to load than the timeout must still be servable.
+            await changed.wait()
+            return
+        try:
+            await asyncio.wait_for(changed.wait(), max(0.0, deadline - self._clock()))
+        except TimeoutError:
+            assert self.queue_timeout is not None
+            raise ApiError(
+                503,
+                f"model '{name}' did not become available within the queue timeout "
+                f"({self.queue_timeout:g} s); try again later",
+                headers={"Retry-After": str(max(1, math.ceil(self.queue_timeout)))},
+            ) from None
 
     def release(self, lease: Lease) -> None:
         self._sched.release(lease, self._clock())
@@ -239,6 +288,8 @@ class Registry:
                     raise ApiError(500, f"model name={name} failed to load")
                 if decision.kind is DecisionKind.GONE:
                     raise ApiError(404, f"model '{name}' not found")
+                if decision.kind is DecisionKind.BACKOFF:
+                    raise _backoff_error(name, decision.reason, decision.retry_after)
                 if self._sched.stuck(name):
                     # Only busy models could make room: a request would wait, but a direct
                     # load is told to come back (llama.cpp's wording).
@@ -275,6 +326,9 @@ class Registry:
         spec = self._specs[name]
         child = self._factory(spec, ModelEvents(self, name))
         running = self._running[name] = _Running(child)
+        logs = getattr(child, "logs", None)
+        if isinstance(logs, LogRing):
+            running.log_seq = logs.statistics().appended
         self._sched.claim_done(name, spawned=True)
         if self.memory is not None:
             self.memory.warn_if_short(name)
@@ -315,10 +369,14 @@ class Registry:
         if self._running.get(name) is running:
             del self._running[name]
         failed = not self._sched.view(name).stopping
-        self._sched.on_exited(name, code, reason=reason)
+        self._sched.on_exited(name, code, self._clock(), reason=reason or self._last_error(running))
         if failed:
             log.warning("model=%s exited unexpectedly with code %s", name, code)
-        data: dict[str, Any] = {"status": "unloaded", "exit_code": code}
+        data: dict[str, Any] = {
+            "status": "unloaded",
+            "exit_code": code,
+            "reason": running.stop_reason or "crash",
+        }
         self._publish(name, "status_change", data)
         if name not in self._specs:
             self._sched.remove_model(name)
@@ -328,6 +386,7 @@ class Registry:
         running = self._running.get(name)
         if running is None or running.stop_task is not None:
             return
+        running.stop_reason = reason
         if self.memory is not None:
             running.freed_check = self.memory.exiting(name)
         running.stop_task = self._tasks.spawn(
@@ -357,6 +416,14 @@ class Registry:
         await running.child.stop()
         if running.task is not None:
             await asyncio.shield(running.task)
+
+    @staticmethod
+    def _last_error(running: _Running) -> str:
+        """The child's own last error line (of this run: the ring outlives restarts)."""
+        logs = getattr(running.child, "logs", None)
+        if not isinstance(logs, LogRing):
+            return ""
+        return failure_line(logs.lines_since(running.log_seq)[1]) or ""
 
     def _child_slept(self, name: str) -> None:
         self._sched.on_sleeping(name)
@@ -390,6 +457,39 @@ class Registry:
         finally:
             self._subscribers.discard(queue)
 
+    # -- idle unload ---------------------------------------------------------------------------
+
+    def keep_alive(self, name: str, value: object) -> None:
+        """A request's ``keep_alive`` (Ollama's): how long ``name`` stays after it is idle.
+
+        0 unloads it as soon as it is idle, a negative number keeps it forever, a duration
+        (``"5m"``, ``"30s"``, seconds as a number) sets its idle time; the last request's
+        value holds until another request says otherwise. Raises ApiError on a bad value.
+        """
+        self._keep_alive[name] = parse_keep_alive(value)
+
+    def ttl_of(self, name: str) -> float | None:
+        """Seconds ``name`` may stay idle: last keep_alive, else its preset, else the agent's."""
+        if name in self._keep_alive:
+            return self._keep_alive[name]
+        spec_ttl = self._specs[name].ttl
+        if spec_ttl is not None:
+            return spec_ttl if spec_ttl > 0 else None  # ttl = 0 in a preset: never
+        return self.ttl
+
+    async def _expire_idle(self) -> None:
+        """Unload models idle past their TTL; never one with a request in flight."""
+        while True:
+            await asyncio.sleep(TTL_CHECK_SECONDS)
+            ttls = {
+                name: ttl
+                for name in self._running
+                if name in self._specs and (ttl := self.ttl_of(name)) is not None
+            }
+            for name in self._sched.expired(self._clock(), ttls):
+                log.info("model=%s idle for %gs (its ttl): unloading", name, ttls[name])
+                self._stop(name, "ttl")
+
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
@@ -397,6 +497,7 @@ class Registry:
         for name, spec in self._specs.items():
             if spec.load_on_startup:
                 self._tasks.spawn(self._load_quietly(name), f"startup:{name}")
+        self._tasks.spawn(self._expire_idle(), "ttl")
 
     async def _load_quietly(self, name: str) -> None:
         try:
@@ -418,3 +519,40 @@ async def _wait_all(tasks: list[asyncio.Task[None] | None]) -> None:
     pending = [t for t in tasks if t is not None]
     if pending:
         await asyncio.wait([asyncio.shield(t) for t in pending])
+
+
+def _backoff_error(name: str, reason: str, retry_after: float) -> ApiError:
+    """503 with Retry-After for a model in crash-loop backoff (no load is tried meanwhile)."""
+    seconds = max(1, math.ceil(retry_after))
+    why = f" (last error: {reason})" if reason else ""
+    return ApiError(
+        503,
+        f"model name={name} keeps failing to load{why}; next attempt in {seconds} s",
+        headers={"Retry-After": str(seconds)},
+    )
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def parse_keep_alive(value: object) -> float | None:
+    """Ollama's ``keep_alive``: seconds idle before unload, or None for "keep forever"."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ApiError(
+            400, f"keep_alive must be a number of seconds or a duration like '5m', got {value!r}"
+        )
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("-"):
+            return None
+        match = _DURATION.match(text)
+        if match is None:
+            raise ApiError(
+                400,
+                f"keep_alive {value!r} is not a duration (examples: 0, 30, '30s', '5m', '1h', -1)",
+            )
+        return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    if value < 0:
+        return None
+    return float(value)

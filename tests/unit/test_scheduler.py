@@ -65,7 +65,7 @@ def test_fifo_order_across_models_is_by_first_arrival() -> None:
     sched.release(lease_b, 2)
     sched.release(lease_b2, 2)
     assert sched.tick() == ["b"]
-    sched.on_exited("b", 0)
+    sched.on_exited("b", 0, 0.0)
     assert sched.poll(wa, 3).kind is DecisionKind.LOAD
 
 
@@ -106,7 +106,7 @@ def test_capacity_formula_counts_running_stopping_and_claimed() -> None:
     assert sched.tick() == []
     # ...but c spawns only once a has exited: never more than models_max children alive.
     assert sched.poll(wc, 3).kind is DecisionKind.WAIT
-    sched.on_exited("a", 0)
+    sched.on_exited("a", 0, 0.0)
     assert sched.poll(wc, 4).kind is DecisionKind.LOAD
     stats = sched.statistics()
     assert (stats.running, stats.stopping, stats.claimed, stats.free) == (1, 0, 1, 0)
@@ -130,7 +130,7 @@ def test_victim_rules(rule: str) -> None:
     if rule == "busy":
         assert sched.try_lease("old", 2) is not None
     elif rule == "loading":
-        sched.on_exited("old", 0)
+        sched.on_exited("old", 0, 0.0)
         w = sched.join("old")
         assert sched.poll(w, 2).kind is DecisionKind.LOAD
         sched.claim_done("old", spawned=True)
@@ -141,7 +141,7 @@ def test_victim_rules(rule: str) -> None:
     elif rule == "queued":
         sched.join("old")
         assert sched.request_stop("old")  # queued for a reload after the stop
-        sched.on_exited("old", 0)
+        sched.on_exited("old", 0, 0.0)
         w = sched.join("old")
         sched.poll(w, 2)
         sched.claim_done("old", spawned=True)
@@ -255,7 +255,7 @@ def test_stopping_model_takes_no_lease_and_new_requests_reload_it_after() -> Non
     w = sched.join("a")
     assert sched.poll(w, 3).kind is DecisionKind.WAIT  # the old child must exit first
     sched.release(in_flight, 4)
-    sched.on_exited("a", 0)
+    sched.on_exited("a", 0, 0.0)
     view = sched.view("a")
     assert view.state is ModelState.UNLOADED and not view.failed
     assert sched.poll(w, 5).kind is DecisionKind.LOAD  # never "failed to load"
@@ -267,7 +267,7 @@ def test_unload_while_loading_is_not_a_failure_for_waiters() -> None:
     assert sched.poll(w, 0).kind is DecisionKind.LOAD
     sched.claim_done("a", spawned=True)
     assert sched.request_stop("a")
-    sched.on_exited("a", -9)
+    sched.on_exited("a", -9, 0.0)
     assert sched.poll(w, 1).kind is DecisionKind.LOAD
 
 
@@ -276,7 +276,7 @@ def test_crash_while_loading_fails_its_waiters_and_a_later_request_retries() -> 
     w1, w2 = sched.join("a"), sched.join("a")
     assert sched.poll(w1, 0).kind is DecisionKind.LOAD
     sched.claim_done("a", spawned=True)
-    sched.on_exited("a", 1, reason="error loading model")
+    sched.on_exited("a", 1, 1.0, reason="error loading model")
     for w in (w1, w2):
         decision = sched.poll(w, 1)
         assert decision.kind is DecisionKind.FAILED
@@ -303,7 +303,7 @@ def test_crash_of_a_loaded_model_releases_everything() -> None:
     load(sched, "a", 1)
     lease = sched.try_lease("a", 2)
     assert lease is not None
-    sched.on_exited("a", 139)
+    sched.on_exited("a", 139, 0.0)
     view = sched.view("a")
     assert (view.state, view.failed, view.exit_code, view.in_flight) == (
         ModelState.UNLOADED,
@@ -369,12 +369,12 @@ def test_memory_shortfall_evicts_one_victim_at_a_time() -> None:
     assert sched.poll(wc, 3).kind is DecisionKind.WAIT
     assert sched.tick() == ["a"]  # LRU first
     assert sched.tick() == []  # one at a time: wait for a to exit
-    sched.on_exited("a", 0)
+    sched.on_exited("a", 0, 0.0)
     room.running.discard("a")
     # b still holds 40: 70 > 100 - 40, so b goes too
     assert sched.poll(wc, 4).kind is DecisionKind.WAIT
     assert sched.tick() == ["b"]
-    sched.on_exited("b", 0)
+    sched.on_exited("b", 0, 0.0)
     room.running.discard("b")
     assert sched.poll(wc, 5).kind is DecisionKind.LOAD
 
@@ -424,3 +424,77 @@ def test_memory_stuck_when_no_idle_victim_would_help() -> None:
     sched.release(lease, 4)
     assert not sched.stuck("c")
     assert sched.tick() == ["a"]
+
+
+def crash_while_loading(sched: Scheduler, name: str, now: float) -> DecisionKind:
+    w = sched.join(name)
+    decision = sched.poll(w, now)
+    if decision.kind is not DecisionKind.LOAD:
+        return decision.kind
+    sched.claim_done(name, spawned=True)
+    sched.on_exited(name, 1, now, reason="error: bad tensor")
+    assert sched.poll(w, now).kind is DecisionKind.FAILED
+    return DecisionKind.LOAD
+
+
+def test_crash_loop_backs_off_exponentially_and_says_why() -> None:
+    sched = make(1, "a")
+    assert crash_while_loading(sched, "a", 0.0) is DecisionKind.LOAD
+    # One failure: an immediate retry is allowed.
+    assert crash_while_loading(sched, "a", 0.0) is DecisionKind.LOAD
+    view = sched.view("a")
+    assert (view.failures, view.retry_at, view.error) == (2, 1.0, "error: bad tensor")
+    w = sched.join("a")
+    decision = sched.poll(w, 0.5)
+    assert decision.kind is DecisionKind.BACKOFF
+    assert decision.retry_after == 0.5 and decision.reason == "error: bad tensor"
+    assert sched.statistics().queue == ()  # the refused waiter left the queue
+    assert crash_while_loading(sched, "a", 1.0) is DecisionKind.LOAD
+    assert sched.view("a").retry_at == 1.0 + 2.0
+    assert crash_while_loading(sched, "a", 3.0) is DecisionKind.LOAD
+    assert sched.view("a").retry_at == 3.0 + 4.0
+
+
+def test_backoff_is_capped_and_resets_after_a_clean_stop() -> None:
+    from node_agent.core.scheduler import BACKOFF_CAP, backoff_delay
+
+    assert [backoff_delay(n) for n in (0, 1, 2, 3, 4)] == [0.0, 0.0, 1.0, 2.0, 4.0]
+    assert backoff_delay(100) == BACKOFF_CAP
+    sched = make(1, "a")
+    crash_while_loading(sched, "a", 0.0)
+    crash_while_loading(sched, "a", 0.0)
+    load(sched, "a", 5.0)
+    assert sched.request_stop("a")
+    sched.on_exited("a", 0, 6.0)
+    view = sched.view("a")
+    assert (view.failures, view.retry_at, view.failed) == (0, 0.0, False)
+
+
+def test_a_crash_after_a_stable_run_is_not_a_loop() -> None:
+    from node_agent.core.scheduler import STABLE_SECONDS
+
+    sched = make(1, "a")
+    crash_while_loading(sched, "a", 0.0)
+    load(sched, "a", 1.0)
+    sched.on_exited("a", -11, 1.0 + STABLE_SECONDS)
+    assert sched.view("a").failures == 1
+    assert crash_while_loading(sched, "a", 1.0 + STABLE_SECONDS) is DecisionKind.LOAD
+
+
+def test_ttl_counts_from_the_end_of_the_last_request() -> None:
+    sched = make(4, "a", "b", "c")
+    load(sched, "a", 0.0)
+    load(sched, "b", 0.0)
+    load(sched, "c", 0.0)
+    sched.add_model("c", pin=True)
+    lease = sched.try_lease("b", 1.0)
+    assert lease is not None
+    ttls = {"a": 10.0, "b": 10.0, "c": 10.0}
+    assert sched.expired(9.9, ttls) == []
+    # a is idle since 0; b is busy (never expires while in flight); c is pinned.
+    assert sched.expired(10.0, ttls) == ["a"]
+    assert sched.expired(50.0, ttls) == ["a"]
+    sched.release(lease, 45.0)
+    assert sched.expired(50.0, ttls) == ["a"]
+    assert sched.expired(55.0, ttls) == ["a", "b"]
+    assert sched.expired(55.0, {"b": 20.0}) == []  # no TTL for a: it stays
