@@ -7,6 +7,7 @@ listening, drains and stops every child (each up to its stop timeout), and close
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -21,7 +22,7 @@ from node_agent.child.logs import LogRing
 from node_agent.child.orphans import end_orphans
 from node_agent.child.process import ChildConfig, ChildProcess
 from node_agent.config import AgentOptions, parse_agent_args
-from node_agent.errors import CorralError
+from node_agent.errors import ApiError, ConfigError, CorralError
 from node_agent.memory.devices import open_probes
 from node_agent.router.app import AgentState, RouterSettings, build_app
 from node_agent.router.memory import MemoryWatch
@@ -29,11 +30,13 @@ from node_agent.router.proxy import Proxy
 from node_agent.router.registry import ModelEvents, Registry
 from node_agent.sources.catalog import Catalog, diff_catalogs, load_catalog
 from node_agent.sources.hf_cache import hub_dir
+from node_agent.sources.preset_dir import directory_version, preset_files
 from node_agent.sources.spec import ModelSpec
 
 log = logging.getLogger("corral.agent")
 
 LOG_LINES = 2000  # stderr lines kept per model
+PRESET_POLL_SECONDS = 1.0  # the kubelet syncs ConfigMap volumes every ~60 s: 1 s is plenty
 
 HELP = """\
 usage: corral agent [OPTIONS] [LLAMA-SERVER OPTIONS]
@@ -90,14 +93,17 @@ class Agent:
         self.proxy = Proxy(timeout=options.timeout)
         self.logs: dict[str, LogRing] = {}
         self._runner: web.AppRunner | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        preset = options.models_preset
+        # A directory is the operator's ConfigMap: watched, and reloaded when it changes.
+        self._preset_dir = Path(preset) if preset and Path(preset).is_dir() else None
         self.port: int | None = None
 
     def _read_catalog(self) -> Catalog:
-        preset = self.options.models_preset
         return load_catalog(
             hub=hub_dir(self.env),
             models_dir=self.options.models_dir,
-            preset_files=[preset] if preset else [],
+            preset_files=preset_files(self.options.models_preset, self.env.get("NODE_NAME")),
             cli_options=self.options.child_options,
         )
 
@@ -128,11 +134,38 @@ class Agent:
         return ChildProcess(config, on_event=events.dispatch, logs=logs)
 
     async def reload(self) -> None:
-        """``GET /models?reload=1``: re-read every source and apply the difference."""
-        new = await asyncio.to_thread(self._read_catalog)
+        """``GET /models?reload=1``: re-read every source and apply the difference.
+
+        Sources that cannot be read change nothing: the running catalog stays as it was.
+        """
+        try:
+            new = await asyncio.to_thread(self._read_catalog)
+        except ConfigError as exc:
+            raise ApiError(500, f"reload failed, nothing was changed: {exc}") from exc
         diff = diff_catalogs(self.catalog, new)
         self.catalog = new
+        log.info(
+            "reloaded: %d added, %d removed, %d to restart, %d updated in place",
+            len(diff.added),
+            len(diff.removed),
+            len(diff.changed),
+            len(diff.updated),
+        )
         await self.registry.reload(new.models, set(diff.changed))
+
+    async def watch_presets(self, directory: Path) -> None:
+        """Reload when the operator's ConfigMap volume changes (the kubelet's ``..data`` swap)."""
+        seen = directory_version(directory)
+        while True:
+            await asyncio.sleep(PRESET_POLL_SECONDS)
+            version = directory_version(directory)
+            if version == seen:
+                continue
+            seen = version
+            try:
+                await self.reload()
+            except ApiError as exc:
+                log.error("presets changed but cannot be applied: %s", exc.message)
 
     async def start(self) -> None:
         ended = await asyncio.to_thread(end_orphans, self.tag)
@@ -161,9 +194,17 @@ class Agent:
             "listening on http://%s:%s (%d models)", self.options.host, self.port, len(self.catalog)
         )
         await self.registry.start()
+        if self._preset_dir is not None:
+            self._watcher = asyncio.create_task(
+                self.watch_presets(self._preset_dir), name="preset-watch"
+            )
 
     async def stop(self) -> None:
         log.info("shutting down: draining requests and stopping children")
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
         await self.registry.close()
         await self.proxy.close()
         if self._runner is not None:

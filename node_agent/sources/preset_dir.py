@@ -66,3 +66,33 @@ def resolve_preset_file(directory: Path, node_name: str | None) -> Path | None:
             f"node {node_name!r} maps to {key!r}, which is not in the ConfigMap", path=str(index)
         )
     return target
+
+
+def preset_files(models_preset: str | None, node_name: str | None) -> list[Path]:
+    """The INI files ``--models-preset`` stands for: the file itself, or this node's file
+    from the operator's mounted ConfigMap when it names a directory (none if the node has no
+    presets)."""
+    if not models_preset:
+        return []
+    path = Path(models_preset)
+    if path.is_dir():
+        chosen = resolve_preset_file(path, node_name)
+        return [chosen] if chosen is not None else []
+    return [path]
+
+
+def directory_version(directory: Path) -> object:
+    """What changes when the kubelet swaps a ConfigMap volume (or someone edits its files).
+
+    The ``..data`` symlink's target names the version; a plain directory (tests, hand-made
+    set-ups) is versioned by its files' names, sizes and modification times.
+    """
+    data = directory / "..data"
+    try:
+        if data.is_symlink():
+            return ("..data", str(data.readlink()))
+        return tuple(
+            sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in directory.iterdir())
+        )
+    except OSError as exc:  # a swap in progress, or the volume went away: try again later
+        return ("error", str(exc))
