@@ -3,6 +3,9 @@
 # Extra arguments go to `corral agent`, e.g. `hack/demo.sh --port 9000`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The repository's operator/ folder would shadow the standard library's `operator` module for
+# any `python -m …` started here (the current folder comes first on sys.path): never add it.
+export PYTHONSAFEPATH=1
 hack/setup.sh
 # shellcheck disable=SC1091
 . .venv/bin/activate

@@ -2,6 +2,9 @@
 # Static checks: ruff (lint + format), mypy --strict on both packages, import-linter layers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The repository's operator/ folder would shadow the standard library's `operator` module for
+# any `python -m …` started here (the current folder comes first on sys.path): never add it.
+export PYTHONSAFEPATH=1
 hack/setup.sh
 # shellcheck disable=SC1091
 . .venv/bin/activate

@@ -3,6 +3,9 @@
 # Idempotent: a second run only checks that everything is installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The repository's operator/ folder would shadow the standard library's `operator` module for
+# any `python -m …` started here (the current folder comes first on sys.path): never add it.
+export PYTHONSAFEPATH=1
 
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
