@@ -47,8 +47,11 @@ RESERVED_OPTIONS: frozenset[str] = frozenset(
 )
 RESERVED_PREFIXES: tuple[str, ...] = ("--models-", "--no-models-")
 
-# Where the chart mounts PersistentVolumeClaims in agent pods (see operator/README.md).
-PVC_MOUNT_ROOT = "/models/pvc"
+# Where the chart mounts each PersistentVolumeClaim in agent pods: read-only at
+# PVC_MOUNT_ROOT/<claimName> (the chart's "corral.pvcMountRoot"; tests/chart checks the two
+# agree). Deliberately outside /models, the agent's --models-dir: its scanner treats every
+# subfolder there as one model, so a folder of claims would show up as a bogus model.
+PVC_MOUNT_ROOT = "/mnt/corral/pvc"
 
 _OPTION = re.compile(r"^--?[A-Za-z][A-Za-z0-9_-]*$")
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]*$")

@@ -4,11 +4,12 @@ scheduling on GPU nodes, and least-privilege RBAC."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
 import yaml
+from preset_operator.presets import PVC_MOUNT_ROOT, PvcSource, parse_source
 
 from tests.chart.rendering import (
     CHART,
@@ -208,12 +209,52 @@ def test_pvc_mounts_for_pvc_sources(render: Render) -> None:
     rendered = render(scenario_values(PVC_CACHE))
     volumes = {v["name"]: v for v in agent_pod(rendered)["volumes"]}
     mounts = {m["mountPath"]: m for m in agent_container(rendered)["volumeMounts"]}
-    mount = mounts["/models/pvc/shared-models"]
+    mount = mounts[f"{PVC_MOUNT_ROOT}/shared-models"]
     assert mount["readOnly"] is True
     assert volumes[mount["name"]]["persistentVolumeClaim"] == {
         "claimName": "shared-models",
         "readOnly": True,
     }
+
+
+def test_pvc_mounts_are_where_the_operator_points(render: Render) -> None:
+    """The operator renders source.pvc to PVC_MOUNT_ROOT/<claimName>/<subPath>: every claim
+    in agent.pvcMounts must be mounted at exactly PVC_MOUNT_ROOT/<claimName>."""
+    claims = ["shared-models", "team.b-models"]
+    rendered = render({"agent": {"pvcMounts": [{"claimName": c} for c in claims]}})
+    volumes = {v["name"]: v for v in agent_pod(rendered)["volumes"]}
+    by_claim = {
+        volumes[m["name"]]["persistentVolumeClaim"]["claimName"]: m
+        for m in agent_container(rendered)["volumeMounts"]
+        if "persistentVolumeClaim" in volumes[m["name"]]
+    }
+    assert by_claim.keys() == set(claims)
+    for claim, mount in by_claim.items():
+        source = parse_source({"pvc": {"claimName": claim, "subPath": "d/m.gguf"}})
+        assert isinstance(source, PvcSource)
+        assert mount["mountPath"] == f"{PVC_MOUNT_ROOT}/{claim}"
+        assert source.path == f"{mount['mountPath']}/d/m.gguf"
+        assert mount["readOnly"] is True
+
+
+@pytest.mark.parametrize("with_pvc_mounts", [False, True], ids=["as-is", "with-pvcMounts"])
+def test_nothing_is_mounted_under_the_models_dir(scenario: Path, with_pvc_mounts: bool) -> None:
+    """/models is the agent's --models-dir, whose scanner takes every subfolder for a model:
+    the model cache is the only volume there, and nothing is mounted below it."""
+    values = scenario_values(scenario)
+    if with_pvc_mounts:
+        claims = [{"claimName": "models"}, {"claimName": "pvc"}]
+        values.setdefault("agent", {})["pvcMounts"] = claims
+    rendered = Rendered(render_objects(values))
+    models = PurePosixPath("/models")
+    for owner, spec in pod_specs(rendered):
+        for container in spec.get("initContainers", []) + spec["containers"]:
+            for mount in container.get("volumeMounts", []):
+                path = PurePosixPath(mount["mountPath"])
+                if path == models or models in path.parents:
+                    assert (owner, mount["name"], path) == (owner, "models", models)
+    assert PurePosixPath(PVC_MOUNT_ROOT) != models
+    assert models not in PurePosixPath(PVC_MOUNT_ROOT).parents
 
 
 # --- Probes and shutdown -------------------------------------------------------------------

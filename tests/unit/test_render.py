@@ -88,7 +88,7 @@ def test_sources_become_model_arguments() -> None:
     text = render_ini([hf, url, pvc])
     assert "[qwen]\nhf-repo = Qwen/Qwen3-GGUF\nhf-file = q4.gguf\nhf-revision = v1\n" in text
     assert f"[u]\nmodel-url = https://x/y.gguf\nmodel-sha256 = {'a' * 64}\n" in text
-    assert "[p]\nmodel = /models/pvc/models/a/b.gguf\n" in text
+    assert "[p]\nmodel = /mnt/corral/pvc/models/a/b.gguf\n" in text
     with pytest.raises(InvalidPreset, match="exactly one"):
         parse_preset(
             mp(

@@ -109,6 +109,17 @@ Names.
 {{- printf "%s-presets" (include "corral.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
+{{/*
+Where agent.pvcMounts are mounted, each claim read-only at <root>/<claimName>: a contract with
+the operator, which renders source.pvc as `model = <root>/<claimName>/<subPath>`
+(operator/presets.py PVC_MOUNT_ROOT; the chart tests check the two agree). Not a value, since
+the operator cannot follow a change, and outside /models, the agent's --models-dir, whose
+scanner takes every subfolder for a model.
+*/}}
+{{- define "corral.pvcMountRoot" -}}
+/mnt/corral/pvc
+{{- end }}
+
 {{- define "corral.agent.serviceAccountName" -}}
 {{- if .Values.agent.serviceAccount.create }}
 {{- default (include "corral.agent.fullname" .) .Values.agent.serviceAccount.name }}
