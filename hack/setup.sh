@@ -20,3 +20,12 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   python -m pip install --quiet -e '.[cpu,operator,nvidia,test]'
   touch "$stamp"
 fi
+
+# The status page's browser test (tests/integration/test_status_page.py) drives Debian's
+# chromium through playwright; `playwright install` is never used (it downloads its own
+# browsers). Only root can apt-get: others install chromium themselves or the test skips.
+if [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq chromium
+fi

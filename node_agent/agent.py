@@ -25,6 +25,7 @@ from node_agent.config import AgentOptions, parse_agent_args
 from node_agent.errors import ApiError, ConfigError, CorralError
 from node_agent.memory.devices import open_probes
 from node_agent.router.app import AgentState, RouterSettings, build_app
+from node_agent.router.logs_api import setup_logs
 from node_agent.router.memory import MemoryWatch
 from node_agent.router.proxy import Proxy
 from node_agent.router.registry import ModelEvents, Registry
@@ -129,9 +130,12 @@ class Agent:
             load_timeout=self.options.load_timeout,
             agent_tag=self.tag,
         )
-        # One log ring per model, kept across restarts, so a crash's last lines stay readable.
-        logs = self.logs.setdefault(spec.name, LogRing(LOG_LINES))
-        return ChildProcess(config, on_event=events.dispatch, logs=logs)
+        return ChildProcess(config, on_event=events.dispatch, logs=self.logs_for(spec.name))
+
+    def logs_for(self, name: str) -> LogRing:
+        """The model's log ring: one per model, kept across restarts (a crash's last lines
+        stay readable through ``GET /models/logs``)."""
+        return self.logs.setdefault(name, LogRing(LOG_LINES))
 
     async def reload(self) -> None:
         """``GET /models?reload=1``: re-read every source and apply the difference.
@@ -181,6 +185,7 @@ class Agent:
         app = build_app(
             AgentState(self.registry, self.proxy, settings, self.reload, str(self.binary))
         )
+        setup_logs(app, self.logs_for)
         # handler_cancellation: a client that goes away cancels its handler, so a queued
         # request leaves the queue and a proxied one closes its connection to the child.
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)

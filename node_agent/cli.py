@@ -17,6 +17,10 @@ commands:
   agent        run the node agent (llama-server router flags; see `corral agent --help`)
   operator     run the ModelPreset operator (Kubernetes)
   demo-models  write tiny generated GGUF models into a folder: corral demo-models DIR [--large]
+  models       list the models of a running agent (--url, --api-key, --json)
+  load NAME    load a model on a running agent, with progress
+  unload NAME  unload a model on a running agent
+  status       show a running agent's models, queue and memory
 """
 
 
@@ -45,10 +49,20 @@ def _demo_models(argv: Sequence[str]) -> int:
     return main(list(argv))
 
 
+def _client(argv: Sequence[str]) -> int:
+    from node_agent.client import main
+
+    return main(list(argv))
+
+
 COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "agent": _agent,
     "operator": _operator,
     "demo-models": _demo_models,
+    "models": lambda argv: _client(["models", *argv]),
+    "load": lambda argv: _client(["load", *argv]),
+    "unload": lambda argv: _client(["unload", *argv]),
+    "status": lambda argv: _client(["status", *argv]),
 }
 
 

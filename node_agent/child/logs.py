@@ -19,15 +19,33 @@ from typing import Final
 # llama.cpp's log lines look like "0.00.002.452 E srv  start: …": the level letter after the
 # timestamp. Other binaries: the usual words.
 _ERROR_LINE: Final = re.compile(r"^\S+ E |error|failed|couldn't|cannot|unable", re.IGNORECASE)
+# Error lines that only echo a failure logged just before them. llama.cpp logs the cause
+# first, then every caller up the stack says it failed too, ending with "exiting due to model
+# loading error": a corrupt GGUF's last error line names no cause. Measured with the pinned
+# binary: "error loading model: … data is not within the file bounds" (truncated file) and
+# "gguf_init_from_reader: invalid magic characters" (not a GGUF) come before these echoes.
+_ECHO_LINE: Final = re.compile(
+    r"exiting due to"
+    r"|encountered an error while trying to fit params"
+    r"|failed to load model(,? (from )?'?[^ ']*'?)?\s*$",
+    re.IGNORECASE,
+)
 
 
 def failure_line(lines: list[str], *, skip_prefix: str | None = None) -> str | None:
-    """The line most likely to say why a child failed: its last error line, else its last."""
+    """The line most likely to say why a child failed.
+
+    Its last error line that is not a mere echo of an earlier one (see ``_ECHO_LINE``), else
+    its last error line, else its last line.
+    """
     kept = [line.strip() for line in lines if not (skip_prefix and line.startswith(skip_prefix))]
     kept = [line for line in kept if line]
-    for line in reversed(kept):
-        if _ERROR_LINE.search(line):
+    errors = [line for line in kept if _ERROR_LINE.search(line)]
+    for line in reversed(errors):
+        if not _ECHO_LINE.search(line):
             return line
+    if errors:
+        return errors[-1]
     return kept[-1] if kept else None
 
 

@@ -398,7 +398,9 @@ class ChildProcess:
             self._progress = line.progress if line.progress is not None else self._progress
             if self._state in NOT_LOADED:
                 self._set_state(ChildState.LOADING)
-                self._emit(EventKind.LOADING)
+            # Every progress line is an event (llama.cpp's router sends each one on SSE).
+            detail = line.payload if isinstance(line.payload, Mapping) else None
+            self._emit(EventKind.LOADING, loading=detail)
         elif line.state == protocol.READY:
             if isinstance(line.payload, Mapping):
                 self._meta = line.payload

@@ -59,6 +59,8 @@ class ChildEvent:
     exit_code: int | None = None
     expected: bool = True
     reason: str | None = None
+    loading: Mapping[str, Any] | None = None
+    """On LOADING: the child's own progress payload (``stages``, ``current``, ``value``)."""
 
 
 @dataclass(frozen=True)

@@ -137,6 +137,14 @@ class _Entry:
 
 
 @dataclass(frozen=True)
+class Eviction:
+    """A victim chosen by :meth:`Scheduler.tick`, and which limit chose it."""
+
+    model: str
+    reason: str  # "count" (--models-max) or "memory" (the ledger)
+
+
+@dataclass(frozen=True)
 class ModelView:
     """A frozen snapshot of one model's scheduling state."""
 
@@ -443,14 +451,14 @@ class Scheduler:
             if name in ttls and now - self._models[name].last_used >= ttls[name]
         ]
 
-    def tick(self) -> list[str]:
+    def tick(self) -> list[Eviction]:
         """Choose the victims to stop now; each is already marked stopping when returned.
 
         Instances: while ``free`` is short of the entries that need a load, stop the best
         victim. Memory: while the head's model does not fit, stop one victim at a time (the
         caller waits for it to exit and its memory to show free before ticking again).
         """
-        victims: list[str] = []
+        victims: list[Eviction] = []
         free = self._free()
         if free is not None:
             needed = self._counts()[3]
@@ -459,7 +467,7 @@ class Scheduler:
                 if not candidates:
                     break  # only busy models could make room: the queue waits
                 self.request_stop(candidates[0])
-                victims.append(candidates[0])
+                victims.append(Eviction(candidates[0], "count"))
                 free += 1
         head = self._head()
         if (
@@ -471,7 +479,7 @@ class Scheduler:
             victim = self.room.pick_victim(head.model, self.victim_candidates())
             if victim is not None:
                 self.request_stop(victim)
-                victims.append(victim)
+                victims.append(Eviction(victim, "memory"))
         return victims
 
     def stuck(self, name: str) -> bool:

@@ -4,15 +4,19 @@ Handlers stay thin: they find the model name, ask the registry for a lease, and 
 request to the proxy. Differences from llama.cpp's router are deliberate and few (each has a
 test in ``tests/integration/test_compat.py``):
 
-* a body that is not valid JSON is the client's mistake: 400 with the parser's message (llama.cpp
-  answers 500);
-* ``/models/load`` and ``/models/unload`` for an unknown model say ``model 'X' not found``
-  (llama.cpp answers 404 "File Not Found", the same status without saying what is missing).
+* a body that is not valid JSON (or is empty, or nests too deeply) is the client's mistake: 400
+  with the parser's message (llama.cpp answers 500 with its parser's message);
+* ``/models/load`` for an unknown or missing model says ``model 'X' not found`` or
+  ``model name is missing from the request`` (llama.cpp answers the same 404 with
+  "File Not Found", which does not say what is missing);
+* ``--api-key`` guards ``/models`` and ``/v1/models`` too (llama.cpp leaves them public): only
+  ``/health`` answers without a key (SPEC, "HTTP API").
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import time
@@ -23,8 +27,11 @@ from typing import Any
 from aiohttp import web
 
 from node_agent.errors import ApiError
+from node_agent.router.exchange import begin_exchange
+from node_agent.router.metrics import setup_metrics
 from node_agent.router.proxy import Proxy
 from node_agent.router.registry import FAKE_TIMING_SECONDS, Registry
+from node_agent.router.ui import setup_ui
 from node_agent.router.views import model_entry, router_props
 
 log = logging.getLogger(__name__)
@@ -55,9 +62,22 @@ PROXIED_POST = (
 PROXIED_GET = ("/props", "/metrics", "/slots")
 
 # Routes that answer without an API key (llama.cpp: /health is for load balancers' probes).
-PUBLIC = frozenset({"/health", "/v1/health"})
+# The status page is static and holds no data (it asks for the key itself).
+PUBLIC = frozenset({"/health", "/v1/health", "/", "/ui"})
 
 NOT_FOUND = {"error": {"message": "File Not Found", "type": "not_found_error", "code": 404}}
+MODEL_MISSING = "model name is missing from the request"
+# llama.cpp reads request lines and headers of up to ~32 KiB (a long ``?model=`` name gets its
+# JSON "not found"); aiohttp's default of 8 KiB would answer those with a plain-text 400.
+MAX_LINE_BYTES = 32 * 1024
+
+# llama.cpp answers every CORS preflight itself, before the API key check, with these headers
+# (browser front ends on another origin send one before each POST).
+PREFLIGHT_HEADERS = {
+    "Access-Control-Allow-Credentials": "true",
+    "Access-Control-Allow-Methods": "GET, POST, DELETE, OPTIONS",
+    "Access-Control-Allow-Headers": "*",
+}
 
 
 @dataclass(frozen=True)
@@ -87,10 +107,17 @@ STATE: web.AppKey[AgentState] = web.AppKey("corral_state", AgentState)
 
 
 def _json(data: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
+    try:
+        body = json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        # A lone surrogate (``"\ud800"`` is valid JSON) echoed back in an error message cannot
+        # be UTF-8: escape it rather than fail the request with a 500.
+        body = json.dumps(data, separators=(",", ":")).encode()
     return web.Response(
         status=status,
-        body=json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode(),
+        body=body,
         content_type="application/json",
+        charset="utf-8",
         headers=headers,
     )
 
@@ -120,52 +147,121 @@ async def errors_middleware(
         return error_response(ApiError(500, "internal error in the agent (see its log)"))
 
 
+@web.middleware
+async def cors_middleware(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Answer CORS preflights on any path, as llama.cpp does (200, empty, no key needed)."""
+    if request.method == "OPTIONS":
+        headers = {
+            "Access-Control-Allow-Origin": request.headers.get("Origin", ""),
+            **PREFLIGHT_HEADERS,
+        }
+        return web.Response(status=200, headers=headers, content_type="text/html")
+    return await handler(request)
+
+
+async def _allow_origin(request: web.Request, response: web.StreamResponse) -> None:
+    """llama.cpp echoes the request's ``Origin`` on every answer; a child's own answers (which
+    saw the forwarded header) already carry it."""
+    origin = request.headers.get("Origin")
+    if origin is not None and "Access-Control-Allow-Origin" not in response.headers:
+        response.headers["Access-Control-Allow-Origin"] = origin
+
+
+def given_api_key(headers: Mapping[str, str]) -> str:
+    """The key a request offers, read the way llama.cpp reads it.
+
+    ``Authorization`` wins even when it is wrong and ``X-Api-Key`` (Anthropic clients' header)
+    is right; a leading ``Bearer `` is dropped from either, and a bare key is accepted too.
+    """
+    key = headers.get("Authorization", "") or headers.get("X-Api-Key", "")
+    return key.removeprefix("Bearer ")
+
+
+def key_matches(given: str, keys: tuple[str, ...]) -> bool:
+    """Constant-time comparison against every key, so timing does not tell how much matched."""
+    offered = given.encode()
+    found = False
+    for key in keys:
+        found |= hmac.compare_digest(offered, key.encode())
+    return found
+
+
 def auth_middleware(keys: tuple[str, ...]) -> Any:
     @web.middleware
     async def check(
         request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
-        if request.path not in PUBLIC and request.method != "OPTIONS":
-            given = request.headers.get("Authorization", "")
-            token = (
-                given[7:] if given.startswith("Bearer ") else request.headers.get("X-Api-Key", "")
-            )
-            if token not in keys:
-                raise ApiError(401, "Invalid API Key")
+        if request.path not in PUBLIC and not key_matches(given_api_key(request.headers), keys):
+            raise ApiError(401, "Invalid API Key")
         return await handler(request)
 
     return check
 
 
 def _autoload(request: web.Request, settings: RouterSettings) -> bool:
-    value = request.query.get("autoload")
-    if value is None:
+    """``?autoload=``: llama.cpp takes exactly ``true`` or ``1`` as yes, anything else as no,
+    and an empty or absent value as the router's default."""
+    value = request.query.get("autoload", "")
+    if not value:
         return settings.models_autoload
-    return value.lower() in ("1", "true", "yes", "on")
+    return value in ("true", "1")
 
 
-def _canonical(registry: Registry, name: object) -> str:
-    if not isinstance(name, str) or not name:
-        raise ApiError(400, "model name is missing from the request")
+def parse_json_body(body: bytes) -> Any:
+    """The request's JSON document; a body that is not one is the client's mistake (400).
+
+    llama.cpp answers 500 here (a deliberate difference, see the module's docstring).
+    """
+    if not body.strip():
+        raise ApiError(400, "the request body is not valid JSON: it is empty")
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"the request body is not valid JSON: {exc}") from exc
+    except RecursionError as exc:
+        # json's C parser recurses per nesting level: ``[[[[…`` a few thousand deep would
+        # otherwise surface as a 500.
+        raise ApiError(400, "the request body is not valid JSON: it nests too deeply") from exc
+
+
+def body_model(data: Any) -> str | None:
+    """The ``model`` a JSON body names, or None when it names none (absent, empty, not a
+    string, or the body is not an object: llama.cpp treats them all as missing)."""
+    model = data.get("model") if isinstance(data, dict) else None
+    return model if isinstance(model, str) and model else None
+
+
+def request_model(body: bytes) -> str:
+    """The model a proxied POST names; ApiError (400) when the body is bad or names none.
+
+    Pure (no registry, no filesystem): the name is only ever looked up in the catalog, so names
+    such as ``../x``, ``a/b`` or ones holding NUL are simply not found.
+    """
+    model = body_model(parse_json_body(body))
+    if model is None:
+        raise ApiError(400, MODEL_MISSING)
+    return model
+
+
+def _canonical(registry: Registry, name: str | None) -> str:
+    if not name:
+        raise ApiError(400, MODEL_MISSING)
     canonical = registry.resolve(name)
     if canonical is None:
         raise ApiError(400, f"model '{name}' not found")
     return canonical
 
 
-async def _read_json(request: web.Request) -> tuple[bytes, Any]:
-    body = await request.read()
-    try:
-        return body, json.loads(body) if body else {}
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"the request body is not valid JSON: {exc}") from exc
-
-
 async def proxy_post(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
-    body, data = await _read_json(request)
-    model = data.get("model") if isinstance(data, dict) else None
-    name = _canonical(state.registry, model)
+    body = await request.read()
+    data = parse_json_body(body)
+    name = _canonical(state.registry, body_model(data) or None)
+    if isinstance(data, dict) and "keep_alive" in data:
+        # Ollama's per-request keep_alive: how long the model stays once idle.
+        state.registry.keep_alive(name, data["keep_alive"])
     return await _proxy(request, state, name, body, inference=True)
 
 
@@ -178,19 +274,22 @@ async def proxy_get(request: web.Request) -> web.StreamResponse:
 async def _proxy(
     request: web.Request, state: AgentState, name: str, body: bytes | None, *, inference: bool
 ) -> web.StreamResponse:
+    exchange = begin_exchange(request, name)
     lease = await state.registry.acquire(
         name, autoload=_autoload(request, state.settings), inference=inference
     )
+    exchange.leased()
     try:
         if state.registry.fake_timing:
             await asyncio.sleep(FAKE_TIMING_SECONDS)
-        return await state.proxy.forward(request, state.registry.port(lease), body)
+        return await state.proxy.forward(request, state.registry.port(lease), body, exchange)
     finally:
         state.registry.release(lease)
 
 
 async def props(request: web.Request) -> web.StreamResponse:
-    if "model" in request.query:
+    # llama.cpp: ``/props?model=`` (empty) is the router's own props, like no ``model`` at all.
+    if request.query.get("model"):
         return await proxy_get(request)
     state = request.app[STATE]
     return _json(router_props(state.settings))
@@ -210,26 +309,28 @@ async def list_models(request: web.Request) -> web.StreamResponse:
     return _json({"data": data, "object": "list"})
 
 
-async def _model_from_body(request: web.Request, registry: Registry) -> str:
-    _, data = await _read_json(request)
-    model = data.get("model") if isinstance(data, dict) else None
-    if not isinstance(model, str) or not model:
-        raise ApiError(400, "model name is missing from the request")
+async def load_model(request: web.Request) -> web.StreamResponse:
+    """llama.cpp answers 404 for a missing or unknown model here; we keep the status and say
+    which (a listed difference: its body is only "File Not Found")."""
+    registry = request.app[STATE].registry
+    model = body_model(parse_json_body(await request.read()))
+    if model is None:
+        raise ApiError(404, MODEL_MISSING)
     canonical = registry.resolve(model)
     if canonical is None:
         raise ApiError(404, f"model '{model}' not found")
-    return canonical
-
-
-async def load_model(request: web.Request) -> web.StreamResponse:
-    registry = request.app[STATE].registry
-    await registry.load(await _model_from_body(request, registry))
+    await registry.load(canonical)
     return _json({"success": True})
 
 
 async def unload_model(request: web.Request) -> web.StreamResponse:
+    """llama.cpp answers a missing or unknown model here with 400 ``model is not found``."""
     registry = request.app[STATE].registry
-    await registry.unload(await _model_from_body(request, registry))
+    model = body_model(parse_json_body(await request.read()))
+    canonical = registry.resolve(model) if model is not None else None
+    if canonical is None:
+        raise ApiError(400, "model is not found")
+    await registry.unload(canonical)
     return _json({"success": True})
 
 
@@ -257,16 +358,17 @@ async def ledger(request: web.Request) -> web.StreamResponse:
     return _json(memory.statistics())
 
 
-async def not_found(request: web.Request) -> web.StreamResponse:
-    return _json(NOT_FOUND, 404)
-
-
 def build_app(state: AgentState) -> web.Application:
-    middlewares: list[Any] = [errors_middleware]
+    middlewares: list[Any] = [errors_middleware, cors_middleware]
     if state.settings.api_keys:
         middlewares.append(auth_middleware(state.settings.api_keys))
-    app = web.Application(middlewares=middlewares, client_max_size=state.settings.max_body_bytes)
+    app = web.Application(
+        middlewares=middlewares,
+        client_max_size=state.settings.max_body_bytes,
+        handler_args={"max_line_size": MAX_LINE_BYTES, "max_field_size": MAX_LINE_BYTES},
+    )
     app[STATE] = state
+    app.on_response_prepare.append(_allow_origin)
     routes = [
         web.get("/health", health),
         web.get("/v1/health", health),
@@ -279,7 +381,10 @@ def build_app(state: AgentState) -> web.Application:
         web.get("/props", props),
         *(web.post(path, proxy_post) for path in PROXIED_POST),
         *(web.get(path, proxy_get) for path in PROXIED_GET if path != "/props"),
-        web.route("*", "/{tail:.*}", not_found),
     ]
+    # No catch-all route: unknown paths and methods become llama.cpp's JSON 404 in
+    # errors_middleware, so routes added after this (metrics, page, logs) still match.
     app.add_routes(routes)
+    setup_metrics(app)
+    setup_ui(app)
     return app

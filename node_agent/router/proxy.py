@@ -7,6 +7,7 @@ chunked bodies) is passed through chunk by chunk as the child writes it, never b
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 
 import aiohttp
@@ -14,8 +15,15 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from node_agent.errors import ApiError
+from node_agent.router.exchange import Exchange
+
+log = logging.getLogger(__name__)
 
 CHILD_HOST = "127.0.0.1"
+# llama-server closes a keep-alive connection idle for 5 s (measured with the pinned binary).
+# A pooled connection reused just as the child closes it fails with "Server disconnected"
+# (aiohttp#2682; the soak hit it: a 502 for a healthy model), so ours never idle that long.
+CHILD_IDLE_REUSE = 2.0
 
 # RFC 9110 §7.6.1 hop-by-hop fields, plus those aiohttp computes itself for the new message.
 _HOP_BY_HOP = frozenset(
@@ -52,7 +60,12 @@ class Proxy:
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=0, force_close=False, enable_cleanup_closed=True)
+        connector = aiohttp.TCPConnector(
+            limit=0,
+            force_close=False,
+            enable_cleanup_closed=True,
+            keepalive_timeout=CHILD_IDLE_REUSE,
+        )
         # auto_decompress off: the child's bytes go to the client as they are.
         self._session = aiohttp.ClientSession(
             connector=connector,
@@ -66,37 +79,95 @@ class Proxy:
             await self._session.close()
             self._session = None
 
+    async def _send(
+        self,
+        request: web.Request,
+        url: str,
+        headers: CIMultiDict[str],
+        body: bytes | None,
+        port: int,
+    ) -> aiohttp.ClientResponse:
+        assert self._session is not None, "proxy not started"
+        for attempt in (1, 2):
+            try:
+                return await self._session.request(
+                    request.method, url, headers=headers, data=body, allow_redirects=False
+                )
+            except aiohttp.ServerDisconnectedError:
+                # A pooled keep-alive connection the child had already closed (it does so
+                # after some streamed responses): nothing was answered, so nothing was done.
+                # Send once more on a fresh connection, as HTTP client pools do.
+                if attempt == 1:
+                    continue
+                exc_text = "Server disconnected"
+            except aiohttp.ClientError as exc:
+                exc_text = str(exc)
+            # Logged: a lease should make this impossible for a healthy child, so each one is
+            # a lead (the soak counts them).
+            log.warning(
+                "%s %s: the child on port %d did not answer: %s",
+                request.method,
+                request.path,
+                port,
+                exc_text,
+            )
+            raise ApiError(502, f"the model's server did not answer: {exc_text}")
+        raise AssertionError("unreachable")
+
     async def forward(
-        self, request: web.Request, port: int, body: bytes | None
+        self,
+        request: web.Request,
+        port: int,
+        body: bytes | None,
+        exchange: Exchange | None = None,
     ) -> web.StreamResponse:
         """Send ``request`` (with ``body`` already read) to the child on ``port``."""
         assert self._session is not None, "proxy not started"
         url = f"http://{CHILD_HOST}:{port}{request.rel_url}"
         headers = _forward_headers(request.headers)
-        try:
-            upstream = await self._session.request(
-                request.method, url, headers=headers, data=body, allow_redirects=False
-            )
-        except aiohttp.ClientError as exc:
-            raise ApiError(502, f"the model's server did not answer: {exc}") from exc
+        upstream = await self._send(request, url, headers, body, port)
         async with upstream:
             out_headers = _forward_headers(upstream.headers)
             if upstream.content_length is not None and "chunked" not in upstream.headers.get(
                 "Transfer-Encoding", ""
             ):
-                payload = await upstream.read()
+                try:
+                    payload = await upstream.read()
+                except aiohttp.ClientError as exc:  # it died between its headers and body
+                    log.warning("the child on port %d stopped mid-response: %s", port, exc)
+                    raise ApiError(502, f"the model's server stopped mid-response: {exc}") from exc
+                if exchange is not None:
+                    exchange.body(payload)
                 return web.Response(status=upstream.status, headers=out_headers, body=payload)
+            # Never pooled again: llama-server closes its socket after a chunked answer without
+            # sending "Connection: close" (measured), and a request that reused it in that
+            # moment failed with "Can not write request body" (a 502 found by the soak). Marked
+            # now: aiohttp returns a connection to its pool the moment the body ends.
+            if upstream.connection is not None and upstream.connection.protocol is not None:
+                upstream.connection.protocol.force_close()
             response = web.StreamResponse(status=upstream.status, headers=out_headers)
             await response.prepare(request)
             try:
-                async for chunk in upstream.content.iter_any():
-                    await response.write(chunk)
-            except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError) as exc:
-                # The child died mid-stream: end the stream with an error event the client
-                # can read, instead of a silently truncated body.
-                message = f"the model's server stopped mid-response: {exc}"
-                if "text/event-stream" in upstream.headers.get("Content-Type", ""):
-                    error = ApiError(500, message).body()
-                    await response.write(f"data: {json.dumps(error)}\n\n".encode())
-            await response.write_eof()
+                try:
+                    async for chunk in upstream.content.iter_any():
+                        if exchange is not None:
+                            exchange.chunk(chunk)
+                        await response.write(chunk)
+                except ConnectionResetError:
+                    raise  # the client's side (below), though aiohttp's is a ClientError too
+                except aiohttp.ClientError as exc:
+                    # The child died mid-stream: end the stream with an error event the client
+                    # can read, instead of a silently truncated body.
+                    message = f"the model's server stopped mid-response: {exc}"
+                    log.warning("the child on port %d stopped mid-response: %s", port, exc)
+                    if "text/event-stream" in upstream.headers.get("Content-Type", ""):
+                        error = ApiError(500, message).body()
+                        await response.write(f"data: {json.dumps(error)}\n\n".encode())
+                await response.write_eof()
+            except ConnectionResetError:
+                # The client hung up mid-stream: aiohttp's next write raises (found by the
+                # soak, where it surfaced as an "unexpected error" traceback). Nobody is left
+                # to answer; leaving ``upstream`` unread closes its connection, and the child
+                # stops generating.
+                log.debug("client went away mid-stream from port %d", port)
             return response

@@ -21,13 +21,22 @@ import re
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from node_agent.aio import Changed, TaskSet
 from node_agent.child.logs import LogRing, failure_line
+from node_agent.child.process import EXIT_NOT_RUN
 from node_agent.child.state import ChildEvent, EventKind
 from node_agent.core.scheduler import DecisionKind, Lease, ModelState, Scheduler
 from node_agent.errors import ApiError
+from node_agent.sources.download import (
+    DownloadError,
+    DownloadPlan,
+    fetch,
+    needs_download,
+    with_local_model,
+)
 from node_agent.sources.spec import ModelSpec
 
 if TYPE_CHECKING:
@@ -69,7 +78,8 @@ class ModelEvents:
 
     def dispatch(self, event: ChildEvent) -> None:
         if event.kind is EventKind.LOADING and event.progress is not None:
-            data = {"status": "loading", "progress": {"value": event.progress}}
+            progress = dict(event.loading) if event.loading else {"value": event.progress}
+            data = {"status": "loading", "progress": progress}
             self.registry._publish(self.name, "status_change", data)
         elif event.kind is EventKind.SLEEPING:
             self.registry._child_slept(self.name)
@@ -88,6 +98,8 @@ class _Running:
     stop_reason: str | None = None  # manual, evict, ttl, reload, shutdown; None: it crashed
     log_seq: int = 0  # the model's log ring position when this child started
     info: dict[str, Any] = field(default_factory=dict)
+    download: DownloadPlan | None = None  # the model's file, fetched before the child starts
+    fetching: asyncio.Task[Path] | None = None  # that download, while it runs
 
 
 @dataclass(frozen=True)
@@ -317,15 +329,18 @@ class Registry:
     def _tick(self) -> None:
         if self.memory is not None:
             self.memory.refresh()
-        for victim in self._sched.tick():
-            log.info("evicting model=%s to make room", victim)
-            self._begin_stop(victim, "evict")
+        for eviction in self._sched.tick():
+            log.info("evicting model=%s to make room (%s)", eviction.model, eviction.reason)
+            self._begin_stop(eviction.model, eviction.reason)
 
     def _start(self, name: str) -> None:
         """Spawn ``name``'s child (the caller holds the scheduler's claim)."""
         spec = self._specs[name]
+        plan = needs_download(spec)  # pure; the preset parser has checked its keys
+        if plan is not None:  # the child loads the verified file from where fetch() puts it
+            spec = with_local_model(spec, plan.destination)
         child = self._factory(spec, ModelEvents(self, name))
-        running = self._running[name] = _Running(child)
+        running = self._running[name] = _Running(child, download=plan)
         logs = getattr(child, "logs", None)
         if isinstance(logs, LogRing):
             running.log_seq = logs.statistics().appended
@@ -340,9 +355,13 @@ class Registry:
     async def _own_child(self, name: str, running: _Running) -> None:
         """Start the child, report ready, then wait for its exit and report that."""
         reason = ""
+        spawned = False  # a failed or stopped download never spawns the child
         try:
             if self.fake_timing:
                 await asyncio.sleep(FAKE_TIMING_SECONDS)
+            if running.download is not None:
+                await self._fetch_model(name, running, running.download)
+            spawned = True
             await running.child.start()
         except asyncio.CancelledError:
             raise
@@ -356,9 +375,13 @@ class Registry:
             log.info(
                 "model=%s loaded (pid=%s port=%s)", name, running.child.pid, running.child.port
             )
-            self._publish(name, "status_change", {"status": "loaded"})
+            info = getattr(running.child, "meta", None)
+            data: dict[str, Any] = {"status": "loaded"}
+            if isinstance(info, Mapping):
+                data["info"] = dict(info)  # llama.cpp sends the child's ready payload
+            self._publish(name, "status_change", data)
             self._wake()
-        code = await running.child.wait_exited()
+        code = await running.child.wait_exited() if spawned else EXIT_NOT_RUN
         if self.memory is not None:
             # Still "stopping" to the scheduler meanwhile: nobody loads into memory that does
             # not show free yet.
@@ -372,15 +395,41 @@ class Registry:
         self._sched.on_exited(name, code, self._clock(), reason=reason or self._last_error(running))
         if failed:
             log.warning("model=%s exited unexpectedly with code %s", name, code)
-        data: dict[str, Any] = {
+        data = {
             "status": "unloaded",
             "exit_code": code,
-            "reason": running.stop_reason or "crash",
+            # Corral's extra (llama.cpp's clients see its shape unchanged): why it stopped.
+            "corral": {"reason": running.stop_reason or "crash"},
         }
         self._publish(name, "status_change", data)
         if name not in self._specs:
             self._sched.remove_model(name)
         self._wake()
+
+    async def _fetch_model(self, name: str, running: _Running, plan: DownloadPlan) -> None:
+        """Download the model's file (``downloading`` on /models/sse). Its own task, so that a
+        stop can cancel the download alone and the owner still reports the exit."""
+
+        def progress(value: float) -> None:
+            data = {"status": "downloading", "progress": {"value": value}}
+            self._publish(name, "status_change", data)
+
+        progress(0.0)
+        fetching = running.fetching = asyncio.ensure_future(
+            fetch(plan.url, plan.destination.parent, plan.sha256, progress=progress)
+        )
+        try:
+            await asyncio.wait([fetching])
+        finally:
+            running.fetching = None
+            if not fetching.done():  # the owner itself was cancelled (shutdown)
+                fetching.cancel()
+                await asyncio.wait([fetching])
+        if fetching.cancelled():
+            raise DownloadError(f"stopped while downloading {plan.url}")
+        fetching.result()  # DownloadError / ChecksumError: the load failed, with its reason
+        if self.memory is not None:  # the estimate needs the file, which now exists
+            self.memory.prepare(with_local_model(self._specs[name], plan.destination))
 
     def _begin_stop(self, name: str, reason: str) -> None:
         running = self._running.get(name)
@@ -413,6 +462,8 @@ class Registry:
                 await asyncio.wait_for(changed.wait(), max(0.0, deadline - self._clock()))
             except TimeoutError:
                 break
+        if running.fetching is not None:
+            running.fetching.cancel()  # a stop during the download ends it (no .part is left)
         await running.child.stop()
         if running.task is not None:
             await asyncio.shield(running.task)

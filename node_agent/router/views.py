@@ -6,6 +6,7 @@ sends stays exactly as clients expect it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from node_agent.core.scheduler import ModelState
@@ -79,14 +80,21 @@ def model_entry(registry: Registry, name: str, binary: str, now: int) -> dict[st
         "source": spec.source,
         "can_remove": False,
     }
-    meta = getattr(child, "meta", None) if child is not None else None
-    if view.state in (ModelState.LOADED, ModelState.SLEEPING) and isinstance(meta, dict):
-        entry["meta"] = meta
+    # The child's ``ready`` payload is its whole model entry ({id, aliases, …, meta}); llama.cpp
+    # lists only the inner ``meta`` (n_vocab, n_ctx, n_params, size…) under the model.
+    info = getattr(child, "meta", None) if child is not None else None
+    meta = info.get("meta") if isinstance(info, Mapping) else None
+    if view.state in (ModelState.LOADED, ModelState.SLEEPING) and isinstance(meta, Mapping):
+        entry["meta"] = dict(meta)
     entry["corral"] = {
         "stopping": view.stopping,
         "in_flight": view.in_flight,
         "queued": view.queued,
         "pid": child.pid if child is not None else None,
+        "error": view.error if view.failed else None,
+        "failures": view.failures,
+        # seconds until a model in crash-loop backoff may load again
+        "retry_in": round(max(0.0, view.retry_at - registry.now()), 1),
     }
     if registry.memory is not None:
         registry.memory.prepare(spec)

@@ -176,6 +176,7 @@ def diff_catalogs(old: Catalog, new: Catalog) -> CatalogDiff:
 
 
 def _child_view(spec: ModelSpec) -> tuple[object, ...]:
-    # What the child process sees or loads: its arguments (order-insensitive) and the files.
+    # What the child process sees or loads: its arguments (order-insensitive) and the files
+    # (a new checksum or revision of the same URL or repository is a new file).
     options = sorted((k, str(v)) for k, v in spec.options if k not in CHILD_RESERVED)
-    return (options, spec.model_path, spec.mmproj)
+    return (options, spec.model_path, spec.mmproj, spec.model_sha256, spec.hf_revision)

@@ -8,7 +8,11 @@ relative to the agent's working directory, as in llama.cpp, not to the INI's fol
 
 Keys: llama-server flags without dashes, short forms or ``LLAMA_ARG_*`` names; ``no-x = true``
 means ``x = false``; ``version`` is reserved and skipped. Preset-only keys: ``load-on-startup``,
-``stop-timeout``, ``alias`` (comma-separated) and Corral's ``ttl``, ``pin``, ``priority``.
+``stop-timeout``, ``alias`` (comma-separated) and Corral's ``ttl``, ``pin``, ``priority``,
+``model-sha256`` (64 hex digits: the agent downloads ``model-url`` itself and checks it) and
+``hf-revision`` (the agent downloads ``hf-repo``/``hf-file`` at that revision itself), each in
+the section that names that source; the operator renders them from a ModelPreset's ``url``
+and ``huggingFace`` sources.
 
 Where llama.cpp is silent or lax, Corral refuses with file and line: an unknown key (llama.cpp
 also refuses, without a line), a router-level key (llama.cpp silently drops it), a duplicate
@@ -72,10 +76,15 @@ PRESET_ONLY = {
     "ttl": "ttl",
     "pin": "pin",
     "priority": "priority",
+    "model-sha256": "model-sha256",
+    "hf-revision": "hf-revision",
 }
 
 _HEADER = re.compile(r"\[\s*([^\]]*?)\s*\]\s*(?:[;#].*)?")
 _KEY_VALUE = re.compile(r"([A-Za-z_][A-Za-z0-9_.-]*)\s*=\s*(.*)")
+_SHA256 = re.compile(r"[0-9a-fA-F]{64}")
+# A git ref or commit as the Hub's resolve URL takes it; no '..' so it cannot climb the URL path.
+_REVISION = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_./-]*")
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +232,7 @@ def _interpret(section: _Section, path: str) -> PresetLayer:
         else:
             options[opt.name] = value
 
+    _check_pins(section, seen, path)
     aliases = extras.get("alias")
     return PresetLayer(
         options=tuple(options.items()),
@@ -232,8 +242,36 @@ def _interpret(section: _Section, path: str) -> PresetLayer:
         ttl=_get(extras, "ttl", float),
         pin=_get(extras, "pin", bool),
         priority=_get(extras, "priority", int),
+        model_sha256=_get(extras, "model-sha256", str),
+        hf_revision=_get(extras, "hf-revision", str),
         origin=f"{path}:{section.line}",
     )
+
+
+# Corral's pinning keys and the source each one pins, all in one section: a hash or revision
+# names one file, so it means nothing in [*], nor without the source it checks.
+_PINS = {"model-sha256": ("model-url",), "hf-revision": ("hf-repo", "hf-file")}
+
+
+def _check_pins(section: _Section, seen: dict[str, tuple[str, int]], path: str) -> None:
+    for pin, needs in _PINS.items():
+        if pin not in seen:
+            continue
+        key, line = seen[pin]
+        if section.name == GLOBAL_SECTION:
+            raise ConfigError(
+                f"{key!r} pins one model's file: put it in that model's section, not [*]",
+                path=path,
+                line=line,
+            )
+        missing = [n for n in needs if n not in seen]
+        if missing:
+            raise ConfigError(
+                f"{key!r} in [{section.name}] needs {' and '.join(repr(n) for n in needs)} "
+                f"in the same section (missing {', '.join(repr(n) for n in missing)})",
+                path=path,
+                line=line,
+            )
 
 
 def _get(extras: dict[str, object], name: str, kind: type[T]) -> T | None:
@@ -247,7 +285,9 @@ def _unknown_key_message(key: str, where: str) -> str:
             f"{key!r} in {where} is an agent setting, not a per-model one: "
             f"give --{key} on the agent's command line instead"
         )
-    hint = llama_options().suggest(key) or _closest_preset_only(key)
+    # The closer of the two pools: 'model-sha265' must not get llama-server's 'models-max'.
+    hints = [h for h in (llama_options().suggest(key), _closest_preset_only(key)) if h]
+    hint = max(hints, key=lambda h: difflib.SequenceMatcher(None, key, h).ratio(), default=None)
     tail = f"; did you mean {hint!r}?" if hint else ""
     return f"unknown key {key!r} in {where}: not a llama-server option nor a preset key{tail}"
 
@@ -259,7 +299,7 @@ def _closest_preset_only(key: str) -> str | None:
 
 def _preset_only_value(
     name: str, value: str, key: str, where: str, path: str, line: int
-) -> bool | float | int:
+) -> bool | float | int | str:
     def bad(expected: str) -> ConfigError:
         return ConfigError(
             f"{key!r} in {where} expects {expected}, got {value!r}", path=path, line=line
@@ -270,6 +310,14 @@ def _preset_only_value(
         if flag is None:
             raise bad("true or false")
         return flag
+    if name == "model-sha256":
+        if not _SHA256.fullmatch(value):
+            raise bad("the file's SHA-256 as 64 hex digits")
+        return value.lower()  # hashlib's hexdigest() is lower-case
+    if name == "hf-revision":
+        if not _REVISION.fullmatch(value) or ".." in value:
+            raise bad("a commit, branch or tag name")
+        return value
     if name == "priority":
         try:
             return int(value)

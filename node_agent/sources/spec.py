@@ -66,6 +66,8 @@ class PresetLayer:
     ttl: float | None = None
     pin: bool | None = None
     priority: int | None = None
+    model_sha256: str | None = None
+    hf_revision: str | None = None
     origin: str | None = None
     """``file:line`` of the INI section, for error messages."""
 
@@ -79,6 +81,8 @@ class PresetLayer:
             ttl=_pick(self.ttl, below.ttl),
             pin=_pick(self.pin, below.pin),
             priority=_pick(self.priority, below.priority),
+            model_sha256=_pick(self.model_sha256, below.model_sha256),
+            hf_revision=_pick(self.hf_revision, below.hf_revision),
             origin=self.origin or below.origin,
         )
 
@@ -109,6 +113,12 @@ class ModelSpec:
     cache_file: str | None = None
     """The GGUF an HF-cache model resolves to (its child gets ``--hf-repo``, like llama.cpp)."""
     cache_mmproj: str | None = None
+    model_sha256: str | None = None
+    """Corral: the SHA-256 ``model-url`` must match; the agent then downloads and checks it
+    itself (``sources.download``) instead of letting the child fetch it unchecked."""
+    hf_revision: str | None = None
+    """Corral: the Hugging Face revision (commit, branch or tag) of ``hf-repo``/``hf-file``,
+    which llama-server cannot pin; the agent downloads that exact file itself."""
 
     def get(self, name: str) -> OptionValue | None:
         """An option's value by canonical name (``ctx-size``), or None when unset."""
@@ -151,6 +161,8 @@ class ModelSpec:
             ttl=_pick(layer.ttl, self.ttl),
             pin=_or(layer.pin, self.pin),
             priority=_or(layer.priority, self.priority),
+            model_sha256=_pick(layer.model_sha256, self.model_sha256),
+            hf_revision=_pick(layer.hf_revision, self.hf_revision),
         )
 
 

@@ -62,14 +62,28 @@ def chat(model: str, max_tokens: int = 4, **extra: Any) -> dict[str, Any]:
 class AgentProcess:
     """``corral agent`` as a real process, on a free port."""
 
-    def __init__(self, args: Sequence[str], env: dict[str, str] | None = None) -> None:
-        self.port = free_port()
+    def __init__(
+        self, args: Sequence[str], env: dict[str, str] | None = None, *, port: int | None = None
+    ) -> None:
+        # ``port``: restart an agent where an earlier one listened (its children's tag).
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"corral-agent-{self.port}.log"
         self._log = self.log_path.open("wb")
         full_env = {**os.environ, **(env or {})}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "node_agent.cli", "agent", "--port", str(self.port), *args],
+            # -P: with the repository as the working folder, operator/ would shadow the
+            # standard library's operator module.
+            [
+                sys.executable,
+                "-P",
+                "-m",
+                "node_agent.cli",
+                "agent",
+                "--port",
+                str(self.port),
+                *args,
+            ],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env=full_env,

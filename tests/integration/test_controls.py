@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import threading
 import time
@@ -149,3 +150,45 @@ def test_max_queue_refuses_extra_waiters_at_once(
     waiter.join(60)
     assert busy_result["response"][0] == 200
     assert waiter_result["response"][0] == 200
+
+
+def test_keep_alive_zero_unloads_when_idle_and_minus_one_keeps_forever(
+    start_agent: Any, demo_dir: Path, tmp_path: Path
+) -> None:
+    ini = presets(tmp_path, demo_dir)
+    agent = start_agent("--models-preset", ini, "--models-ttl", "1")
+    assert complete(agent, TINY, keep_alive=0)[0] == 200
+    agent.wait_state(TINY, "unloaded", timeout=5)
+    assert complete(agent, SMALL, keep_alive=-1)[0] == 200  # outlives --models-ttl 1
+    assert complete(agent, MEDIUM, keep_alive="1s")[0] == 200
+    agent.wait_state(MEDIUM, "unloaded", timeout=10)
+    assert agent.models()[SMALL]["status"]["value"] == "loaded"
+    status, body = complete(agent, TINY, keep_alive="soon")
+    assert status == 400
+    assert "keep_alive 'soon' is not a duration" in body["error"]["message"]
+
+
+def test_model_logs_endpoint_and_request_log_lines(
+    start_agent: Any, demo_dir: Path, tmp_path: Path
+) -> None:
+    ini = presets(tmp_path, demo_dir)
+    agent = start_agent("--models-preset", ini)
+    assert complete(agent, TINY)[0] == 200
+    status, text = agent.get(f"/models/logs?model={TINY}")
+    assert status == 200
+    assert "llama" in text and "model" in text  # the child's own stderr lines
+    status, text = agent.get(f"/models/logs?model={TINY}&lines=3")
+    assert status == 200 and len(text.strip().splitlines()) == 3
+    status, body = agent.get("/models/logs?model=nope")
+    assert (status, body["error"]["message"]) == (400, "model 'nope' not found")
+    # follow=1 streams: the backlog first, then new lines as the child writes them.
+    conn = http.client.HTTPConnection("127.0.0.1", agent.port, timeout=10)
+    conn.request("GET", f"/models/logs?model={SMALL}&follow=1&lines=0")
+    stream = conn.getresponse()
+    assert stream.status == 200
+    assert complete(agent, SMALL)[0] == 200  # loads small: its stderr flows to the follower
+    assert stream.readline().strip()
+    conn.close()
+    line = next(x for x in agent.log().splitlines() if "corral.requests" in x and TINY in x)
+    assert "POST /v1/chat/completions" in line and "status=200" in line
+    assert "prompt_tokens=" in line and "generated_tokens=4" in line

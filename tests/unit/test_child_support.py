@@ -79,6 +79,22 @@ class TestFailureLine:
         ]
         assert failure_line(lines, skip_prefix="corral: ") == lines[0]
 
+    def test_skips_the_echoes_that_follow_a_cause(self) -> None:
+        # The pinned llama-server on a GGUF that is not one (stderr as measured, abridged).
+        cause = "0.00.004.561 E gguf_init_from_reader: invalid magic characters: '?O??'"
+        lines = [
+            "0.00.004.391 I srv    load_model: loading model 'junk.gguf'",
+            cause,
+            "0.00.004.566 E llama_model_load: error loading model: llama_model_loader: "
+            "failed to load model from junk.gguf",
+            "0.00.004.566 E llama_model_load_from_file_impl: failed to load model",
+            "0.00.004.568 E cmn  common_init_: failed to load model 'junk.gguf'",
+            "0.00.004.570 E srv    load_model: failed to load model, 'junk.gguf'",
+            "0.00.004.571 I srv    operator(): operator(): cleaning up before exit...",
+            "0.00.004.939 E srv  llama_server: exiting due to model loading error",
+        ]
+        assert failure_line(lines) == cause
+
     def test_falls_back_to_the_last_line(self) -> None:
         assert failure_line(["one", "two", "  "]) == "two"
         assert failure_line([]) is None

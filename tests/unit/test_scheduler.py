@@ -16,6 +16,11 @@ def make(models_max: int, *names: str) -> Scheduler:
     return sched
 
 
+def tick(sched: Scheduler) -> list[str]:
+    """The victims a tick chose, by name."""
+    return [eviction.model for eviction in sched.tick()]
+
+
 def load(sched: Scheduler, name: str, now: float = 0.0) -> None:
     """Bring a model to LOADED through the normal path (a waiter claims, spawns, ready)."""
     waiter = sched.join(name)
@@ -60,11 +65,11 @@ def test_fifo_order_across_models_is_by_first_arrival() -> None:
     lease_b2 = sched.poll(wb2, 1).lease
     assert lease_b is not None and lease_b2 is not None
     # b is busy: a must wait (no preemption) even though it is now the head.
-    assert sched.tick() == []
+    assert tick(sched) == []
     assert sched.poll(wa, 1).kind is DecisionKind.WAIT
     sched.release(lease_b, 2)
     sched.release(lease_b2, 2)
-    assert sched.tick() == ["b"]
+    assert tick(sched) == ["b"]
     sched.on_exited("b", 0, 0.0)
     assert sched.poll(wa, 3).kind is DecisionKind.LOAD
 
@@ -92,18 +97,18 @@ def test_capacity_formula_counts_running_stopping_and_claimed() -> None:
     assert sched.poll(wc, 2).kind is DecisionKind.WAIT
     assert sched.statistics().needed == 1
     # free (0) < needed (1): a is idle and not wanted -> stopped; it now counts as stopping
-    assert sched.tick() == ["a"]
+    assert tick(sched) == ["a"]
     stats = sched.statistics()
     assert (stats.running, stats.stopping, stats.claimed, stats.free) == (1, 1, 1, 1)
     # A second tick does not stop another model: the stopping one already makes room.
-    assert sched.tick() == []
+    assert tick(sched) == []
     # ...but c still cannot claim until a has really exited.
     assert sched.poll(wc, 3).kind is DecisionKind.WAIT
     sched.claim_done("b", spawned=True)
     stats = sched.statistics()
     # a (stopping) is about to free its slot: free counts it, so no second victim...
     assert (stats.running, stats.stopping, stats.claimed, stats.free) == (2, 1, 0, 1)
-    assert sched.tick() == []
+    assert tick(sched) == []
     # ...but c spawns only once a has exited: never more than models_max children alive.
     assert sched.poll(wc, 3).kind is DecisionKind.WAIT
     sched.on_exited("a", 0, 0.0)
@@ -117,7 +122,7 @@ def test_unlimited_models_max_never_evicts_for_count() -> None:
     for name in "abcdef":
         load(sched, name)
     assert sched.statistics().free is None
-    assert sched.tick() == []
+    assert tick(sched) == []
 
 
 @pytest.mark.parametrize(
@@ -150,7 +155,7 @@ def test_victim_rules(rule: str) -> None:
     elif rule == "pinned":
         sched.add_model("old", pin=True)
     wn = sched.join("new")
-    victims = sched.tick()
+    victims = tick(sched)
     assert victims == []
     assert sched.poll(wn, 3).kind is DecisionKind.WAIT
     assert sched.view("old").stopping is (rule == "stopping")
@@ -168,7 +173,7 @@ def test_victim_is_least_recently_used_by_inference_only() -> None:
     assert chat is not None
     sched.release(chat, 6)
     sched.join("c")
-    assert sched.tick() == ["b"]
+    assert tick(sched) == ["b"]
 
 
 def test_priority_orders_victims_before_recency() -> None:
@@ -177,7 +182,7 @@ def test_priority_orders_victims_before_recency() -> None:
     load(sched, "b", 2)
     sched.add_model("a", priority=5)  # a is more important, though older
     sched.join("c")
-    assert sched.tick() == ["b"]
+    assert tick(sched) == ["b"]
 
 
 def test_disconnect_while_queued_leaves_the_queue() -> None:
@@ -190,7 +195,7 @@ def test_disconnect_while_queued_leaves_the_queue() -> None:
     sched.leave(wb)  # the client went away
     assert sched.statistics().queue == ()
     sched.release(lease, 3)
-    assert sched.tick() == []  # nobody waits for b any more: a stays
+    assert tick(sched) == []  # nobody waits for b any more: a stays
 
 
 def test_disconnect_of_the_loader_does_not_start_a_second_load() -> None:
@@ -223,12 +228,12 @@ def test_no_preemption_busy_model_is_never_stopped() -> None:
     assert stream is not None
     wb = sched.join("b")
     for t in range(3, 10):
-        assert sched.tick() == []
+        assert tick(sched) == []
         assert sched.poll(wb, t).kind is DecisionKind.WAIT
         assert sched.stuck("b")  # a direct /models/load would be told to retry later
     sched.release(stream, 10)
     assert not sched.stuck("b")
-    assert sched.tick() == ["a"]
+    assert tick(sched) == ["a"]
 
 
 def test_lease_is_atomic_with_readiness_and_blocks_eviction() -> None:
@@ -241,7 +246,7 @@ def test_lease_is_atomic_with_readiness_and_blocks_eviction() -> None:
     decision = sched.poll(wa, 1)
     assert decision.kind is DecisionKind.LEASED
     # a is leased: the tick that would make room for b cannot choose it.
-    assert sched.tick() == []
+    assert tick(sched) == []
     assert sched.poll(wb, 1).kind is DecisionKind.WAIT
 
 
@@ -327,7 +332,7 @@ def test_sleeping_model_is_leased_and_may_be_a_victim() -> None:
     sched.release(lease, 3)
     sched.on_sleeping("a")
     sched.join("b")
-    assert sched.tick() == ["a"]
+    assert tick(sched) == ["a"]
 
 
 def test_model_removed_while_waiting() -> None:
@@ -367,13 +372,13 @@ def test_memory_shortfall_evicts_one_victim_at_a_time() -> None:
         room.running.add(name)
     wc = sched.join("c")
     assert sched.poll(wc, 3).kind is DecisionKind.WAIT
-    assert sched.tick() == ["a"]  # LRU first
-    assert sched.tick() == []  # one at a time: wait for a to exit
+    assert tick(sched) == ["a"]  # LRU first
+    assert tick(sched) == []  # one at a time: wait for a to exit
     sched.on_exited("a", 0, 0.0)
     room.running.discard("a")
     # b still holds 40: 70 > 100 - 40, so b goes too
     assert sched.poll(wc, 4).kind is DecisionKind.WAIT
-    assert sched.tick() == ["b"]
+    assert tick(sched) == ["b"]
     sched.on_exited("b", 0, 0.0)
     room.running.discard("b")
     assert sched.poll(wc, 5).kind is DecisionKind.LOAD
@@ -388,11 +393,11 @@ def test_memory_busy_models_make_requests_wait() -> None:
     lease = sched.try_lease("a", 2)
     assert isinstance(lease, Lease)
     wc = sched.join("c")
-    assert sched.tick() == []
+    assert tick(sched) == []
     assert sched.poll(wc, 3).kind is DecisionKind.WAIT
     assert sched.stuck("c")
     sched.release(lease, 4)
-    assert sched.tick() == ["a"]
+    assert tick(sched) == ["a"]
 
 
 def test_memory_load_anyway_when_nothing_else_runs() -> None:
@@ -419,11 +424,11 @@ def test_memory_stuck_when_no_idle_victim_would_help() -> None:
     lease = sched.try_lease("a", 3)
     assert lease is not None
     sched.join("c")
-    assert sched.tick() == []  # b is idle but evicting it would not fit c
+    assert tick(sched) == []  # b is idle but evicting it would not fit c
     assert sched.stuck("c")
     sched.release(lease, 4)
     assert not sched.stuck("c")
-    assert sched.tick() == ["a"]
+    assert tick(sched) == ["a"]
 
 
 def crash_while_loading(sched: Scheduler, name: str, now: float) -> DecisionKind:
@@ -498,3 +503,17 @@ def test_ttl_counts_from_the_end_of_the_last_request() -> None:
     assert sched.expired(50.0, ttls) == ["a"]
     assert sched.expired(55.0, ttls) == ["a", "b"]
     assert sched.expired(55.0, {"b": 20.0}) == []  # no TTL for a: it stays
+
+
+def test_evictions_say_which_limit_chose_them() -> None:
+    sched = make(1, "a", "b")
+    load(sched, "a", 1)
+    sched.join("b")
+    assert [(e.model, e.reason) for e in sched.tick()] == [("a", "count")]
+    room = FakeRoom(100, {"a": 60, "b": 60}, {"a"})
+    sched = Scheduler(0, room)
+    sched.add_model("a")
+    sched.add_model("b")
+    load(sched, "a", 1)
+    sched.join("b")
+    assert [(e.model, e.reason) for e in sched.tick()] == [("a", "memory")]

@@ -1,0 +1,316 @@
+"""``corral models|load|unload|status``: a command-line client of a running agent.
+
+Standard library only (urllib), so the commands start fast and need nothing of the server's
+stack. Exit codes: 0 done, 1 the agent refused or the load failed, 2 bad usage, 3 the agent
+could not be reached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from typing import Any, TextIO
+
+from node_agent import client_format as fmt
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = 1, 2, 3
+# While following a load the client also polls GET /models this often: the events stream
+# says how far a load got, the poll makes sure an outcome is never missed (an event sent
+# before the stream was open, or a stream that broke).
+POLL_SECONDS = 0.5
+
+
+class AgentError(Exception):
+    """The agent answered with an error status."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class Unreachable(Exception):
+    """No agent answered at the URL."""
+
+
+class AgentClient:
+    """A blocking client of the agent's HTTP API."""
+
+    def __init__(self, url: str, api_key: str | None, timeout: float = 60) -> None:
+        self.url = url.rstrip("/")
+        self._api_key = api_key
+        self._timeout = timeout
+
+    def _request(self, method: str, path: str, body: Any = None) -> urllib.request.Request:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(self.url + path, data=data, method=method)
+        if data is not None:
+            request.add_header("Content-Type", "application/json")
+        if self._api_key:
+            request.add_header("Authorization", f"Bearer {self._api_key}")
+        return request
+
+    def _open(self, request: urllib.request.Request, timeout: float | None) -> Any:
+        try:
+            return urllib.request.urlopen(request, timeout=timeout)
+        except urllib.error.HTTPError as err:
+            raise AgentError(err.code, _error_message(err.code, err.read())) from err
+        except (TimeoutError, urllib.error.URLError, ConnectionError) as err:
+            reason = getattr(err, "reason", err)
+            raise Unreachable(f"cannot reach the agent at {self.url}: {reason}") from err
+
+    def call(self, method: str, path: str, body: Any = None) -> Any:
+        with self._open(self._request(method, path, body), self._timeout) as response:
+            payload = response.read()
+        return json.loads(payload) if payload else None
+
+    def models(self) -> list[dict[str, Any]]:
+        data: list[dict[str, Any]] = self.call("GET", "/models")["data"]
+        return data
+
+    def ledger(self) -> dict[str, Any] | None:
+        try:
+            ledger: dict[str, Any] = self.call("GET", "/ledger")
+        except AgentError as err:
+            if err.status == 404:
+                return None  # the ledger is off
+            raise
+        return ledger
+
+    def events(self) -> Iterator[dict[str, Any]]:
+        """``GET /models/sse`` messages, as they come (no read timeout: it is a long wait)."""
+        with self._open(self._request("GET", "/models/sse"), None) as response:
+            for raw in response:
+                line = raw.decode(errors="replace").strip()
+                if line.startswith("data:"):
+                    yield json.loads(line[5:])
+
+
+def _error_message(status: int, payload: bytes) -> str:
+    try:
+        error = json.loads(payload)["error"]
+        return str(error["message"])
+    except (ValueError, KeyError, TypeError):
+        text = payload.decode(errors="replace").strip()
+        return text or f"HTTP {status}"
+
+
+def find_model(models: list[dict[str, Any]], name: str) -> dict[str, Any] | None:
+    for m in models:
+        if m.get("id") == name or name in (m.get("aliases") or []):
+            return m
+    return None
+
+
+class EventFeed:
+    """The events stream read by a daemon thread, handed over through a queue."""
+
+    def __init__(self, client: AgentClient) -> None:
+        self.queue: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._client = client
+        self.connected = threading.Event()
+        thread = threading.Thread(target=self._run, name="corral-events", daemon=True)
+        thread.start()
+
+    def _run(self) -> None:
+        try:
+            for message in self._client.events():
+                self.connected.set()
+                self.queue.put(message)
+        except (AgentError, Unreachable, OSError, ValueError):
+            pass  # the poll still sees the outcome
+        finally:
+            self.connected.set()
+
+    def next(self, timeout: float) -> dict[str, Any] | None:
+        try:
+            return self.queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+
+class Progress:
+    """One line redrawn in place on a terminal; plain lines, only on change, otherwise."""
+
+    def __init__(self, out: TextIO, name: str) -> None:
+        self._out = out
+        self._tty = out.isatty()
+        self._name = name
+        self._last: str | None = None
+
+    def show(self, value: float | None) -> None:
+        if self._tty:
+            self._out.write("\r" + fmt.progress_line(self._name, value))
+            self._out.flush()
+            return
+        # A log or pipe gets a line per tenth, not a line per report.
+        text = fmt.progress_line(self._name, None if value is None else round(value, 1), 10)
+        if text != self._last:
+            print(text, file=self._out, flush=True)
+            self._last = text
+
+    def done(self, text: str) -> None:
+        if self._tty:
+            self._out.write("\r\x1b[K")
+        print(text, file=self._out, flush=True)
+
+
+def wait_loaded(client: AgentClient, feed: EventFeed, name: str, out: TextIO) -> int:
+    """Follow ``name``'s load until it is loaded (0) or failed (1)."""
+    progress = Progress(out, name)
+    progress.show(None)
+    started = time.monotonic()
+    next_poll = started
+    while True:
+        message = feed.next(timeout=POLL_SECONDS / 2)
+        data = (message or {}).get("data") or {}
+        if message is not None and message.get("model") == name:
+            status = data.get("status")
+            if status == "loading" and isinstance(data.get("progress"), dict):
+                progress.show(float(data["progress"].get("value", 0.0)))
+            elif status in ("loaded", "sleeping"):
+                progress.done(f"{name} loaded in {time.monotonic() - started:.1f} s")
+                return 0
+            elif status == "unloaded":
+                break
+        if time.monotonic() >= next_poll:
+            next_poll = time.monotonic() + POLL_SECONDS
+            model = find_model(client.models(), name)
+            state = (model or {}).get("status", {}).get("value")
+            if state in ("loaded", "sleeping"):
+                progress.done(f"{name} loaded in {time.monotonic() - started:.1f} s")
+                return 0
+            if state == "unloaded":
+                break
+    model = find_model(client.models(), name) or {}
+    error = model.get("corral", {}).get("error")
+    exit_code = model.get("status", {}).get("exit_code")
+    why = error or (f"exit code {exit_code}" if exit_code is not None else "it was stopped")
+    progress.done(f"{name} failed to load: {why}")
+    return EXIT_REFUSED
+
+
+def cmd_models(client: AgentClient, args: argparse.Namespace, out: TextIO) -> int:
+    models = client.models()
+    print(json.dumps(models, indent=2) if args.json else fmt.models_table(models), file=out)
+    return 0
+
+
+def cmd_status(client: AgentClient, args: argparse.Namespace, out: TextIO) -> int:
+    props = client.call("GET", "/props")
+    models = client.models()
+    ledger = client.ledger()
+    if args.json:
+        body = {"url": client.url, "props": props, "models": models, "ledger": ledger}
+        print(json.dumps(body, indent=2), file=out)
+    else:
+        print(fmt.status_text(client.url, props, models, ledger), file=out)
+    return 0
+
+
+def cmd_load(client: AgentClient, args: argparse.Namespace, out: TextIO) -> int:
+    model = find_model(client.models(), args.name)
+    name = model["id"] if model is not None else args.name
+    feed = EventFeed(client) if not args.no_wait else None
+    if feed is not None:
+        feed.connected.wait(timeout=0.2)  # the stream usually opens at once; never block on it
+    try:
+        client.call("POST", "/models/load", {"model": name})
+    except AgentError as err:
+        state = (model or {}).get("status", {}).get("value")
+        if err.status != 400 or state not in ("loaded", "loading", "sleeping"):
+            raise
+        if state != "loading" or feed is None:
+            print(f"{name} is already {state}", file=out)
+            return 0
+    if feed is None:
+        print(f"loading {name}", file=out)
+        return 0
+    return wait_loaded(client, feed, name, out)
+
+
+def cmd_unload(client: AgentClient, args: argparse.Namespace, out: TextIO) -> int:
+    model = find_model(client.models(), args.name)
+    name = model["id"] if model is not None else args.name
+    client.call("POST", "/models/unload", {"model": name})
+    if args.no_wait:
+        print(f"unloading {name}", file=out)
+        return 0
+    started = time.monotonic()
+    while True:
+        state = (find_model(client.models(), name) or {}).get("status", {}).get("value")
+        if state in (None, "unloaded"):
+            print(f"{name} unloaded in {time.monotonic() - started:.1f} s", file=out)
+            return 0
+        time.sleep(POLL_SECONDS / 5)
+
+
+COMMANDS = {"models": cmd_models, "status": cmd_status, "load": cmd_load, "unload": cmd_unload}
+HELP = {
+    "models": "list the agent's models: state, aliases, memory, requests",
+    "status": "the agent's instances, queue, models and memory ledger",
+    "load": "load a model and follow its progress until it is ready",
+    "unload": "unload a model (requests in flight finish first)",
+}
+
+
+def parser(command: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"corral {command}", description=HELP[command])
+    p.add_argument(
+        "--url",
+        default=os.environ.get("CORRAL_URL", DEFAULT_URL),
+        help=f"the agent's URL (env CORRAL_URL; default {DEFAULT_URL})",
+    )
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("CORRAL_API_KEY") or os.environ.get("LLAMA_API_KEY"),
+        help="the agent's --api-key (env CORRAL_API_KEY or LLAMA_API_KEY)",
+    )
+    p.add_argument("--timeout", type=float, default=60, help="seconds per HTTP request")
+    if command in ("load", "unload"):
+        p.add_argument("name", help="the model's name or alias")
+        p.add_argument("--no-wait", action="store_true", help="return once the agent accepted")
+    if command in ("models", "status"):
+        p.add_argument("--json", action="store_true", help="print the agent's JSON")
+    return p
+
+
+def main(argv: Sequence[str], out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """``argv[0]`` is the command (``models``, ``load``, ``unload``, ``status``)."""
+    out, err = out or sys.stdout, err or sys.stderr
+    if not argv or argv[0] not in COMMANDS:
+        print(f"corral: expected one of {', '.join(COMMANDS)}", file=err)
+        return EXIT_USAGE
+    command = argv[0]
+    try:
+        args = parser(command).parse_args(list(argv[1:]))
+    except SystemExit as exc:  # argparse printed the usage; keep main() a function
+        return int(exc.code or 0)
+    client = AgentClient(args.url, args.api_key, args.timeout)
+    try:
+        return COMMANDS[command](client, args, out)
+    except AgentError as exc:
+        print(f"corral {command}: the agent answered {exc.status}: {exc.message}", file=err)
+        return EXIT_REFUSED
+    except Unreachable as exc:
+        print(
+            f"corral {command}: {exc}\n(is `corral agent` running there? set --url or CORRAL_URL)",
+            file=err,
+        )
+        return EXIT_UNREACHABLE
+    except KeyboardInterrupt:
+        print(file=err)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

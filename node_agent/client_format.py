@@ -1,0 +1,125 @@
+"""Text for the ``corral`` client commands: tables, sizes and the load progress line.
+
+Pure functions of the agent's JSON (``GET /models``, ``/ledger``, ``/props``), so they are
+tested without an agent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+
+
+def size(n: int | float | None) -> str:
+    if n is None:
+        return "-"
+    value, unit = float(n), 0
+    while abs(value) >= 1024 and unit < len(UNITS) - 1:
+        value /= 1024
+        unit += 1
+    return f"{int(value)} B" if unit == 0 else f"{value:.1f} {UNITS[unit]}"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]) -> str:
+    """Columns padded to their widest cell; ``right`` holds the numeric columns' indexes."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+
+    def line(cells: Sequence[str]) -> str:
+        out = [
+            cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
+            for i, cell in enumerate(cells)
+        ]
+        return "  ".join(out).rstrip()
+
+    return "\n".join([line(headers), *(line(r) for r in rows)])
+
+
+def model_state(model: Mapping[str, Any]) -> str:
+    status = model.get("status", {})
+    corral = model.get("corral", {})
+    value = str(status.get("value", "?"))
+    if corral.get("stopping"):
+        return f"{value} (stopping)"
+    if value == "unloaded" and status.get("failed"):
+        return f"failed (exit {status.get('exit_code')})"
+    return value
+
+
+def held_memory(model: Mapping[str, Any]) -> str:
+    held = (model.get("corral", {}).get("memory") or {}).get("held") or {}
+    return ", ".join(f"{device} {size(n)}" for device, n in sorted(held.items())) or "-"
+
+
+def models_table(models: Sequence[Mapping[str, Any]]) -> str:
+    if not models:
+        return "no models (check the agent's --models-dir, --models-preset or HF cache)"
+    rows = []
+    for m in models:
+        corral = m.get("corral", {})
+        rows.append(
+            [
+                str(m.get("id", "?")),
+                model_state(m),
+                ", ".join(m.get("aliases") or []) or "-",
+                held_memory(m),
+                str(corral.get("in_flight", 0)),
+                str(corral.get("queued", 0)),
+            ]
+        )
+    headers = ["NAME", "STATE", "ALIASES", "MEMORY", "IN FLIGHT", "QUEUED"]
+    return table(headers, rows, right={4, 5})
+
+
+def ledger_table(ledger: Mapping[str, Any]) -> str:
+    rows = []
+    for d in ledger.get("devices", []):
+        held = sum((d.get("held") or {}).values())
+        capacity = d.get("limit") if d.get("limit") is not None else d.get("total")
+        rows.append(
+            [
+                str(d.get("name")),
+                size(capacity),
+                size(d.get("external")),
+                size(held),
+                size(d.get("available")),
+                size(d.get("margin")),
+            ]
+        )
+    headers = ["DEVICE", "CAPACITY", "OTHER", "MODELS", "AVAILABLE", "MARGIN"]
+    return table(headers, rows, right={1, 2, 3, 4, 5})
+
+
+def status_text(
+    url: str,
+    props: Mapping[str, Any],
+    models: Sequence[Mapping[str, Any]],
+    ledger: Mapping[str, Any] | None,
+) -> str:
+    running = [m for m in models if m.get("status", {}).get("value") != "unloaded"]
+    limit = props.get("max_instances")
+    unlimited = not isinstance(limit, int) or limit <= 0
+    queued = sum(m.get("corral", {}).get("queued", 0) for m in models)
+    in_flight = sum(m.get("corral", {}).get("in_flight", 0) for m in models)
+    lines = [
+        f"agent      {url}",
+        f"instances  {len(running)} running of {'unlimited' if unlimited else limit}"
+        f" ({len(models)} models known)",
+        f"requests   {in_flight} in flight, {queued} waiting",
+        f"autoload   {'on' if props.get('models_autoload') else 'off'}",
+        "",
+        models_table(models),
+    ]
+    if ledger is None:
+        lines += ["", "memory ledger off (start the agent with --models-memory-margin MiB)"]
+    else:
+        lines += ["", ledger_table(ledger)]
+    return "\n".join(lines)
+
+
+def progress_line(name: str, value: float | None, width: int = 30) -> str:
+    if value is None:
+        return f"loading {name} …"
+    filled = round(max(0.0, min(1.0, value)) * width)
+    return f"loading {name} [{'#' * filled}{'.' * (width - filled)}] {value * 100:3.0f}%"

@@ -1,0 +1,184 @@
+"""What the metrics learn about one proxied request while the handlers serve it.
+
+The metrics middleware puts an :class:`Exchange` on every request; the proxy handler tells it
+the model (before it queues), when its lease was granted, and hands it the child's response
+bytes as they pass. The middleware reads it back when the response has ended. This module
+imports nothing from the router, so ``app.py`` and ``proxy.py`` can use it without a cycle
+(``metrics.py`` imports ``app.py``).
+
+Token figures come from the child's ``usage``/``timings`` objects: for a plain JSON body the
+whole body, for a stream only the last server-sent event that carries them. The stream is
+never held back: :class:`StreamScanner` keeps a copy of just the current event's bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+# A usage event is a few hundred bytes; an event bigger than this is content, and copying it
+# would be the buffering we promise not to do, so it is skipped.
+MAX_EVENT_BYTES = 64 * 1024
+_USAGE, _TIMINGS = b'"usage"', b'"timings"'
+_COUNTS = (b'"tokens_evaluated"', b'"tokens_predicted"')  # /completion's own figures
+_MARKERS = (_USAGE, _TIMINGS, *_COUNTS)
+_DECODER = json.JSONDecoder()
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Tokens of one response, as the child reported them (None: not reported)."""
+
+    prompt_tokens: int | None = None
+    generated_tokens: int | None = None
+    prompt_seconds: float | None = None
+    generation_seconds: float | None = None
+
+
+def _value_after(blob: bytes, key: bytes) -> Any:
+    """The JSON value after the last ``"key":`` in ``blob`` (None when absent or broken).
+
+    Decoding only that value keeps the cost flat for big bodies (embeddings). A key inside a
+    string would be escaped (``\\"usage\\"``), so the last bare one is the top-level field.
+    """
+    at = blob.rfind(key)
+    if at < 0:
+        return None
+    text = blob[at + len(key) : at + len(key) + 4096].decode(errors="replace").lstrip()
+    if not text.startswith(":"):
+        return None
+    try:
+        value, _ = _DECODER.raw_decode(text[1:].lstrip())
+    except ValueError:
+        return None
+    return value
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _seconds(ms: Any) -> float | None:
+    if isinstance(ms, (int, float)) and not isinstance(ms, bool) and ms >= 0:
+        return float(ms) / 1000.0
+    return None
+
+
+def usage_in(blob: bytes) -> Usage | None:
+    """The token figures in one response object of llama-server, or None when it has none.
+
+    ``usage`` (OpenAI: prompt/completion_tokens; Anthropic and Responses: input/output_tokens)
+    counts the whole prompt, cached tokens included, so it wins over ``timings.prompt_n``,
+    which counts only the tokens evaluated this time. ``/completion`` reports
+    ``tokens_evaluated``/``tokens_predicted`` beside its ``timings``.
+    """
+    if not any(marker in blob for marker in _MARKERS):
+        return None
+    usage = _value_after(blob, _USAGE)
+    usage = usage if isinstance(usage, dict) else {}
+    timings = _value_after(blob, _TIMINGS)
+    timings = timings if isinstance(timings, dict) else {}
+    prompt = _int(usage.get("prompt_tokens", usage.get("input_tokens")))
+    generated = _int(usage.get("completion_tokens", usage.get("output_tokens")))
+    if prompt is None:
+        prompt = _int(_value_after(blob, _COUNTS[0]))
+    if generated is None:
+        generated = _int(_value_after(blob, _COUNTS[1]))
+    if prompt is None:
+        prompt = _int(timings.get("prompt_n"))
+    if generated is None:
+        generated = _int(timings.get("predicted_n"))
+    if prompt is None and generated is None:
+        return None
+    return Usage(
+        prompt, generated, _seconds(timings.get("prompt_ms")), _seconds(timings.get("predicted_ms"))
+    )
+
+
+class StreamScanner:
+    """Finds the last usage report in a stream of server-sent events fed piece by piece."""
+
+    def __init__(self) -> None:
+        self.usage: Usage | None = None
+        self._event = bytearray()  # the current event so far
+        self._skipping = False  # the current event outgrew MAX_EVENT_BYTES
+
+    def feed(self, data: bytes) -> None:
+        # Search from one byte back: the blank line may be split between two pieces.
+        search_from = max(0, len(self._event) - 1)
+        if self._skipping:
+            self._event = bytearray(self._event[-1:])
+            search_from = 0
+        self._event += data
+        while True:
+            end = self._event.find(b"\n\n", search_from)
+            if end < 0:
+                break
+            if not self._skipping:
+                self._scan(bytes(self._event[:end]))
+            self._skipping = False
+            del self._event[: end + 2]
+            search_from = 0
+        if len(self._event) > MAX_EVENT_BYTES:
+            self._skipping = True
+
+    def _scan(self, event: bytes) -> None:
+        found = usage_in(event)
+        if found is not None:
+            self.usage = found
+
+
+class Exchange:
+    """One request's record: its model, how long it queued, and its usage."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self.started = clock()
+        self.model: str | None = None
+        self.queued_at: float | None = None
+        self.leased_at: float | None = None
+        self._stream = StreamScanner()
+        self._usage: Usage | None = None
+
+    def queued(self, model: str) -> None:
+        """The handler knows the canonical model and is about to ask for a lease."""
+        self.model = model
+        self.queued_at = self._clock()
+
+    def leased(self) -> None:
+        self.leased_at = self._clock()
+
+    def body(self, payload: bytes) -> None:
+        """The child's whole response body (a JSON answer)."""
+        self._usage = usage_in(payload)
+
+    def chunk(self, data: bytes) -> None:
+        """One piece of the child's streamed response, in order."""
+        self._stream.feed(data)
+
+    @property
+    def wait_seconds(self) -> float | None:
+        if self.queued_at is None or self.leased_at is None:
+            return None
+        return self.leased_at - self.queued_at
+
+    @property
+    def usage(self) -> Usage | None:
+        return self._usage if self._usage is not None else self._stream.usage
+
+
+EXCHANGE: web.RequestKey[Exchange] = web.RequestKey("corral_exchange", Exchange)
+
+
+def begin_exchange(request: web.Request, model: str) -> Exchange:
+    """The request's exchange, told its model; a detached one when metrics are off."""
+    exchange = request.get(EXCHANGE)
+    if exchange is None:
+        exchange = Exchange()
+    exchange.queued(model)
+    return exchange

@@ -1,0 +1,91 @@
+"""The status page: ``GET /ui`` (and ``/`` redirects to it).
+
+One static HTML file with inline script and style (no build step): it reads the agent's own
+API (``/models``, ``/ledger``, ``/models/sse``, ``POST /models/load|unload``) like any other
+client, so the page needs no endpoint of its own except ``GET /ui/recent``: the last loads
+and evictions, which a page opened later could not otherwise know.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from importlib import resources
+from typing import Any
+
+from aiohttp import web
+
+from node_agent.aio import TaskSet
+from node_agent.router.registry import Registry
+
+RECENT_EVENTS = 100
+
+
+class RecentEvents:
+    """The last lifecycle events of the models (progress reports left out: too many)."""
+
+    def __init__(self, registry: Registry, clock: Callable[[], float] = time.time) -> None:
+        self._registry = registry
+        self._clock = clock  # wall clock: the page shows the time of day
+        self.events: collections.deque[dict[str, Any]] = collections.deque(maxlen=RECENT_EVENTS)
+
+    def add(self, model: str, event: str, data: dict[str, Any] | None) -> None:
+        if data is not None and "progress" in data:
+            return
+        self.events.append({"time": self._clock(), "model": model, "event": event, "data": data})
+
+    async def follow(self) -> None:
+        async for event in self._registry.events():
+            self.add(event.model, event.event, event.data)
+
+    async def lifecycle(self, app: web.Application) -> AsyncIterator[None]:
+        tasks = TaskSet("ui")
+        tasks.spawn(self.follow(), "events")
+        yield
+        await tasks.close()
+
+
+RECENT: web.AppKey[RecentEvents] = web.AppKey("corral_ui_recent", RecentEvents)
+
+
+def page() -> bytes:
+    return resources.files("node_agent.router").joinpath("static", "index.html").read_bytes()
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def root_redirect(request: web.Request, handler: Handler) -> web.StreamResponse:
+    # A middleware, not a route: build_app's catch-all route already matches "/" and aiohttp
+    # resolves routes in registration order.
+    if request.path == "/" and request.method in ("GET", "HEAD"):
+        raise web.HTTPFound("/ui")
+    return await handler(request)
+
+
+def setup_ui(app: web.Application) -> None:
+    """Serve the status page (call from build_app)."""
+    # Imported here: app.py calls this function from build_app, so app.py imports this module.
+    from node_agent.router.app import STATE
+
+    body = page()  # read once: a missing file fails at startup, not on the first visit
+    recent = RecentEvents(app[STATE].registry)
+    app[RECENT] = recent
+
+    async def status_page(request: web.Request) -> web.StreamResponse:
+        return web.Response(
+            body=body,
+            content_type="text/html",
+            charset="utf-8",
+            headers={"Cache-Control": "no-cache"},
+        )
+
+    async def recent_events(request: web.Request) -> web.StreamResponse:
+        return web.json_response({"data": list(request.app[RECENT].events)})
+
+    app.router.add_get("/ui", status_page)
+    app.router.add_get("/ui/recent", recent_events)
+    app.middlewares.append(root_redirect)
+    app.cleanup_ctx.append(recent.lifecycle)

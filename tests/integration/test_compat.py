@@ -1,0 +1,478 @@
+"""Side by side with llama.cpp's own router: the same requests get the same answers.
+
+Both servers run the same pinned llama-server binary (llama.cpp's router is that binary started
+without a model), on the same models folder and preset, with the same flags. A scripted list of
+requests goes to each in turn; every answer must agree in status, error body (code, type and
+message), JSON shape (keys and value types, recursively; values may differ) and the headers
+clients read (``Content-Type``, ``Access-Control-Allow-Origin``). Corral's extra ``corral``
+object per model is left out of the shape. The differences we keep on purpose are asserted as
+differences, each in its own test, so a change on either side shows up.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.harness import AgentProcess, children_of, free_port
+
+TINY, EMBED, BROKEN = "demo-tiny", "demo-small", "broken"
+KEY = "sekrit-key"
+ORIGIN = "http://client.example"
+# The same flags for both routers; --metrics reaches the children, so /metrics?model= answers.
+FLAGS = ("--models-max", "2", "-c", "1024", "--metrics")
+MESSAGES = [{"role": "user", "content": "hello"}]
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def call(
+    port: int,
+    method: str,
+    path: str,
+    body: Any = None,
+    *,
+    raw: bytes | None = None,
+    headers: dict[str, str] | None = None,
+) -> Answer:
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        sent = {"Origin": ORIGIN, **(headers or {})}
+        if data is not None:
+            sent["Content-Type"] = "application/json"
+        conn.request(method, path, body=data, headers=sent)
+        response = conn.getresponse()
+        return Answer(
+            response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+        )
+    finally:
+        conn.close()
+
+
+class LlamaRouter:
+    """llama.cpp's router (``llama-server`` without a model) as a real process."""
+
+    def __init__(self, binary: str, args: Sequence[str], log_path: Path) -> None:
+        self.port = free_port()
+        self._log = log_path.open("wb")
+        self.log_path = log_path
+        self.proc = subprocess.Popen(
+            [binary, "--host", "127.0.0.1", "--port", str(self.port), *args],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"llama.cpp's router exited:\n{self.log()}")
+            try:
+                if call(self.port, "GET", "/health").status == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise AssertionError(f"llama.cpp's router did not become healthy:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        children = children_of(self.proc.pid)
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._log.close()
+        # Its children exit when their stdin (a pipe from the router) closes.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in children):
+            time.sleep(0.05)
+
+
+@dataclass
+class Pair:
+    peer: int
+    corral: int
+    agent: AgentProcess
+    router: LlamaRouter
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def both(self, method: str, path: str, body: Any = None, **kw: Any) -> tuple[Answer, Answer]:
+        headers = {**self.headers, **kw.pop("headers", {})}
+        return (
+            call(self.peer, method, path, body, headers=headers, **kw),
+            call(self.corral, method, path, body, headers=headers, **kw),
+        )
+
+
+def models_folder(root: Path, demo_dir: Path) -> tuple[Path, Path]:
+    """Two demo models, a corrupt one, and a preset that starts one model with embeddings."""
+    folder = root / "models"
+    folder.mkdir()
+    for name in (TINY, EMBED):
+        shutil.copyfile(demo_dir / f"{name}.gguf", folder / f"{name}.gguf")
+    # A GGUF cut short: the child fails to load it ("model name=broken failed to load").
+    (folder / f"{BROKEN}.gguf").write_bytes((demo_dir / f"{EMBED}.gguf").read_bytes()[:100_000])
+    preset = root / "preset.ini"
+    preset.write_text(f"[{EMBED}]\nembeddings = true\n")
+    return folder, preset
+
+
+def start_pair(tmp: Path, llama_server: str, args: Sequence[str]) -> Pair:
+    router = LlamaRouter(llama_server, args, tmp / "llama-router.log")
+    try:
+        agent = AgentProcess(["--llama-server", llama_server, *args])
+    except BaseException:
+        router.stop()
+        raise
+    return Pair(router.port, agent.port, agent, router)
+
+
+def stop_pair(pair: Pair) -> None:
+    agent_children = pair.agent.children()
+    pair.router.stop()
+    pair.agent.stop()
+    assert not [p for p in agent_children if Path(f"/proc/{p}").exists()]
+
+
+@pytest.fixture(scope="module")
+def pair(
+    tmp_path_factory: pytest.TempPathFactory, demo_dir: Path, llama_server: str
+) -> Iterator[Pair]:
+    tmp = tmp_path_factory.mktemp("compat")
+    folder, preset = models_folder(tmp, demo_dir)
+    both = start_pair(
+        tmp, llama_server, ["--models-dir", str(folder), "--models-preset", str(preset), *FLAGS]
+    )
+    yield both
+    stop_pair(both)
+
+
+@pytest.fixture(scope="module")
+def keyed_pair(
+    tmp_path_factory: pytest.TempPathFactory, demo_dir: Path, llama_server: str
+) -> Iterator[Pair]:
+    tmp = tmp_path_factory.mktemp("compat-key")
+    folder, _ = models_folder(tmp, demo_dir)
+    both = start_pair(tmp, llama_server, ["--models-dir", str(folder), *FLAGS, "--api-key", KEY])
+    yield both
+    stop_pair(both)
+
+
+# -- comparing ---------------------------------------------------------------------------------
+
+
+def shape(value: Any) -> Any:
+    """Keys and value types, recursively: a list's shape is the set of its elements' shapes."""
+    if isinstance(value, dict):
+        return {k: shape(v) for k, v in value.items() if k != "corral"}
+    if isinstance(value, list):
+        shapes: list[Any] = []
+        for item in value:
+            s = shape(item)
+            if s not in shapes:
+                shapes.append(s)
+        return sorted(shapes, key=repr)
+    if isinstance(value, bool) or value is None:
+        return type(value).__name__
+    if isinstance(value, int | float):
+        return "number"  # 0 and 0.5 are one JSON type
+    return type(value).__name__
+
+
+def content_type(answer: Answer) -> str:
+    return answer.headers.get("content-type", "").replace(" ", "").lower()
+
+
+def sse_events(body: bytes) -> list[Any]:
+    events = []
+    for line in body.decode().splitlines():
+        if line.startswith("data: "):
+            payload = line[len("data: ") :]
+            events.append(payload if payload == "[DONE]" else json.loads(payload))
+    return events
+
+
+def metric_names(body: bytes) -> set[str]:
+    return {line.split()[2] for line in body.decode().splitlines() if line.startswith("# TYPE")}
+
+
+def models_shape(answer: Answer) -> dict[str, Any]:
+    """``/models`` by model id (both list the same models; their order is not the contract)."""
+    data = answer.json()
+    return {
+        "top": shape({k: v for k, v in data.items() if k != "data"}),
+        "models": {m["id"]: shape(m) for m in data["data"]},
+        "states": {m["id"]: m["status"]["value"] for m in data["data"]},
+    }
+
+
+def assert_same(step: str, peer: Answer, corral: Answer) -> None:
+    where = (
+        f"{step}\n  llama.cpp: {peer.status} {peer.body[:400]!r}"
+        f"\n  corral:    {corral.status} {corral.body[:400]!r}"
+    )
+    assert corral.status == peer.status, where
+    assert content_type(corral) == content_type(peer), where
+    assert corral.headers.get("access-control-allow-origin") == peer.headers.get(
+        "access-control-allow-origin"
+    ), where
+    kind = content_type(peer)
+    if kind.startswith("text/event-stream"):
+        assert [shape(e) for e in sse_events(corral.body)] == [
+            shape(e) for e in sse_events(peer.body)
+        ], where
+    elif kind.startswith("application/json"):
+        if peer.status >= 400:  # error bodies must be equal: code, type and message
+            assert corral.json() == peer.json(), where
+        elif step.split()[1] in ("/models", "/v1/models"):
+            assert models_shape(corral) == models_shape(peer), where
+        else:
+            assert shape(corral.json()) == shape(peer.json()), where
+    elif "/metrics" in step:
+        assert metric_names(corral.body) == metric_names(peer.body), where
+    else:
+        assert corral.body == peer.body, where
+
+
+def wait_settled(pair: Pair, states: dict[str, str]) -> None:
+    """Wait until both servers list each model in the given state (loads are asynchronous)."""
+    for port in (pair.peer, pair.corral):
+        deadline = time.monotonic() + 20
+        while True:
+            listed = {
+                m["id"]: m["status"]["value"]
+                for m in call(port, "GET", "/models", headers=pair.headers).json()["data"]
+            }
+            if all(listed[name] == state for name, state in states.items()):
+                break
+            assert time.monotonic() < deadline, f"port {port}: {listed} never became {states}"
+            time.sleep(0.05)
+
+
+# -- the script --------------------------------------------------------------------------------
+
+Step = tuple[str, str, Any] | tuple[str, str, Any, bytes] | dict[str, str]
+
+
+def gen(extra: dict[str, Any]) -> dict[str, Any]:
+    """Greedy and short, so both servers generate the same few tokens."""
+    return {"model": TINY, "temperature": 0, **extra}
+
+
+SCRIPT: list[Step] = [
+    # the router's own endpoints, before any model runs
+    ("GET", "/health", None),
+    ("GET", "/v1/health", None),
+    ("GET", "/props", None),
+    ("GET", "/props?model=", None),  # an empty model is no model: the router's props
+    ("GET", "/models", None),
+    ("GET", "/v1/models", None),
+    # every error a client can cause without a model running
+    ("GET", "/no/such/path", None),
+    ("POST", "/no/such/path", {}),
+    ("GET", "/v1/chat/completions", None),  # known path, wrong method
+    ("GET", "/models/load", None),
+    ("POST", "/v1/chat/completions", [1, 2]),  # body not an object
+    ("POST", "/v1/chat/completions", {"model": 3}),  # model not a string
+    ("POST", "/v1/chat/completions", {"messages": MESSAGES}),  # model missing
+    ("POST", "/v1/chat/completions", {"model": ""}),
+    ("POST", "/v1/chat/completions", {"model": "no-such-model"}),
+    ("POST", "/v1/chat/completions", {"model": "../demo-tiny"}),
+    ("POST", "/v1/chat/completions?autoload=false", gen({"messages": MESSAGES})),
+    ("GET", f"/props?model={TINY}&autoload=false", None),
+    ("GET", f"/props?model={TINY}&autoload=yes", None),  # only "true" and "1" mean yes
+    ("GET", "/slots", None),  # a proxied GET without ?model=
+    ("GET", "/slots?model=no-such-model", None),
+    ("POST", "/models/unload", {"model": TINY}),  # not running
+    ("POST", "/models/unload", {"model": "no-such-model"}),
+    ("POST", "/models/unload", {}),
+    # load, then every proxied endpoint
+    ("POST", "/models/load", {"model": TINY}),
+    {"wait": TINY, "state": "loaded"},
+    ("POST", "/models/load", {"model": TINY}),  # already running
+    ("POST", "/completion", gen({"prompt": "hi", "n_predict": 3})),
+    ("POST", "/completion", gen({"prompt": "hi", "n_predict": 3, "stream": True})),
+    ("POST", "/completions", gen({"prompt": "hi", "max_tokens": 3})),
+    ("POST", "/v1/completions", gen({"prompt": "hi", "max_tokens": 3})),
+    ("POST", "/chat/completions", gen({"messages": MESSAGES, "max_tokens": 3})),
+    ("POST", "/v1/chat/completions", gen({"messages": MESSAGES, "max_tokens": 3})),
+    ("POST", "/v1/chat/completions", gen({"messages": MESSAGES, "max_tokens": 3, "stream": True})),
+    ("POST", "/v1/responses", gen({"input": "hello", "max_output_tokens": 3})),
+    ("POST", "/v1/messages", gen({"messages": MESSAGES, "max_tokens": 3})),
+    ("POST", "/v1/messages/count_tokens", gen({"messages": MESSAGES})),
+    ("POST", "/infill", gen({"input_prefix": "def f(", "input_suffix": "):", "n_predict": 3})),
+    ("POST", "/tokenize", gen({"content": "hello world"})),
+    ("POST", "/detokenize", gen({"tokens": [300, 301, 302]})),
+    ("POST", "/apply-template", gen({"messages": MESSAGES})),
+    ("POST", "/v1/embeddings", gen({"input": "hello"})),  # started without --embeddings
+    ("POST", "/embedding", {"model": EMBED, "content": "hello"}),
+    ("POST", "/embeddings", {"model": EMBED, "content": "hello"}),
+    ("POST", "/v1/embeddings", {"model": EMBED, "input": ["hello", "world"]}),
+    ("POST", "/rerank", {"model": EMBED, "query": "hello", "documents": ["a", "b"]}),
+    ("POST", "/v1/rerank", {"model": EMBED, "query": "hello", "documents": ["a", "b"]}),
+    ("GET", f"/props?model={TINY}", None),
+    ("GET", f"/metrics?model={TINY}", None),
+    ("GET", f"/slots?model={TINY}", None),
+    {"wait": EMBED, "state": "loaded"},
+    ("GET", "/models", None),
+    ("GET", "/v1/models", None),
+    # unload both, then a model whose child cannot load it
+    ("POST", "/models/unload", {"model": TINY}),
+    ("POST", "/models/unload", {"model": EMBED}),
+    {"wait": TINY, "state": "unloaded"},
+    {"wait": EMBED, "state": "unloaded"},
+    ("POST", "/v1/chat/completions", {"model": BROKEN, "messages": MESSAGES, "max_tokens": 2}),
+    {"wait": BROKEN, "state": "unloaded"},
+    ("GET", "/models", None),
+]
+
+
+def test_scripted_requests_get_the_same_answers(pair: Pair) -> None:
+    requests = 0
+    for step in SCRIPT:
+        if isinstance(step, dict):
+            wait_settled(pair, {step["wait"]: step["state"]})
+            continue
+        method, path, body, *raw = step
+        peer, corral = pair.both(method, path, body, raw=raw[0] if raw else None)
+        assert_same(f"{method} {path} {json.dumps(body)[:120]}", peer, corral)
+        requests += 1
+    assert requests >= 25
+    failed = {m["id"]: m for m in pair.agent.models().values()}[BROKEN]["status"]
+    assert failed["failed"] is True and failed["exit_code"] != 0
+
+
+def test_cors_preflight_is_answered_like_llama_cpp(pair: Pair) -> None:
+    peer, corral = pair.both("OPTIONS", "/v1/chat/completions")
+    assert_same("OPTIONS /v1/chat/completions", peer, corral)
+    for header in (
+        "access-control-allow-credentials",
+        "access-control-allow-methods",
+        "access-control-allow-headers",
+    ):
+        assert corral.headers[header] == peer.headers[header]
+
+
+def read_events(conn: http.client.HTTPResponse, model: str, last: str) -> list[dict[str, Any]]:
+    events = []
+    while True:
+        line = conn.fp.readline()
+        assert line, "the event stream ended"
+        if line.startswith(b"data: "):
+            event = json.loads(line[len(b"data: ") :])
+            if event["model"] == model:
+                events.append(event)
+                if event["event"] == "status_change" and event["data"]["status"] == last:
+                    return events
+
+
+def test_model_events_have_the_same_shape(pair: Pair) -> None:
+    streams = []
+    for port in (pair.peer, pair.corral):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+        conn.request("GET", "/models/sse")
+        streams.append((conn, conn.getresponse()))
+    try:
+        shapes = []
+        for port, (_, stream) in zip((pair.peer, pair.corral), streams, strict=True):
+            assert call(port, "POST", "/models/load", {"model": TINY}).status == 200
+            events = read_events(stream, TINY, "loaded")
+            assert call(port, "POST", "/models/unload", {"model": TINY}).status == 200
+            events += read_events(stream, TINY, "unloaded")
+            shapes.append([shape(e) for e in events])
+        assert shapes[1] == shapes[0]
+    finally:
+        for conn, _ in streams:
+            conn.close()
+
+
+def test_api_key_rules_match(keyed_pair: Pair) -> None:
+    wrong = {"Authorization": "Bearer nope"}
+    bearer = {"Authorization": f"Bearer {KEY}"}
+    cases: list[tuple[str, str, Any, dict[str, str]]] = [
+        ("GET", "/health", None, {}),  # load balancers' probe: public
+        ("GET", "/v1/health", None, {}),
+        ("GET", "/props", None, {}),
+        ("GET", "/props", None, wrong),
+        ("GET", "/props", None, bearer),
+        ("GET", "/props", None, {"Authorization": KEY}),  # a bare key is accepted
+        ("GET", "/props", None, {"Authorization": f"bearer {KEY}"}),  # the prefix is exact
+        ("GET", "/props", None, {"X-Api-Key": KEY}),  # Anthropic clients' header
+        ("GET", "/props", None, {"X-Api-Key": f"Bearer {KEY}"}),
+        ("GET", "/props", None, {**wrong, "X-Api-Key": KEY}),  # Authorization wins
+        ("GET", f"/props?model={TINY}", None, {}),
+        ("GET", f"/slots?model={TINY}", None, wrong),
+        ("GET", "/models/sse", None, {}),
+        ("GET", "/no/such/path", None, {}),  # the key is checked before the route
+        ("GET", "/no/such/path", None, bearer),
+        ("POST", "/v1/chat/completions", {"model": TINY}, {}),
+        ("POST", "/models/load", {"model": TINY}, wrong),
+        ("POST", "/tokenize", {"model": TINY, "content": "hello"}, bearer),
+    ]
+    for method, path, body, headers in cases:
+        peer, corral = keyed_pair.both(method, path, body, headers=headers)
+        assert_same(f"{method} {path} {headers}", peer, corral)
+    peer, corral = keyed_pair.both("OPTIONS", "/v1/chat/completions")  # preflights need no key
+    assert_same("OPTIONS without a key", peer, corral)
+
+
+# -- the deliberate differences (app.py's docstring lists them) --------------------------------
+
+
+def test_malformed_json_is_a_400_not_a_500(pair: Pair) -> None:
+    for path in ("/v1/chat/completions", "/completion", "/models/load", "/models/unload"):
+        for raw in (b'{"model": "demo-tiny",', b"", b"\xff\xfe{"):
+            peer, corral = pair.both("POST", path, raw=raw)
+            assert peer.status == 500, (path, raw, peer.body)
+            assert "parse_error" in peer.json()["error"]["message"]
+            assert corral.status == 400, (path, raw, corral.body)
+            error = corral.json()["error"]
+            assert error["type"] == "invalid_request_error"
+            assert error["message"].startswith("the request body is not valid JSON: ")
+
+
+def test_load_of_a_missing_or_unknown_model_says_what_is_missing(pair: Pair) -> None:
+    for body, message in (
+        ({"model": "no-such-model"}, "model 'no-such-model' not found"),
+        ({}, "model name is missing from the request"),
+        ([1], "model name is missing from the request"),
+    ):
+        peer, corral = pair.both("POST", "/models/load", body)
+        assert peer.status == corral.status == 404
+        assert peer.json()["error"]["message"] == "File Not Found"  # not what is missing
+        assert corral.json() == {
+            "error": {"code": 404, "message": message, "type": "not_found_error"}
+        }
+
+
+def test_api_key_guards_the_model_list_too(keyed_pair: Pair) -> None:
+    for path in ("/models", "/v1/models"):
+        peer, corral = keyed_pair.both("GET", path)
+        assert peer.status == 200  # llama.cpp lists the models to anyone
+        assert corral.status == 401  # SPEC: every endpoint but /health needs the key
+        assert corral.json()["error"]["message"] == "Invalid API Key"
+        peer, corral = keyed_pair.both("GET", path, headers={"X-Api-Key": KEY})
+        assert peer.status == corral.status == 200

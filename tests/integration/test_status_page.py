@@ -1,0 +1,115 @@
+"""The status page in a real headless browser (Debian's chromium driven by playwright)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.harness import REPO, chat
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+# TESTING.md "A real browser": these flags make Debian's chromium run headless in a container.
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+ARTIFACTS = REPO / "artifacts"
+TINY, SMALL = "demo-tiny", "demo-small"
+
+
+@pytest.fixture
+def browser_page() -> Any:
+    if not Path(CHROMIUM).exists():
+        pytest.skip(
+            "chromium is not installed (hack/setup.sh installs it: apt-get install chromium)"
+        )
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 860})
+            yield page
+        finally:
+            browser.close()
+
+
+def row(page: Any, model: str) -> Any:
+    return page.locator(f'#models tr[data-model="{model}"]')
+
+
+def test_status_page_shows_models_and_loads_one_live(
+    start_agent: Any, demo_dir: Path, browser_page: Any
+) -> None:
+    agent = start_agent(
+        "--models-dir", str(demo_dir), "--models-max", "1", "-c", "1024",
+        "--models-memory-margin", "64", "--memory-limit", "host=1GiB",
+    )  # fmt: skip
+    assert agent.post("/v1/chat/completions", chat(SMALL))[0] == 200  # something to show
+    page = browser_page
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+
+    page.goto(agent.url + "/")  # redirects to /ui
+    assert page.url.endswith("/ui")
+    page.wait_for_selector("#live.on")  # the events stream is open
+    for model in (TINY, SMALL, "demo-medium"):
+        assert row(page, model).count() == 1
+    assert row(page, SMALL).get_attribute("data-state") == "loaded"
+    assert row(page, TINY).get_attribute("data-state") == "unloaded"
+    assert "loaded in" in page.locator("#recent").inner_text()
+    # The ledger is on: one bar for the host, and small holds memory in it.
+    page.wait_for_selector('#memory .device[data-device="host"]')
+    assert SMALL in page.locator("#memory").inner_text()
+
+    # A marker on window survives only if the page is never reloaded.
+    page.evaluate("window.__sameDocument = true")
+    row(page, TINY).locator("button[data-action=load]").click()
+    page.wait_for_selector(f'#models tr[data-model="{TINY}"][data-state="loaded"]', timeout=20000)
+    # --models-max 1: loading tiny evicted small, and the page saw that too.
+    page.wait_for_selector(f'#models tr[data-model="{SMALL}"][data-state="unloaded"]')
+    page.wait_for_function(f"document.querySelector('#memory').innerText.includes('{TINY}')")
+    assert page.evaluate("window.__sameDocument") is True
+    assert agent.state(TINY) == "loaded"
+    recent = page.locator("#recent").inner_text()
+    assert "evicted" in recent, recent
+    assert row(page, TINY).locator("button").inner_text() == "Unload"
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "status-page.png"
+    page.screenshot(path=str(shot), full_page=True)
+    print(f"status page screenshot: {shot}")
+    assert not errors, errors
+
+
+def test_status_page_unload_button(start_agent: Any, demo_dir: Path, browser_page: Any) -> None:
+    agent = start_agent("--models-dir", str(demo_dir), "-c", "1024")
+    assert agent.post("/models/load", {"model": TINY})[0] == 200
+    agent.wait_state(TINY, "loaded")
+    page = browser_page
+    page.goto(agent.url + "/ui")
+    page.wait_for_selector(f'#models tr[data-model="{TINY}"][data-state="loaded"]')
+    row(page, TINY).locator("button[data-action=unload]").click()
+    page.wait_for_selector(f'#models tr[data-model="{TINY}"][data-state="unloaded"]')
+    assert agent.state(TINY) == "unloaded"
+    assert "unloaded on request" in page.locator("#recent").inner_text()
+
+
+def test_status_page_asks_for_the_api_key(
+    start_agent: Any, demo_dir: Path, browser_page: Any
+) -> None:
+    agent = start_agent("--models-dir", str(demo_dir), "--api-key", "sekret")
+    page = browser_page
+    page.goto(agent.url + "/ui")  # the page itself holds no data: it needs no key
+    page.wait_for_selector("#keyform", state="visible")
+    page.fill("#key-input", "sekret")
+    page.click("#key button")
+    page.wait_for_selector(f'#models tr[data-model="{TINY}"]')
+    page.wait_for_selector("#live.on")
