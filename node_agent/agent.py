@@ -60,6 +60,7 @@ Corral's own:
   --models-memory-margin MiB  turn the memory ledger on: keep MiB free on every device
   --memory-limit DEV=SIZE     cap what models may use on a device (host=8GiB, CUDA0=20GiB)
   --load-timeout SECONDS      kill a child not ready after this long (default 600)
+  --max-body-size SIZE        refuse request bodies larger than this with 413 (default 64MiB)
   --models-ttl SECONDS        unload a model idle this long (a preset's ttl wins; 0: never)
   --queue-timeout SECONDS     a request waiting longer for its model gets 503 + Retry-After
   --max-queue N               at most N requests wait per model; more get 503 + Retry-After
@@ -181,6 +182,7 @@ class Agent:
             models_autoload=self.options.models_autoload,
             api_keys=tuple(self.options.api_keys),
             build_info="corral",
+            max_body_bytes=self.options.max_body_size,
         )
         app = build_app(
             AgentState(self.registry, self.proxy, settings, self.reload, str(self.binary))

@@ -55,6 +55,8 @@ class AgentOptions:
     """MiB to keep free on every device; None = the memory ledger does not limit loads."""
     memory_limits: tuple[tuple[str, int], ...] = ()
     """(device, bytes) caps on what the ledger may use, from ``--memory-limit DEV=SIZE``."""
+    max_body_size: int = 64 * 1024 * 1024
+    """Request bodies larger than this are refused with 413."""
     load_timeout: float = 600.0
     """A child not ready this long after its spawn is killed and its load fails."""
     models_ttl: float | None = None
@@ -220,6 +222,13 @@ def _seconds(raw: str) -> float | None:
     return s or None  # 0 = off
 
 
+def _body_size(raw: str) -> int:
+    size = parse_size(raw)
+    if size < 1024:
+        raise ValueError("must be at least 1KiB")
+    return size
+
+
 def _positive_seconds(raw: str) -> float:
     seconds = float(raw)
     if not seconds > 0:
@@ -335,6 +344,7 @@ _OWN_FLAGS: dict[str, tuple[str, str, Callable[[str], object]]] = {
     "--memory-limit": ("memory_limit", "DEVICE=SIZE", _identity),
     "--models-ttl": ("models_ttl", "seconds (0: never)", _seconds),
     "--load-timeout": ("load_timeout", "seconds (> 0)", _positive_seconds),
+    "--max-body-size": ("max_body_size", "a size like 64MiB", _body_size),
     "--queue-timeout": ("queue_timeout", "seconds (0: wait forever)", _seconds),
     "--max-queue": ("max_queue", "a count (0: no limit)", _count_or_unlimited),
     "--log-level": ("log_level", "one of " + ", ".join(LOG_LEVELS), _log_level),

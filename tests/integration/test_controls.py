@@ -192,3 +192,13 @@ def test_model_logs_endpoint_and_request_log_lines(
     line = next(x for x in agent.log().splitlines() if "corral.requests" in x and TINY in x)
     assert "POST /v1/chat/completions" in line and "status=200" in line
     assert "prompt_tokens=" in line and "generated_tokens=4" in line
+
+
+def test_max_body_size_refuses_bigger_bodies_with_413(
+    start_agent: Any, demo_dir: Path, tmp_path: Path
+) -> None:
+    agent = start_agent("--models-preset", presets(tmp_path, demo_dir), "--max-body-size", "1KiB")
+    status, body = complete(agent, TINY, padding="x" * 2048)
+    assert status == 413
+    assert "request body too large" in body["error"]["message"]
+    assert complete(agent, TINY)[0] == 200  # a body under the limit is served
