@@ -56,14 +56,19 @@ def min_mib(agent: AgentProcess, model: str) -> float:
     return float(figures["min"]["host"]) / MIB
 
 
+def room_for_two(start_agent: Any, folder: Path) -> int:
+    """A limit in MiB with room for two of the models (with what the children really hold on
+    top of the estimate), not three: read from an agent's own estimate."""
+    probe = memory_agent(start_agent, folder, 100_000)
+    one = min_mib(probe, "m1")
+    probe.stop()
+    return int(one * 2.6)
+
+
 def test_third_model_evicts_the_least_recently_used_by_memory(
     start_agent: Any, three_models: Path
 ) -> None:
-    probe = memory_agent(start_agent, three_models, 100_000)
-    one = min_mib(probe, "m1")
-    probe.stop()
-    # Room for two (with what the children really hold on top of the estimate), not three.
-    agent = memory_agent(start_agent, three_models, int(one * 2.6))
+    agent = memory_agent(start_agent, three_models, room_for_two(start_agent, three_models))
     for model in ("m1", "m2"):
         assert agent.post("/v1/chat/completions", chat(model))[0] == 200
     assert running(agent) == {"m1", "m2"}
@@ -81,10 +86,8 @@ def test_third_model_evicts_the_least_recently_used_by_memory(
 def test_busy_models_memory_is_never_taken_the_request_waits(
     start_agent: Any, three_models: Path
 ) -> None:
-    probe = memory_agent(start_agent, three_models, 100_000)
-    one = min_mib(probe, "m1")
-    probe.stop()
-    agent = memory_agent(start_agent, three_models, int(one * 2.6), env=FAKE_TIMING)
+    limit = room_for_two(start_agent, three_models)
+    agent = memory_agent(start_agent, three_models, limit, env=FAKE_TIMING)
     for model in ("m1", "m2"):
         assert agent.post("/v1/chat/completions", chat(model))[0] == 200
     results: dict[str, Any] = {}
