@@ -51,15 +51,28 @@ class ApiError(CorralError):
         503: "unavailable_error",
     }
 
-    def __init__(self, status: int, message: str, *, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        headers: dict[str, str] | None = None,
+        detail: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.headers = headers or {}
+        # Corral's extra (e.g. why a load failed): under its own key, so llama.cpp's clients
+        # see the code, message and type they expect.
+        self.detail = detail
 
     @property
     def type(self) -> str:
         return self._TYPES.get(self.status, "server_error")
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"code": self.status, "message": self.message, "type": self.type}}
+        error: dict[str, Any] = {"code": self.status, "message": self.message, "type": self.type}
+        if self.detail:
+            error["corral"] = self.detail
+        return {"error": error}

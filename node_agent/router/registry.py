@@ -238,7 +238,7 @@ class Registry:
                 if decision.kind is DecisionKind.UNLOADED:
                     raise ApiError(400, "model is not loaded")
                 if decision.kind is DecisionKind.FAILED:
-                    raise ApiError(500, f"model name={name} failed to load")
+                    raise _failed_error(name, decision.reason)
                 if decision.kind is DecisionKind.GONE:
                     raise ApiError(400, f"model '{name}' not found")
                 if decision.kind is DecisionKind.BACKOFF:
@@ -297,7 +297,7 @@ class Registry:
                     self._start(name)
                     return
                 if decision.kind is DecisionKind.FAILED:
-                    raise ApiError(500, f"model name={name} failed to load")
+                    raise _failed_error(name, decision.reason)
                 if decision.kind is DecisionKind.GONE:
                     raise ApiError(404, f"model '{name}' not found")
                 if decision.kind is DecisionKind.BACKOFF:
@@ -570,6 +570,13 @@ async def _wait_all(tasks: list[asyncio.Task[None] | None]) -> None:
     pending = [t for t in tasks if t is not None]
     if pending:
         await asyncio.wait([asyncio.shield(t) for t in pending])
+
+
+def _failed_error(name: str, reason: str) -> ApiError:
+    """llama.cpp's 500 for a failed load, with why (the child's own error line) as Corral's
+    extra."""
+    detail = {"reason": reason} if reason else None
+    return ApiError(500, f"model name={name} failed to load", detail=detail)
 
 
 def _backoff_error(name: str, reason: str, retry_after: float) -> ApiError:

@@ -6,6 +6,7 @@ sends stays exactly as clients expect it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -94,7 +95,7 @@ def model_entry(registry: Registry, name: str, binary: str, now: int) -> dict[st
         "error": view.error if view.failed else None,
         "failures": view.failures,
         # seconds until a model in crash-loop backoff may load again
-        "retry_in": round(max(0.0, view.retry_at - registry.now()), 1),
+        "retry_in": math.ceil(max(0.0, view.retry_at - registry.now()) * 10) / 10,
     }
     if registry.memory is not None:
         registry.memory.prepare(spec)

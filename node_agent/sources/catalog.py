@@ -9,6 +9,7 @@ section cascades under *every* model, whatever its source, before that merge.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,7 +115,11 @@ def load_catalog(
 
     overrides = tuple((k, v) for k, v in cli_options if k not in NOT_FROM_COMMAND_LINE)
     final = {
-        name: dataclasses.replace(spec, options=merge_options(spec.options, overrides))
+        name: dataclasses.replace(
+            spec,
+            options=merge_options(spec.options, overrides),
+            file_identity=_file_identity(spec.model_path),
+        )
         for name, spec in sorted(merged.items())
     }
     return Catalog(models=final, aliases=_alias_map(final))
@@ -175,8 +180,26 @@ def diff_catalogs(old: Catalog, new: Catalog) -> CatalogDiff:
     return CatalogDiff(added, removed, tuple(changed), tuple(updated))
 
 
+def _file_identity(path: str | None) -> tuple[int, int, int, int] | None:
+    """Which file ``path`` names right now (one stat: cheap even for 1,000 models)."""
+    if path is None:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None  # not there (yet): the load will say so
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 def _child_view(spec: ModelSpec) -> tuple[object, ...]:
     # What the child process sees or loads: its arguments (order-insensitive) and the files
     # (a new checksum or revision of the same URL or repository is a new file).
     options = sorted((k, str(v)) for k, v in spec.options if k not in CHILD_RESERVED)
-    return (options, spec.model_path, spec.mmproj, spec.model_sha256, spec.hf_revision)
+    return (
+        options,
+        spec.model_path,
+        spec.file_identity,
+        spec.mmproj,
+        spec.model_sha256,
+        spec.hf_revision,
+    )

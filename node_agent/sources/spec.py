@@ -113,6 +113,10 @@ class ModelSpec:
     cache_file: str | None = None
     """The GGUF an HF-cache model resolves to (its child gets ``--hf-repo``, like llama.cpp)."""
     cache_mmproj: str | None = None
+    file_identity: tuple[int, int, int, int] | None = None
+    """(device, inode, size, mtime) of the model file when the catalog was read: a file
+    replaced under the same name is a new model to a reload (the running child still maps
+    the old one)."""
     model_sha256: str | None = None
     """Corral: the SHA-256 ``model-url`` must match; the agent then downloads and checks it
     itself (``sources.download``) instead of letting the child fetch it unchecked."""
