@@ -46,7 +46,7 @@ def row(page: Any, model: str) -> Any:
 
 
 def test_status_page_shows_models_and_loads_one_live(
-    start_agent: Any, demo_dir: Path, browser_page: Any
+    start_agent: Any, demo_dir: Path, browser_page: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     agent = start_agent(
         "--models-dir", str(demo_dir), "--models-max", "1", "-c", "1024",
@@ -85,7 +85,8 @@ def test_status_page_shows_models_and_loads_one_live(
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "status-page.png"
     page.screenshot(path=str(shot), full_page=True)
-    print(f"status page screenshot: {shot}")
+    with capsys.disabled():  # shown in CI's log, not captured
+        print(f"\nstatus page screenshot: {shot}")
     assert not errors, errors
 
 
