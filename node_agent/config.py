@@ -154,7 +154,11 @@ def parse_agent_args(argv: Sequence[str], env: Mapping[str, str]) -> AgentOption
                 "(llama.cpp's presets cannot either)"
             )
         else:
-            children[name] = value("a value")
+            raw = value(opt.expects())
+            expected = opt.check(raw)
+            if expected is not None:
+                raise ConfigError(f"{flag} expects {expected}, got {raw!r}")
+            children[name] = raw
 
     keys = list(api_keys)
     for path in api_key_files:

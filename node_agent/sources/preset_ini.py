@@ -17,8 +17,10 @@ and ``huggingFace`` sources.
 Where llama.cpp is silent or lax, Corral refuses with file and line: an unknown key (llama.cpp
 also refuses, without a line), a router-level key (llama.cpp silently drops it), a duplicate
 section (llama.cpp silently keeps only the last), a key given twice, a key outside any section
-(llama.cpp makes it a model named ``default``), a flag whose value is not a boolean, and a
-non-numeric ``stop-timeout`` (llama.cpp warns and uses 10).
+(llama.cpp makes it a model named ``default``), a flag whose value is not a boolean, a value
+that does not fit its option (``ctx-size = lots``: llama.cpp refuses it only when the model
+loads; see ``LlamaOption.check``), and a non-numeric ``stop-timeout`` (llama.cpp warns and
+uses 10).
 """
 
 from __future__ import annotations
@@ -229,6 +231,10 @@ def _interpret(section: _Section, path: str) -> PresetLayer:
             )
         elif not value:
             raise ConfigError(f"{key!r} in {where} needs a value", path=path, line=line)
+        elif (expected := opt.check(value)) is not None:
+            raise ConfigError(
+                f"{key!r} in {where} expects {expected}, got {value!r}", path=path, line=line
+            )
         else:
             options[opt.name] = value
 

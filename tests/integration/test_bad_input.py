@@ -22,11 +22,9 @@ from urllib.parse import quote
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from node_agent.errors import ConfigError
 from node_agent.router.app import AgentState, RouterSettings, build_app
 from node_agent.router.proxy import Proxy
 from node_agent.router.registry import Registry
-from node_agent.sources.preset_ini import parse_preset_text
 from tests.integration.harness import REPO, AgentProcess, chat, http
 
 TINY = "demo-tiny"
@@ -278,13 +276,9 @@ def test_broken_preset(tmp_path: Path, row: str) -> None:
     assert says in message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=pytest.fail.Exception,
-    reason="sources (the lead's): values of llama-server's numeric options are not checked, "
-    "so the agent starts and the model only fails when a request loads it",
-)
-def test_broken_preset_bad_number() -> None:
-    # In-process: an agent that (wrongly) starts would otherwise have to be timed out.
-    with pytest.raises(ConfigError, match=r"broken\.ini:3: .*ctx-size"):
-        parse_preset_text("[m]\nmodel = x.gguf\nctx-size = lots\n", "broken.ini")
+def test_broken_preset_bad_number(tmp_path: Path) -> None:
+    # Refused at start-up, not when a request loads the model and llama-server's stoi throws.
+    preset = tmp_path / "broken.ini"
+    preset.write_text("[m]\nmodel = x.gguf\nctx-size = lots\n")
+    message = refused("--models-preset", str(preset))
+    assert f"{preset}:3: 'ctx-size' in [m] expects an integer, got 'lots'" in message

@@ -103,6 +103,22 @@ def test_child_options_flags_negatives_and_order() -> None:
     )
 
 
+def test_child_option_values_are_checked_but_passed_on_as_written() -> None:
+    o = parse("-c", "8192", "--temp", ".7", "-ngl", "all", "-fa", "true", "-ctk", "q8_0")
+    assert o.child_options == (
+        ("ctx-size", "8192"),
+        ("temperature", ".7"),
+        ("n-gpu-layers", "all"),
+        ("flash-attn", "true"),
+        ("cache-type-k", "q8_0"),
+    )
+    # Text and paths are llama-server's to judge.
+    assert parse("--lora", "a.gguf,b.gguf", "-ts", "3,1").child_options == (
+        ("lora", "a.gguf,b.gguf"),
+        ("tensor-split", "3,1"),
+    )
+
+
 def test_timeout_and_sleep_also_reach_children() -> None:
     o = parse("-to", "60", "--sleep-idle-seconds", "300")
     assert (o.timeout, o.sleep_idle_seconds) == (60, 300)
@@ -134,7 +150,14 @@ def test_help_and_version_are_reported_not_passed_on() -> None:
         ),
         (["--log-level", "loud"], "--log-level expects one of debug, info, warning, error"),
         (["--models-ttl", "soon"], "--models-ttl expects seconds (0: never), got 'soon'"),
-        (["-c"], "-c expects a value, but nothing follows it"),
+        (["-c"], "-c expects an integer, but nothing follows it"),
+        (["--cpu-mask"], "--cpu-mask expects a value, but nothing follows it"),
+        (["-c", "lots"], "-c expects an integer, got 'lots'"),
+        (["--ctx-size=8k"], "--ctx-size expects an integer, got '8k'"),
+        (["--temp", "hot"], "--temp expects a number, got 'hot'"),
+        (["-fa", "maybe"], "-fa expects one of 'on', 'off', 'auto' (or true/false, 1/0)"),
+        (["-ngl", "most"], "-ngl expects an integer or one of 'auto', 'all', got 'most'"),
+        (["-ctk", "Q8_0"], "-ctk expects one of 'f32', 'f16', 'bf16', 'q8_0'"),
         (["--no-mmap=1"], "--no-mmap is a flag and takes no value"),
         (["-m", "x.gguf"], "-m names one model, but corral agent serves many"),
         (["--hf-repo", "a/b"], "names one model"),

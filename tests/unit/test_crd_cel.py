@@ -192,7 +192,7 @@ def test_schema_is_structural_and_bounded() -> None:
 
 def test_every_rule_compiles() -> None:
     rules = list(_all_rules(SCHEMA))
-    assert len(rules) == 8
+    assert len(rules) == 9
     for _, r in rules:
         _ENV.compile(r["rule"])
         assert r.get("message")
@@ -295,6 +295,28 @@ def test_model_name_is_immutable() -> None:
     # Spelling out the default is not a change.
     assert cel_errors(mp("good", modelName="good"), mp("good")) == []
     assert cel_errors(mp("good", modelName="m1", args=["-c", "1"]), old) == []
+
+
+def test_hugging_face_revision_needs_file() -> None:
+    """The agent pins one named file (preset ``hf-revision`` needs ``hf-file``)."""
+
+    def hf(**source: str) -> dict[str, Any]:
+        return mp(source={"huggingFace": {"repo": "org/repo", **source}})
+
+    message = (
+        "source.huggingFace.revision needs source.huggingFace.file: name the GGUF file to pin "
+        "(e.g. file: model-Q4_K_M.gguf), or remove revision"
+    )
+    for good in (
+        hf(),
+        hf(file="m-Q4_K_M.gguf"),
+        hf(file="m-Q4_K_M.gguf", revision="main"),
+        hf(file="sub/m.gguf", revision="0123456789abcdef0123456789abcdef01234567"),
+    ):
+        assert errors(good) == [], good
+    for bad in (hf(revision="main"), hf(revision="v1.0")):
+        assert schema_errors(bad) == []  # structurally fine: the CEL rule is what refuses it
+        assert cel_errors(bad) == [f".spec.source.huggingFace: {message}"]
 
 
 def test_pvc_subpath_may_not_escape() -> None:

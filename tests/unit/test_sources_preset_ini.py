@@ -25,7 +25,7 @@ def test_sections_keys_comments_and_global() -> None:
         "model = /m/qwen.gguf\n"
         "ngl=99\n"
         "LLAMA_ARG_N_PARALLEL = 2\n"
-        'temp = "0.5"\n'
+        'chat-template = "chatml"\n'
         "version = 1\n"
     )
     assert ini.global_layer.options == (("ctx-size", "1024"),)
@@ -34,7 +34,7 @@ def test_sections_keys_comments_and_global() -> None:
         "model": "/m/qwen.gguf",
         "n-gpu-layers": "99",
         "parallel": "2",
-        "temperature": '"0.5"',  # no quoting in llama.cpp's grammar: quotes are kept
+        "chat-template": '"chatml"',  # no quoting in llama.cpp's grammar: quotes are kept
     }
     assert qwen.origin == "p.ini:6"
 
@@ -103,6 +103,14 @@ def test_preset_only_keys() -> None:
         ("[m]\nload-on-startup = yes\n", 2, "expects true or false, got 'yes'"),
         ("[m]\nmmap = maybe\n", 2, "'mmap' in [m] is a flag: expected true/false"),
         ("[m]\nc =\n", 2, "'c' in [m] needs a value"),
+        ("[m]\nc = lots\n", 2, "'c' in [m] expects an integer, got 'lots'"),
+        ("[m]\nLLAMA_ARG_CTX_SIZE = 8k\n", 2, "'LLAMA_ARG_CTX_SIZE' in [m] expects an integer"),
+        ("[*]\ntemp = hot\n", 2, "'temp' in [*] expects a number, got 'hot'"),
+        # Quotes are part of the value, so a quoted number is not a number (llama.cpp agrees).
+        ('[m]\ntemp = "0.5"\n', 2, "'temp' in [m] expects a number, got '\"0.5\"'"),
+        ("[m]\nflash-attn = yes\n", 2, "expects one of 'on', 'off', 'auto' (or true/false"),
+        ("[m]\nngl = most\n", 2, "'ngl' in [m] expects an integer or one of 'auto', 'all'"),
+        ("[m]\nsplit-mode = rows\n", 2, "one of 'none', 'layer', 'row', 'tensor', got 'rows'"),
         ("[m]\ncontrol-vector-layer-range = 1 2\n", 2, "takes 2 values"),
         ("[m]\n--ctx-size = 1\n", 2, "cannot parse '--ctx-size = 1'"),
         ("[m\n", 1, "malformed section header"),
@@ -124,3 +132,18 @@ def test_files_missing_and_present(tmp_path: Path) -> None:
     f = tmp_path / "p.ini"
     f.write_text("[m]\r\nmodel = m.gguf\r\n")
     assert dict(load_preset_file(f).sections["m"].options) == {"model": "m.gguf"}
+
+
+def test_option_values_fit_their_kind_and_stay_as_written() -> None:
+    layer = parse(
+        "[m]\nc = 8192\ntemp = 0.7\nngl = all\nfa = on\nctk = q8_0\nmodel = ./m.gguf\nts = 3,1\n"
+    ).sections["m"]
+    assert dict(layer.options) == {
+        "ctx-size": "8192",
+        "temperature": "0.7",
+        "n-gpu-layers": "all",
+        "flash-attn": "on",
+        "cache-type-k": "q8_0",
+        "model": "./m.gguf",
+        "tensor-split": "3,1",
+    }
