@@ -282,7 +282,9 @@ async def _proxy(
     try:
         if state.registry.fake_timing:
             await asyncio.sleep(FAKE_TIMING_SECONDS)
-        return await state.proxy.forward(request, state.registry.port(lease), body, exchange)
+        port = state.registry.port(lease)
+        slots = state.registry.slots(name)
+        return await state.proxy.forward(request, port, body, exchange, slots=slots)
     finally:
         state.registry.release(lease)
 

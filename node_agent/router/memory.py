@@ -19,7 +19,6 @@ from typing import Any
 from node_agent.core.ledger import MemoryLedger, freed_memory_visible
 from node_agent.errors import CorralError
 from node_agent.memory.devices import CompositeProbe
-from node_agent.memory.estimator import estimate_range
 from node_agent.sources.spec import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -81,6 +80,10 @@ class MemoryWatch:
         key = (path, stat.st_mtime_ns, stat.st_size, spec.options)
         if self._estimated.get(spec.name) == key:
             return
+        # Imported on first use: gguf pulls in numpy (~90 ms), which an agent without the
+        # ledger, and every agent's start-up, can do without.
+        from node_agent.memory.estimator import estimate_range
+
         budget = {d: a for d in self._devices if (a := self.ledger.available(d)) is not None}
         try:
             figures = estimate_range(Path(path), _estimator_options(spec), self._devices, budget)

@@ -6,6 +6,7 @@ chunked bodies) is passed through chunk by chunk as the child writes it, never b
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Mapping
@@ -20,6 +21,7 @@ from node_agent.router.exchange import Exchange
 log = logging.getLogger(__name__)
 
 CHILD_HOST = "127.0.0.1"
+MAX_GATES = 64
 # llama-server closes a keep-alive connection idle for 5 s (measured with the pinned binary).
 # A pooled connection reused just as the child closes it fails with "Server disconnected"
 # (aiohttp#2682; the soak hit it: a 502 for a healthy model), so ours never idle that long.
@@ -52,12 +54,38 @@ def _forward_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
     return out
 
 
+class _Gate:
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+        self.semaphore = asyncio.Semaphore(slots)
+        self.users = 0  # requests holding or waiting for the semaphore
+
+
 class Proxy:
     """A pooled HTTP client to the children (keep-alive connections per child port)."""
 
     def __init__(self, *, timeout: float) -> None:
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout)
         self._session: aiohttp.ClientSession | None = None
+        self._gates: dict[int, _Gate] = {}
+
+    def _gate(self, port: int, slots: int) -> _Gate:
+        """At most ``slots`` requests at once to the child on ``port``.
+
+        llama-server serves each connection on one of its few HTTP threads
+        (``max(parallel + 2, cores - 1)``: 6 with 4 slots on 2 cores) and leaves a connection
+        beyond those unread until an idle one times out, 5 s later: under load an unbounded
+        pool stalled requests for 5-20 s (bench S5). Its slots are all it can serve anyway;
+        a request over them waits here, in order, instead of in a socket nobody reads.
+        """
+        gate = self._gates.get(port)
+        if gate is None or gate.slots != slots:
+            if len(self._gates) > MAX_GATES:
+                # Children come and go on new ports: forget the gates nobody is using.
+                for old in [p for p, g in self._gates.items() if g.users == 0]:
+                    del self._gates[old]
+            gate = self._gates[port] = _Gate(slots)
+        return gate
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(
@@ -120,8 +148,26 @@ class Proxy:
         port: int,
         body: bytes | None,
         exchange: Exchange | None = None,
+        *,
+        slots: int,
     ) -> web.StreamResponse:
-        """Send ``request`` (with ``body`` already read) to the child on ``port``."""
+        """Send ``request`` (with ``body`` already read) to the child on ``port``, which
+        serves ``slots`` requests at once."""
+        gate = self._gate(port, slots)
+        gate.users += 1
+        try:
+            async with gate.semaphore:
+                return await self._forward(request, port, body, exchange)
+        finally:
+            gate.users -= 1
+
+    async def _forward(
+        self,
+        request: web.Request,
+        port: int,
+        body: bytes | None,
+        exchange: Exchange | None,
+    ) -> web.StreamResponse:
         assert self._session is not None, "proxy not started"
         url = f"http://{CHILD_HOST}:{port}{request.rel_url}"
         headers = _forward_headers(request.headers)

@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 # llama.cpp's router honours this to make its races reproducible; so do we (SPEC).
 FAKE_TIMING_ENV = "LLAMA_SERVER_DEBUG_FAKE_TIMING"
 FAKE_TIMING_SECONDS = 2.0
+DEFAULT_PARALLEL = 4  # llama-server's slots when -np is not given (or is -1, auto)
 TTL_CHECK_SECONDS = 0.25  # how often idle models are checked against their TTL
 
 
@@ -172,6 +173,16 @@ class Registry:
     def scheduler(self) -> Scheduler:
         """Read access for snapshots (``/models``, metrics, tests); never mutate it."""
         return self._sched
+
+    def slots(self, name: str) -> int:
+        """How many requests ``name``'s child serves at once (its ``-np``; llama-server's
+        default is 4)."""
+        value = self._specs[name].get("parallel")
+        try:
+            parallel = int(value) if isinstance(value, str) else 0
+        except ValueError:
+            parallel = 0
+        return parallel if parallel > 0 else DEFAULT_PARALLEL
 
     def now(self) -> float:
         """The registry's clock (monotonic seconds), for views of scheduler times."""
