@@ -34,7 +34,7 @@ class Sizes:
     s5_clients: int = 64
     s5_requests: int = 600
     s5_reps: int = 2
-    s5_deadline_s: float = 300.0
+    s5_deadline_s: float = 120.0
     s6_models: int = 1000
     s6_starts: int = 3
     s6_lists: int = 10
@@ -51,7 +51,7 @@ SMOKE = Sizes(
     s5_clients=8,
     s5_requests=24,
     s5_reps=1,
-    s5_deadline_s=20.0,
+    s5_deadline_s=10.0,
     s6_models=50,
     s6_starts=1,
     s6_lists=3,

@@ -3,8 +3,8 @@
     python -m bench.profile_summary DIR/S1-12345.folded.txt [--top 25]
 
 Prints the functions with the most samples on top of the stack (self) and anywhere in it
-(inclusive), as shares of all samples. Idle samples (the event loop waiting in select/epoll)
-are counted apart, so the shares are of the time the agent was busy.
+(inclusive), as shares of the busy samples: those of the event loop waiting in epoll are
+counted apart as idle.
 """
 
 from __future__ import annotations
@@ -15,11 +15,15 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-# Frames that mean "waiting for I/O": the event loop's poll. Samples ending in them are idle.
-IDLE = ("select (selectors.py", "poll (selectors.py", "_run_once (asyncio/base_events.py")
+
+def _is_idle(frame: str) -> bool:
+    """The event loop waiting in epoll/select: py-spy can report it as active (the thread is
+    in a system call, not sleeping), so it is recognised here and counted apart."""
+    function, _, where = frame.partition(" (")
+    return where.startswith("selectors.py") and function.rsplit(".", 1)[-1] in {"select", "poll"}
 
 
-def summarise(text: str, top: int) -> str:
+def summarise(text: str, top: int, under: str = "") -> str:
     own: Counter[str] = Counter()
     inclusive: Counter[str] = Counter()
     busy = idle = 0
@@ -29,7 +33,9 @@ def summarise(text: str, top: int) -> str:
             continue
         count = int(count_text)
         frames = stack.split(";")
-        if frames[-1].startswith(IDLE):
+        if under and not any(under in frame for frame in frames):
+            continue
+        if _is_idle(frames[-1]):
             idle += count
             continue
         busy += count
@@ -51,8 +57,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("path", type=Path)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument(
+        "--under",
+        default="",
+        help="only samples with a frame containing this text, e.g. 'Handle._run' for the "
+        "event loop's callbacks (leaves out start-up imports)",
+    )
     args = parser.parse_args(argv)
-    print(summarise(args.path.read_text(errors="replace"), args.top))
+    print(summarise(args.path.read_text(errors="replace"), args.top, args.under))
     return 0
 
 
