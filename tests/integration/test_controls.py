@@ -50,6 +50,20 @@ def in_background(
     return thread, result
 
 
+def answer(agent: AgentProcess, model: str) -> tuple[int, Any, Any]:
+    """A chat request's status, headers and JSON body."""
+    request = urllib.request.Request(
+        agent.url + "/v1/chat/completions",
+        data=json.dumps(chat(model)).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.headers, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, err.headers, json.loads(err.read())
+
+
 def wait_until(predicate: Any, timeout: float = 15) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -112,12 +126,15 @@ def test_queue_timeout_answers_503_with_retry_after(
     agent = start_agent(
         "--models-preset", ini, "--models-max", "1", "--queue-timeout", "1", env=FAKE_TIMING
     )
-    busy, result = in_background(agent, TINY)  # loads (2 s) then holds tiny (2 s)
+    # tiny loads (2 s: longer than the queue timeout, which bounds the wait for a turn, not a
+    # load under way) then holds its model (2 s) while small waits for the only slot.
+    busy, result = in_background(agent, TINY)
     wait_until(lambda: agent.models()[TINY]["status"]["value"] == "loaded")
     started = time.monotonic()
-    status, body = complete(agent, SMALL)
+    status, headers, body = answer(agent, SMALL)
     waited = time.monotonic() - started
     assert status == 503, body
+    assert headers["Retry-After"] == "1"
     assert "queue timeout" in body["error"]["message"]
     assert 0.9 <= waited < 3
     busy.join(30)
@@ -134,18 +151,10 @@ def test_max_queue_refuses_extra_waiters_at_once(
     wait_until(lambda: agent.models()[TINY]["corral"]["in_flight"] == 1)
     waiter, waiter_result = in_background(agent, SMALL)
     wait_until(lambda: agent.models()[SMALL]["corral"]["queued"] == 1)
-    request = urllib.request.Request(
-        agent.url + "/v1/chat/completions",
-        data=json.dumps(chat(SMALL)).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    try:
-        urllib.request.urlopen(request, timeout=10)
-        raise AssertionError("expected 503")
-    except urllib.error.HTTPError as err:
-        assert err.code == 503
-        assert err.headers["Retry-After"] == "1"
-        assert "--max-queue 1" in json.loads(err.read())["error"]["message"]
+    status, headers, body = answer(agent, SMALL)
+    assert status == 503
+    assert headers["Retry-After"] == "1"
+    assert "--max-queue 1" in body["error"]["message"]
     busy.join(60)
     waiter.join(60)
     assert busy_result["response"][0] == 200
