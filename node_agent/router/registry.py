@@ -17,7 +17,6 @@ import asyncio
 import logging
 import math
 import os
-import re
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
@@ -30,6 +29,8 @@ from node_agent.child.process import EXIT_NOT_RUN
 from node_agent.child.state import ChildEvent, EventKind
 from node_agent.core.scheduler import DecisionKind, Lease, ModelState, Scheduler
 from node_agent.errors import ApiError
+from node_agent.router.events import Event, EventHub
+from node_agent.router.keep_alive import parse_keep_alive
 from node_agent.sources.download import (
     DownloadError,
     DownloadPlan,
@@ -103,15 +104,6 @@ class _Running:
     fetching: asyncio.Task[Path] | None = None  # that download, while it runs
 
 
-@dataclass(frozen=True)
-class Event:
-    """One ``/models/sse`` message: llama.cpp's ``{"model", "event", "data"}``."""
-
-    model: str
-    event: str
-    data: dict[str, Any] | None
-
-
 class Registry:
     """Models by name, their children, and the scheduler that decides between them."""
 
@@ -141,7 +133,7 @@ class Registry:
         self._clock = clock
         self._changed = Changed()
         self._tasks = TaskSet("registry")
-        self._subscribers: set[asyncio.Queue[Event]] = set()
+        self._hub = EventHub()
         self.fake_timing = (
             bool(os.environ.get(FAKE_TIMING_ENV)) if fake_timing is None else fake_timing
         )
@@ -505,19 +497,11 @@ class Registry:
     # -- events ------------------------------------------------------------------------------
 
     def _publish(self, model: str, event: str, data: dict[str, Any] | None) -> None:
-        message = Event(model, event, data)
-        for queue in self._subscribers:
-            queue.put_nowait(message)
+        self._hub.publish(Event(model, event, data))
 
-    async def events(self) -> AsyncIterator[Event]:
-        """Every event from now on, for one ``/models/sse`` client."""
-        queue: asyncio.Queue[Event] = asyncio.Queue()
-        self._subscribers.add(queue)
-        try:
-            while True:
-                yield await queue.get()
-        finally:
-            self._subscribers.discard(queue)
+    def events(self) -> AsyncIterator[Event]:
+        """Every event from now on, for one ``/models/sse`` client (or metrics, the page)."""
+        return self._hub.subscribe()
 
     # -- idle unload ---------------------------------------------------------------------------
 
@@ -599,29 +583,3 @@ def _backoff_error(name: str, reason: str, retry_after: float) -> ApiError:
         f"model name={name} keeps failing to load{why}; next attempt in {seconds} s",
         headers={"Retry-After": str(seconds)},
     )
-
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
-
-
-def parse_keep_alive(value: object) -> float | None:
-    """Ollama's ``keep_alive``: seconds idle before unload, or None for "keep forever"."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise ApiError(
-            400, f"keep_alive must be a number of seconds or a duration like '5m', got {value!r}"
-        )
-    if isinstance(value, str):
-        text = value.strip()
-        if text.startswith("-"):
-            return None
-        match = _DURATION.match(text)
-        if match is None:
-            raise ApiError(
-                400,
-                f"keep_alive {value!r} is not a duration (examples: 0, 30, '30s', '5m', '1h', -1)",
-            )
-        return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
-    if value < 0:
-        return None
-    return float(value)

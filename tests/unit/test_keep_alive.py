@@ -1,0 +1,38 @@
+"""Ollama's keep_alive values, parsed."""
+
+from __future__ import annotations
+
+import pytest
+
+from node_agent.errors import ApiError
+from node_agent.router.keep_alive import parse_keep_alive
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        (0, 0.0),
+        (30, 30.0),
+        (2.5, 2.5),
+        ("0", 0.0),
+        ("45", 45.0),
+        ("30s", 30.0),
+        ("5m", 300.0),
+        ("1h", 3600.0),
+        ("250ms", 0.25),
+        (" 10 s ", 10.0),
+        (-1, None),
+        ("-1", None),
+        ("-5m", None),
+    ],
+)
+def test_keep_alive_values(value: object, seconds: float | None) -> None:
+    assert parse_keep_alive(value) == seconds
+
+
+@pytest.mark.parametrize("value", ["soon", "5x", "", None, True, [1], {"s": 1}])
+def test_bad_keep_alive_is_a_clear_400(value: object) -> None:
+    with pytest.raises(ApiError) as caught:
+        parse_keep_alive(value)
+    assert caught.value.status == 400
+    assert "keep_alive" in caught.value.message
