@@ -39,7 +39,7 @@ from typing import Any
 import aiohttp
 
 from node_agent.demo_models import write_demo_models
-from tests.integration.harness import REPO, children_of, free_port, http
+from tests.integration.harness import REPO, children_of, free_port, http, stop_process
 
 CENSUS = Path(__file__).with_name("task_census.py")
 MODELS = ("demo-tiny", "demo-small", "demo-medium", "demo-medium-b")
@@ -215,13 +215,7 @@ class Agent:
             time.sleep(0.05)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
 
 
 class Sampler(threading.Thread):
