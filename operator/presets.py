@@ -13,10 +13,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from node_agent.sources.options import llama_options
+
 # llama-server options the agent owns: where the child listens, which model it serves, who may
 # call it, and the router's own options. A preset that sets them would either break the agent's
 # proxying or fight spec.source / spec.aliases. Kept in step with the CRD's CEL rule by
 # tests/unit/test_crd_cel.py.
+# The agent's own llama-server option table (pure data: no agent runtime is imported).
+_TABLE = llama_options()
+
 RESERVED_OPTIONS: frozenset[str] = frozenset(
     {
         "--port",
@@ -147,15 +152,28 @@ def parse_args(args: list[str] | tuple[str, ...]) -> tuple[tuple[str, str], ...]
             raise InvalidPreset(f"args[{i}] = {token!r} is not an option (expected --name or -n)")
         if head in RESERVED_OPTIONS or head.startswith(RESERVED_PREFIXES):
             raise InvalidPreset(f"args may not set {head}: the agent or spec.source owns it")
+        match = _TABLE.flag(head)
+        if match is None:
+            close = _TABLE.suggest_flag(head)
+            hint = f" (did you mean {close}?)" if close else ""
+            raise InvalidPreset(f"args[{i}] = {head} is not a llama-server option{hint}")
+        option = match.option
         if eq:
             value = inline
-        elif i + 1 < len(args) and not _OPTION.match(args[i + 1].partition("=")[0]):
+        elif not option.is_flag and i + 1 < len(args):
             i += 1
             value = args[i]
             if any(c in value for c in "\r\n"):
                 raise InvalidPreset(f"args[{i}] contains a line break")
-        else:
+        elif option.is_flag:
             value = "true"
+        else:
+            raise InvalidPreset(f"args: {head} needs a value")
+        # Checked here, with the agent's own table: a value the agent would refuse would make
+        # it refuse the whole node's preset file, every other model's with it.
+        problem = None if option.is_flag else option.check(value.strip())
+        if problem is not None:
+            raise InvalidPreset(f"args: {head} expects {problem}, got {value!r}")
         key = head.lstrip("-")
         if key in seen:
             # An INI section holds a key once; silently keeping one of two would surprise.

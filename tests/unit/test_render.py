@@ -45,12 +45,13 @@ NODES = {
 
 
 def test_args_become_ini_keys() -> None:
-    assert parse_args(["--ctx-size", "8192", "--flash-attn", "-ngl", "-1", "--temp=0.7", "-c"]) == (
+    args = ["--ctx-size", "8192", "--flash-attn", "on", "-ngl", "-1", "--temp=0.7", "--no-mmap"]
+    assert parse_args(args) == (
         ("ctx-size", "8192"),
-        ("flash-attn", "true"),
+        ("flash-attn", "on"),
         ("ngl", "-1"),  # a negative number is a value, not an option
         ("temp", "0.7"),
-        ("c", "true"),
+        ("no-mmap", "true"),  # a flag: no value follows it
     )
 
 
@@ -67,6 +68,12 @@ def test_args_become_ini_keys() -> None:
         (["4096"], "not an option"),
         (["--ctx-size", "1", "--ctx-size", "2"], "twice"),
         (["--chat-template", "a\nb"], "line break"),
+        # Checked with the agent's own option table: a value it would refuse would make the
+        # agent refuse the node's whole preset file.
+        (["-c"], "needs a value"),
+        (["--ctx-size", "lots"], "expects an integer"),
+        (["--flash-attn", "maybe"], "expects one of"),
+        (["--ctx-sise", "4096"], "did you mean --ctx-size"),
     ],
 )
 def test_bad_args_are_refused(args: list[str], why: str) -> None:
