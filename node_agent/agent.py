@@ -28,7 +28,8 @@ from node_agent.router.app import AgentState, RouterSettings, build_app
 from node_agent.router.logs_api import setup_logs
 from node_agent.router.memory import MemoryWatch
 from node_agent.router.proxy import Proxy
-from node_agent.router.registry import ModelEvents, Registry
+from node_agent.router.registry import Registry
+from node_agent.router.running import ModelEvents
 from node_agent.sources.catalog import Catalog, diff_catalogs, load_catalog
 from node_agent.sources.hf_cache import hub_dir
 from node_agent.sources.preset_dir import directory_version, preset_files

@@ -15,22 +15,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from node_agent.aio import Changed, TaskSet
 from node_agent.child.logs import LogRing, failure_line
 from node_agent.child.process import EXIT_NOT_RUN
-from node_agent.child.state import ChildEvent, EventKind
 from node_agent.core.scheduler import DecisionKind, Lease, ModelState, Scheduler
 from node_agent.errors import ApiError
 from node_agent.router.events import Event, EventHub
 from node_agent.router.keep_alive import parse_keep_alive
+from node_agent.router.refusals import (
+    backoff_error,
+    failed_error,
+    queue_full_error,
+    queue_timeout_error,
+)
+from node_agent.router.running import Child, ChildFactory, ModelEvents, Running
 from node_agent.sources.download import (
     DownloadError,
     DownloadPlan,
@@ -50,58 +53,6 @@ FAKE_TIMING_ENV = "LLAMA_SERVER_DEBUG_FAKE_TIMING"
 FAKE_TIMING_SECONDS = 2.0
 DEFAULT_PARALLEL = 4  # llama-server's slots when -np is not given (or is -1, auto)
 TTL_CHECK_SECONDS = 0.25  # how often idle models are checked against their TTL
-
-
-class Child(Protocol):
-    """One running llama-server, as the registry drives it (``child.process.ChildProcess``)."""
-
-    @property
-    def port(self) -> int | None: ...
-    @property
-    def pid(self) -> int | None: ...
-    async def start(self) -> None: ...
-    async def stop(self) -> int | None: ...
-    async def wait_exited(self) -> int: ...
-
-
-ChildFactory = Callable[[ModelSpec, "ModelEvents"], Child]
-
-
-@dataclass
-class ModelEvents:
-    """The child's window onto the registry: what its stdout protocol reports, as it happens.
-
-    Ready and exit are not here: the child's owner task sees those as ``start()`` returning
-    and ``wait_exited()`` returning, in order.
-    """
-
-    registry: Registry
-    name: str
-
-    def dispatch(self, event: ChildEvent) -> None:
-        if event.kind is EventKind.LOADING and event.progress is not None:
-            progress = dict(event.loading) if event.loading else {"value": event.progress}
-            data = {"status": "loading", "progress": progress}
-            self.registry._publish(self.name, "status_change", data)
-        elif event.kind is EventKind.SLEEPING:
-            self.registry._child_slept(self.name)
-        elif event.kind is EventKind.WOKE:
-            self.registry._child_woke(self.name)
-
-
-@dataclass
-class _Running:
-    child: Child
-    task: asyncio.Task[None] | None = None
-    stop_task: asyncio.Task[None] | None = None
-    # Free memory per device just before the stop, and what the model held: after the exit
-    # the registry waits until that memory shows free again (GPUs report it late).
-    freed_check: tuple[dict[str, int], dict[str, int]] | None = None
-    stop_reason: str | None = None  # manual, evict, ttl, reload, shutdown; None: it crashed
-    log_seq: int = 0  # the model's log ring position when this child started
-    info: dict[str, Any] = field(default_factory=dict)
-    download: DownloadPlan | None = None  # the model's file, fetched before the child starts
-    fetching: asyncio.Task[Path] | None = None  # that download, while it runs
 
 
 class Registry:
@@ -128,7 +79,7 @@ class Registry:
         self._keep_alive: dict[str, float | None] = {}  # per-request overrides (Ollama's)
         self._specs: dict[str, ModelSpec] = {}
         self._aliases: dict[str, str] = {}
-        self._running: dict[str, _Running] = {}
+        self._running: dict[str, Running] = {}
         self._factory = child_factory
         self._clock = clock
         self._changed = Changed()
@@ -216,12 +167,7 @@ class Registry:
         if not autoload and not self._sched.view(name).state.running:
             raise ApiError(400, "model is not loaded")
         if self.max_queue is not None and self._sched.view(name).queued >= self.max_queue:
-            raise ApiError(
-                503,
-                f"too many requests are waiting for model '{name}' (--max-queue "
-                f"{self.max_queue}); try again later",
-                headers={"Retry-After": "1"},
-            )
+            raise queue_full_error(name, self.max_queue)
         self._prepare(name)
         waiter = self._sched.join(name)
         deadline = None if self.queue_timeout is None else self._clock() + self.queue_timeout
@@ -241,11 +187,11 @@ class Registry:
                 if decision.kind is DecisionKind.UNLOADED:
                     raise ApiError(400, "model is not loaded")
                 if decision.kind is DecisionKind.FAILED:
-                    raise _failed_error(name, decision.reason)
+                    raise failed_error(name, decision.reason)
                 if decision.kind is DecisionKind.GONE:
                     raise ApiError(400, f"model '{name}' not found")
                 if decision.kind is DecisionKind.BACKOFF:
-                    raise _backoff_error(name, decision.reason, decision.retry_after)
+                    raise backoff_error(name, decision.reason, decision.retry_after)
                 await self._wait_change(changed, deadline, name)
         finally:
             self._sched.leave(waiter)
@@ -262,12 +208,7 @@ class Registry:
             await asyncio.wait_for(changed.wait(), max(0.0, deadline - self._clock()))
         except TimeoutError:
             assert self.queue_timeout is not None
-            raise ApiError(
-                503,
-                f"model '{name}' did not become available within the queue timeout "
-                f"({self.queue_timeout:g} s); try again later",
-                headers={"Retry-After": str(max(1, math.ceil(self.queue_timeout)))},
-            ) from None
+            raise queue_timeout_error(name, self.queue_timeout) from None
 
     def release(self, lease: Lease) -> None:
         self._sched.release(lease, self._clock())
@@ -300,11 +241,11 @@ class Registry:
                     self._start(name)
                     return
                 if decision.kind is DecisionKind.FAILED:
-                    raise _failed_error(name, decision.reason)
+                    raise failed_error(name, decision.reason)
                 if decision.kind is DecisionKind.GONE:
                     raise ApiError(404, f"model '{name}' not found")
                 if decision.kind is DecisionKind.BACKOFF:
-                    raise _backoff_error(name, decision.reason, decision.retry_after)
+                    raise backoff_error(name, decision.reason, decision.retry_after)
                 if self._sched.stuck(name):
                     # Only busy models could make room: a request would wait, but a direct
                     # load is told to come back (llama.cpp's wording).
@@ -343,7 +284,7 @@ class Registry:
         if plan is not None:  # the child loads the verified file from where fetch() puts it
             spec = with_local_model(spec, plan.destination)
         child = self._factory(spec, ModelEvents(self, name))
-        running = self._running[name] = _Running(child, download=plan)
+        running = self._running[name] = Running(child, download=plan)
         logs = getattr(child, "logs", None)
         if isinstance(logs, LogRing):
             running.log_seq = logs.statistics().appended
@@ -355,7 +296,7 @@ class Registry:
         running.task = self._tasks.spawn(self._own_child(name, running), f"child:{name}")
         self._wake()
 
-    async def _own_child(self, name: str, running: _Running) -> None:
+    async def _own_child(self, name: str, running: Running) -> None:
         """Start the child, report ready, then wait for its exit and report that."""
         reason = ""
         spawned = False  # a failed or stopped download never spawns the child
@@ -409,7 +350,7 @@ class Registry:
             self._sched.remove_model(name)
         self._wake()
 
-    async def _fetch_model(self, name: str, running: _Running, plan: DownloadPlan) -> None:
+    async def _fetch_model(self, name: str, running: Running, plan: DownloadPlan) -> None:
         """Download the model's file (``downloading`` on /models/sse). Its own task, so that a
         stop can cancel the download alone and the owner still reports the exit."""
 
@@ -453,7 +394,7 @@ class Registry:
         running = self._running.get(name)
         return running.stop_task if running is not None else None
 
-    async def _drain_and_stop(self, name: str, running: _Running, reason: str) -> None:
+    async def _drain_and_stop(self, name: str, running: Running, reason: str) -> None:
         """Let requests in flight finish (up to the stop timeout), then stop the child."""
         spec = self._specs.get(name)
         timeout = spec.stop_timeout if spec is not None else 10.0
@@ -472,7 +413,7 @@ class Registry:
             await asyncio.shield(running.task)
 
     @staticmethod
-    def _last_error(running: _Running) -> str:
+    def _last_error(running: Running) -> str:
         """The child's own last error line (of this run: the ring outlives restarts)."""
         logs = getattr(running.child, "logs", None)
         if not isinstance(logs, LogRing):
@@ -565,21 +506,3 @@ async def _wait_all(tasks: list[asyncio.Task[None] | None]) -> None:
     pending = [t for t in tasks if t is not None]
     if pending:
         await asyncio.wait([asyncio.shield(t) for t in pending])
-
-
-def _failed_error(name: str, reason: str) -> ApiError:
-    """llama.cpp's 500 for a failed load, with why (the child's own error line) as Corral's
-    extra."""
-    detail = {"reason": reason} if reason else None
-    return ApiError(500, f"model name={name} failed to load", detail=detail)
-
-
-def _backoff_error(name: str, reason: str, retry_after: float) -> ApiError:
-    """503 with Retry-After for a model in crash-loop backoff (no load is tried meanwhile)."""
-    seconds = max(1, math.ceil(retry_after))
-    why = f" (last error: {reason})" if reason else ""
-    return ApiError(
-        503,
-        f"model name={name} keeps failing to load{why}; next attempt in {seconds} s",
-        headers={"Retry-After": str(seconds)},
-    )
