@@ -219,7 +219,22 @@ class Agent:
             await self._runner.cleanup()
 
 
+def _watch_children_with_pidfds() -> None:
+    """Python 3.11's default child watcher starts a thread per child to wait for it; a pidfd
+    is watched by the event loop itself (3.12 does this on its own). Linux 5.3+ only."""
+    if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
+        return
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError:
+        return  # an older kernel: keep the threaded watcher
+    watcher = asyncio.PidfdChildWatcher()
+    watcher.attach_loop(asyncio.get_running_loop())
+    asyncio.set_child_watcher(watcher)
+
+
 async def serve(options: AgentOptions, binary: Path, env: Mapping[str, str]) -> None:
+    _watch_children_with_pidfds()
     agent = Agent(options, binary, env)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

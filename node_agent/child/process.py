@@ -34,6 +34,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+import aiohttp
+
 from node_agent.binary import explain_exit
 from node_agent.child import protocol
 from node_agent.child.logs import LogRing, failure_line
@@ -47,7 +49,7 @@ from node_agent.child.state import (
     ChildState,
     EventKind,
 )
-from node_agent.child.streams import read_lines, watch_health
+from node_agent.child.streams import health_session, read_lines, watch_health
 from node_agent.errors import ChildError
 
 # The supervisor's whole public API, importable from here.
@@ -145,6 +147,7 @@ class ChildProcess:
         self._healthy = False
         self._bind_failed = False
         self._poller: asyncio.Task[None] | None = None
+        self._health: aiohttp.ClientSession | None = None
         self._stale_pollers: list[asyncio.Task[None]] = []
         self._returncode: int | None = None  # of the last spawn, once reaped
         # Set while handling messages.
@@ -583,6 +586,7 @@ class ChildProcess:
         attempt = self._attempt
         self._poller = asyncio.create_task(
             watch_health(
+                self._health_session(),
                 HOST,
                 self._port,
                 lambda status: self._inbox.put_nowait(_Health(attempt, status)),
@@ -591,9 +595,19 @@ class ChildProcess:
             )
         )
 
+    def _health_session(self) -> aiohttp.ClientSession:
+        # One per child, not one per poll: a session costs more to build than a probe
+        # (bench S4: 14% of the agent's busy time went to sessions made for two probes).
+        if self._health is None:
+            self._health = health_session()
+        return self._health
+
     async def _cancel_poller(self) -> None:
         pollers = [*self._stale_pollers, *([self._poller] if self._poller else [])]
         self._poller, self._stale_pollers = None, []
         for task in pollers:
             task.cancel()
         await asyncio.gather(*pollers, return_exceptions=True)
+        if self._health is not None:
+            session, self._health = self._health, None
+            await session.close()

@@ -61,6 +61,7 @@ def health_session() -> aiohttp.ClientSession:
 
 
 async def watch_health(
+    session: aiohttp.ClientSession,
     host: str,
     port: int,
     report: Callable[[int], None],
@@ -74,13 +75,12 @@ async def watch_health(
     """
     last: int | None = None
     delay = first_delay
-    async with health_session() as session:
-        while True:
-            status = await health_status(session, host, port)
-            if status is not None and status != last:
-                last = status
-                report(status)
-                if status == 200:
-                    return
-            await asyncio.sleep(delay)
-            delay = min(delay * 1.5, max_delay)
+    while True:
+        status = await health_status(session, host, port)
+        if status is not None and status != last:
+            last = status
+            report(status)
+            if status == 200:
+                return
+        await asyncio.sleep(delay)
+        delay = min(delay * 1.5, max_delay)
