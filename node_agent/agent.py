@@ -84,6 +84,7 @@ class Agent:
         self.tag = f"{options.host}:{options.port}"
         self.catalog = self._read_catalog()
         self.memory = self._memory_watch(options)
+        self.proxy = Proxy(timeout=options.timeout)
         self.registry = Registry(
             self.catalog.models,
             models_max=options.models_max,
@@ -92,8 +93,8 @@ class Agent:
             ttl=options.models_ttl,
             queue_timeout=options.queue_timeout,
             max_queue=options.max_queue,
+            release_port=self.proxy.close_port,
         )
-        self.proxy = Proxy(timeout=options.timeout)
         self.logs: dict[str, LogRing] = {}
         self._runner: web.AppRunner | None = None
         self._watcher: asyncio.Task[None] | None = None
@@ -177,7 +178,6 @@ class Agent:
         ended = await asyncio.to_thread(end_orphans, self.tag)
         if ended:
             log.warning("ended orphaned llama-server children of a previous agent: %s", ended)
-        await self.proxy.start()
         settings = RouterSettings(
             models_max=self.options.models_max,
             models_autoload=self.options.models_autoload,
