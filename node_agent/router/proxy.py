@@ -93,14 +93,15 @@ class Proxy:
         a request over them waits at the gate, in order, instead of in a socket nobody reads.
         """
         link = self._links.get(port)
-        if link is None or link.slots != slots:
-            if len(self._links) > MAX_LINKS:
-                # Children come and go on new ports: drop the links nobody is using.
-                for old in [p for p, k in self._links.items() if k.users == 0]:
-                    await self.close_port(old)
-            if link is not None and link.users == 0:
-                await link.session.close()
-            link = self._links[port] = _ChildLink(slots, self._timeout)
+        if link is not None and (link.slots == slots or link.users > 0):
+            return link  # a new slot count applies once the link is idle
+        if link is not None:
+            await self.close_port(port)
+        if len(self._links) > MAX_LINKS:
+            # Children come and go on new ports: drop the links nobody is using.
+            for old in [p for p, k in self._links.items() if k.users == 0]:
+                await self.close_port(old)
+        link = self._links[port] = _ChildLink(slots, self._timeout)
         return link
 
     async def close_port(self, port: int) -> None:

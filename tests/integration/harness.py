@@ -11,7 +11,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from http.client import HTTPConnection
 from pathlib import Path
 from typing import Any
 
@@ -92,18 +93,7 @@ class AgentProcess:
         self.wait_healthy()
 
     def wait_healthy(self, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"agent exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                status, _ = http("GET", self.url + "/health", timeout=1)
-                if status == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.05)
-        raise AssertionError(f"agent did not become healthy:\n{self.log()}")
+        wait_healthy(self.proc, self.port, self.log, "the agent", timeout)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -141,6 +131,28 @@ class AgentProcess:
         self._log.close()
 
 
+def wait_healthy(
+    proc: subprocess.Popen[bytes],
+    port: int,
+    log: Callable[[], str],
+    what: str,
+    timeout: float = 30,
+) -> None:
+    """Wait for ``GET /health`` 200 from a server we started; fail with its log if it dies."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"{what} exited with {proc.returncode}:\n{log()}")
+        try:
+            status, _ = http("GET", f"http://127.0.0.1:{port}/health", timeout=1)
+            if status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"{what} did not become healthy:\n{log()}")
+
+
 def stop_process(proc: subprocess.Popen[bytes]) -> None:
     """SIGTERM (the agent drains and stops its children), then SIGKILL after 30 s."""
     if proc.poll() is None:
@@ -167,3 +179,16 @@ def children_of(pid: int) -> list[int]:
         if int(fields[1]) == pid and b"llama-server" in cmdline and fields[0] != "Z":
             found.append(int(entry.name))
     return found
+
+
+def open_stream(agent: AgentProcess, model: str) -> tuple[HTTPConnection, Any]:
+    """A long streamed chat (3,000 tokens) that has started flowing: a model kept busy."""
+    conn = HTTPConnection("127.0.0.1", agent.port, timeout=120)
+    body = chat(model, max_tokens=3000, stream=True, ignore_eos=True)
+    conn.request(
+        "POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"}
+    )
+    stream = conn.getresponse()
+    assert stream.status == 200
+    assert stream.readline().startswith(b"data: ")  # tokens are flowing
+    return conn, stream

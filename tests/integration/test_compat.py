@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.harness import AgentProcess, children_of, free_port
+from tests.integration.harness import AgentProcess, children_of, free_port, wait_healthy
 
 TINY, EMBED, BROKEN = "demo-tiny", "demo-small", "broken"
 KEY = "sekrit-key"
@@ -81,17 +81,7 @@ class LlamaRouter:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"llama.cpp's router exited:\n{self.log()}")
-            try:
-                if call(self.port, "GET", "/health").status == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.05)
-        raise AssertionError(f"llama.cpp's router did not become healthy:\n{self.log()}")
+        wait_healthy(self.proc, self.port, self.log, "llama.cpp's router")
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

@@ -9,7 +9,6 @@ mid-stream is a real child SIGKILLed from outside while it streams.
 from __future__ import annotations
 
 import asyncio
-import http.client
 import json
 import os
 import re
@@ -28,7 +27,7 @@ import aiohttp
 import pytest
 
 from node_agent.child.orphans import tag_environment
-from tests.integration.harness import AgentProcess, chat, free_port
+from tests.integration.harness import AgentProcess, chat, free_port, open_stream
 from tests.integration.harness import http as http_call
 
 FAULT_SERVER = Path(__file__).with_name("fault_server.py")
@@ -107,18 +106,6 @@ def start_faulty(
         *args,
         env=faults.env,
     )
-
-
-def open_stream(agent: AgentProcess, model: str) -> tuple[http.client.HTTPConnection, Any]:
-    conn = http.client.HTTPConnection("127.0.0.1", agent.port, timeout=60)
-    body = chat(model, max_tokens=3000, stream=True, ignore_eos=True)
-    conn.request(
-        "POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"}
-    )
-    stream = conn.getresponse()
-    assert stream.status == 200
-    assert stream.readline().startswith(b"data: ")  # tokens are flowing
-    return conn, stream
 
 
 def test_a_child_that_crashes_mid_stream(start_agent: StartAgent, demo_dir: Path) -> None:
@@ -341,13 +328,19 @@ def test_a_failed_load_tells_its_waiters_why(start_agent: StartAgent, broken_mod
     assert CORRUPT["truncated"] in body["error"]["corral"]["reason"], body
 
 
+def one_model(source: Path, tmp_path: Path, name: str) -> Path:
+    """A models folder holding a copy of ``source`` as ``name`` (a copy: the tests change it)."""
+    folder = tmp_path / "models"
+    folder.mkdir()
+    shutil.copy(source, folder / f"{name}.gguf")
+    return folder
+
+
 def test_a_model_file_deleted_while_loaded(
     start_agent: StartAgent, demo_dir: Path, tmp_path: Path
 ) -> None:
     """The child keeps serving from its mapping; a reload then retires the model."""
-    folder = tmp_path / "models"
-    folder.mkdir()
-    shutil.copy(demo_dir / f"{TINY}.gguf", folder / "doomed.gguf")
+    folder = one_model(demo_dir / f"{TINY}.gguf", tmp_path, "doomed")
     agent = start_agent("--models-dir", str(folder), "-c", "512")
     assert complete(agent, "doomed")[0] == 200
     pid = agent.models()["doomed"]["corral"]["pid"]
@@ -369,9 +362,7 @@ def test_a_model_file_replaced_while_loaded(
     start_agent: StartAgent, demo_dir: Path, tmp_path: Path
 ) -> None:
     """The old child serves until ``?reload=1``, which restarts the model on the new file."""
-    folder = tmp_path / "models"
-    folder.mkdir()
-    shutil.copy(demo_dir / f"{TINY}.gguf", folder / "swapped.gguf")
+    folder = one_model(demo_dir / f"{TINY}.gguf", tmp_path, "swapped")
     agent = start_agent("--models-dir", str(folder), "-c", "512")
     assert complete(agent, "swapped")[0] == 200
     before = agent.models()["swapped"]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import http.client
-import json
 import os
 import signal
 import threading
@@ -12,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from tests.integration.harness import AgentProcess, chat
+from tests.integration.harness import AgentProcess, chat, open_stream
 
 TINY, SMALL, MEDIUM = "demo-tiny", "demo-small", "demo-medium"
 
@@ -44,14 +42,7 @@ def test_streaming_model_is_not_evicted_and_the_waiter_completes_after(
 ) -> None:
     agent = start_agent("--models-dir", str(demo_dir), "--models-max", "1", "-c", "4096")
     assert complete(agent, MEDIUM)[0] == 200
-    conn = http.client.HTTPConnection("127.0.0.1", agent.port, timeout=120)
-    body = chat(MEDIUM, max_tokens=3000, stream=True, ignore_eos=True)
-    conn.request(
-        "POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"}
-    )
-    stream = conn.getresponse()
-    assert stream.status == 200
-    assert stream.readline().startswith(b"data: ")  # the stream is flowing
+    conn, stream = open_stream(agent, MEDIUM)
 
     result: dict[str, Any] = {}
 
