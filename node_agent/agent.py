@@ -86,7 +86,7 @@ class Agent:
         self.memory = self._memory_watch(options)
         self.proxy = Proxy(timeout=options.timeout)
         self.registry = Registry(
-            self.catalog.models,
+            self.catalog,
             models_max=options.models_max,
             child_factory=self._make_child,
             memory=self.memory,
@@ -158,7 +158,7 @@ class Agent:
             len(diff.changed),
             len(diff.updated),
         )
-        await self.registry.reload(new.models, set(diff.changed))
+        await self.registry.reload(new, set(diff.changed))
 
     async def watch_presets(self, directory: Path) -> None:
         """Reload when the operator's ConfigMap volume changes (the kubelet's ``..data`` swap)."""

@@ -34,6 +34,7 @@ from node_agent.router.refusals import (
     queue_timeout_error,
 )
 from node_agent.router.running import Child, ChildFactory, ModelEvents, Running
+from node_agent.sources.catalog import Catalog
 from node_agent.sources.download import (
     DownloadError,
     DownloadPlan,
@@ -60,7 +61,7 @@ class Registry:
 
     def __init__(
         self,
-        specs: Mapping[str, ModelSpec],
+        catalog: Catalog,
         *,
         models_max: int,
         child_factory: ChildFactory,
@@ -91,17 +92,15 @@ class Registry:
         self.fake_timing = (
             bool(os.environ.get(FAKE_TIMING_ENV)) if fake_timing is None else fake_timing
         )
-        self._set_specs(specs)
+        self._set_specs(catalog.models, catalog.aliases)
 
     # -- catalog -----------------------------------------------------------------------------
 
-    def _set_specs(self, specs: Mapping[str, ModelSpec]) -> None:
+    def _set_specs(self, specs: Mapping[str, ModelSpec], aliases: Mapping[str, str]) -> None:
         self._specs = dict(specs)
-        self._aliases = {}
+        self._aliases = dict(aliases)  # the catalog's, already checked for collisions
         for name, spec in self._specs.items():
             self._sched.add_model(name, pin=spec.pin, priority=spec.priority)
-            for alias in spec.aliases:
-                self._aliases.setdefault(alias, name)
 
     def resolve(self, name: str) -> str | None:
         """The canonical name for a model name or alias, or None when unknown."""
@@ -138,14 +137,16 @@ class Registry:
         running = self._running.get(name)
         return running.child if running is not None else None
 
-    async def reload(self, specs: Mapping[str, ModelSpec], changed: set[str]) -> None:
+    async def reload(self, catalog: Catalog, changed: set[str]) -> None:
         """Apply a re-read catalog: stop models that vanished or whose arguments changed.
 
         The others are updated in place. Requests for a changed model that arrive meanwhile
         wait in the queue and load it again with its new arguments.
         """
+        specs = catalog.models
         gone = [name for name in self._specs if name not in specs]
-        self._set_specs({**{n: self._specs[n] for n in gone}, **specs})
+        # Gone models stay known until their children have stopped (draining).
+        self._set_specs({**{n: self._specs[n] for n in gone}, **specs}, catalog.aliases)
         stops = [self._stop(name, "reload") for name in (*gone, *changed)]
         await _wait_all(stops)
         for name in gone:

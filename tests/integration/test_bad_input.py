@@ -25,6 +25,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from node_agent.router.app import AgentState, RouterSettings, build_app
 from node_agent.router.proxy import Proxy
 from node_agent.router.registry import Registry
+from node_agent.sources.catalog import Catalog
 from tests.integration.harness import REPO, AgentProcess, chat, http
 
 TINY = "demo-tiny"
@@ -193,7 +194,7 @@ async def test_body_over_the_limit_is_413() -> None:
         build_info="test",
         max_body_bytes=limit,
     )
-    registry = Registry({}, models_max=1, child_factory=_no_children)
+    registry = Registry(Catalog(), models_max=1, child_factory=_no_children)
     state = AgentState(registry, Proxy(timeout=5), settings, _no_reload, "llama-server")
     async with TestClient(TestServer(build_app(state))) as client:
         big = b'{"model": "' + b"x" * (2 * limit) + b'"}'
