@@ -59,7 +59,9 @@ def test_metrics_match_a_scripted_workload(start_agent: Any, demo_dir: Path) -> 
     prompt, generated = {TINY: 0, SMALL: 0}, {TINY: 0, SMALL: 0}
 
     def complete(model: str, max_tokens: int) -> None:
-        status, body = agent.post(CHAT, chat(model, max_tokens=max_tokens))
+        # ignore_eos: the demo models may end early (they rarely sample </s>), and the token
+        # totals below count on exactly max_tokens each.
+        status, body = agent.post(CHAT, chat(model, max_tokens=max_tokens, ignore_eos=True))
         assert status == 200, body
         prompt[model] += body["usage"]["prompt_tokens"]
         generated[model] += body["usage"]["completion_tokens"]
@@ -67,7 +69,14 @@ def test_metrics_match_a_scripted_workload(start_agent: Any, demo_dir: Path) -> 
     complete(TINY, 3)  # loads tiny
     complete(TINY, 5)
     usage = stream(
-        agent, chat(TINY, max_tokens=4, stream=True, stream_options={"include_usage": True})
+        agent,
+        chat(
+            TINY,
+            max_tokens=4,
+            stream=True,
+            ignore_eos=True,
+            stream_options={"include_usage": True},
+        ),
     )
     prompt[TINY] += usage["prompt_tokens"]
     generated[TINY] += usage["completion_tokens"]
