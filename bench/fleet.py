@@ -17,8 +17,10 @@ from types import TracebackType
 
 from bench.procs import DIRECT, ROUTERS, CpuTimes, Launcher, Server
 from bench.results_model import Resources, ScenarioResult
+from node_agent.real_model import MODEL_NAME, real_model_path
 
 TINY, SMALL, MEDIUM, TINY_B = "demo-tiny", "demo-small", "demo-medium", "demo-tiny-b"
+REAL = MODEL_NAME  # SmolLM2-135M-Instruct, where its wheel is installed
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,8 @@ class Sizes:
     s1_requests: int = 300
     s2_streams: int = 20
     s2_tokens: int = 256
+    s2r_streams: int = 8
+    s2r_tokens: int = 128
     s3_loads: int = 10
     s4_requests: int = 60
     s4_reps: int = 3
@@ -45,6 +49,8 @@ SMOKE = Sizes(
     s1_requests=20,
     s2_streams=2,
     s2_tokens=16,
+    s2r_streams=1,
+    s2r_tokens=8,
     s3_loads=1,
     s4_requests=6,
     s4_reps=1,
@@ -84,6 +90,9 @@ class Models:
             _link(demo / f"{name}.gguf", where / f"{name}.gguf")
         # S5 needs four models; a second name for the tiny file is a model of its own.
         _link(demo / f"{TINY}.gguf", where / f"{TINY_B}.gguf")
+        real = real_model_path()
+        if real is not None:
+            _link(real, where / f"{REAL}.gguf")
         return cls(where)
 
 

@@ -28,13 +28,14 @@ from bench import report
 from bench.fleet import FULL, SMOKE, Bench, Models, Sizes
 from bench.procs import TARGETS, Launcher
 from bench.results_model import ScenarioResult
-from bench.scenarios import s1_overhead, s2_streaming, s3_cold_start
+from bench.scenarios import s1_overhead, s2_real_model, s2_streaming, s3_cold_start
 from bench.scenarios_load import s4_churn, s5_concurrency, s6_scale
 
 Scenario = Callable[[Bench], Awaitable[ScenarioResult]]
 SCENARIOS: dict[str, Scenario] = {
     "S1": s1_overhead,
     "S2": s2_streaming,
+    "S2R": s2_real_model,
     "S3": s3_cold_start,
     "S4": s4_churn,
     "S5": s5_concurrency,

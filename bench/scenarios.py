@@ -25,6 +25,7 @@ from bench.client import (
 )
 from bench.fleet import (
     MEDIUM,
+    REAL,
     SMALL,
     TINY,
     Bench,
@@ -41,6 +42,7 @@ from bench.results_model import (
     p99,
     scaled,
 )
+from node_agent.real_model import HOW_TO_GET
 
 MS = 1000.0
 
@@ -111,22 +113,40 @@ async def s1_overhead(bench: Bench) -> ScenarioResult:
 
 async def s2_streaming(bench: Bench) -> ScenarioResult:
     n, tokens = bench.sizes.s2_streams, bench.sizes.s2_tokens
+    return await _streaming(bench, "S2", f"{tokens}-token streamed completions, ~5 MB model",
+                            SMALL, n, tokens)  # fmt: skip
+
+
+async def s2_real_model(bench: Bench) -> ScenarioResult:
+    """S2 on the real SmolLM2-135M-Instruct (98 MB, Q4_1): decode speed as a user sees it."""
+    n, tokens = bench.sizes.s2r_streams, bench.sizes.s2r_tokens
+    description = f"{tokens}-token streamed completions, the real SmolLM2-135M-Instruct (Q4_1)"
+    if not bench.models.path(REAL).exists():
+        result = ScenarioResult("S2R", description, {"model": REAL}, TARGETS)
+        result.errors = {t: HOW_TO_GET for t in TARGETS}
+        return result
+    return await _streaming(bench, "S2R", description, REAL, n, tokens)
+
+
+async def _streaming(
+    bench: Bench, name: str, description: str, model: str, n: int, tokens: int
+) -> ScenarioResult:
     result = ScenarioResult(
-        "S2",
-        f"Streaming: {tokens}-token streamed completions, ~5 MB model",
-        {"streams": n, "tokens": tokens, "model": SMALL, "models_max": 2},
+        name,
+        f"Streaming: {description}",
+        {"streams": n, "tokens": tokens, "model": model, "models_max": 2},
         TARGETS,
     )
     rates: dict[str, list[float]] = {}
     ttfts: dict[str, list[float]] = {}
     with Fleet(result) as fleet:
-        await fleet.start_routers(bench, "S2", bench.models.dir, 2)
-        await fleet.start_direct(bench, "S2", SMALL)
+        await fleet.start_routers(bench, name, bench.models.dir, 2)
+        await fleet.start_direct(bench, name, model)
         sessions = {t: fresh_session() for t in fleet.names}
         try:
             for target in fleet.names:
                 try:
-                    await stream(sessions[target], fleet.servers[target].url, SMALL, 8)
+                    await stream(sessions[target], fleet.servers[target].url, model, 8)
                 except RequestFailed as exc:
                     fleet.fail(target, exc)
             rates = {t: [] for t in fleet.names}
@@ -136,7 +156,7 @@ async def s2_streaming(bench: Bench) -> ScenarioResult:
                 for target in rotation(fleet.names, i):
                     try:
                         url = fleet.servers[target].url
-                        timing = await stream(sessions[target], url, SMALL, tokens)
+                        timing = await stream(sessions[target], url, model, tokens)
                     except RequestFailed as exc:
                         fleet.fail(target, exc)
                         continue
