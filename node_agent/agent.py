@@ -21,8 +21,8 @@ from node_agent.binary import check_llama_server, find_llama_server
 from node_agent.child.logs import LogRing
 from node_agent.child.orphans import end_orphans
 from node_agent.child.process import ChildConfig, ChildProcess
-from node_agent.config import AgentOptions, parse_agent_args
-from node_agent.errors import ApiError, ConfigError, CorralError
+from node_agent.config import AgentOptions, llama_server_arg, parse_agent_args
+from node_agent.errors import ApiError, BinaryError, ConfigError, CorralError
 from node_agent.memory.devices import open_probes
 from node_agent.router.app import AgentState, RouterSettings, build_app
 from node_agent.router.logs_api import setup_logs
@@ -32,6 +32,7 @@ from node_agent.router.registry import Registry
 from node_agent.router.running import ModelEvents
 from node_agent.sources.catalog import Catalog, diff_catalogs, load_catalog
 from node_agent.sources.hf_cache import hub_dir
+from node_agent.sources.options import use_options_of
 from node_agent.sources.preset_dir import directory_version, preset_files
 from node_agent.sources.spec import ModelSpec
 
@@ -249,6 +250,15 @@ async def serve(options: AgentOptions, binary: Path, env: Mapping[str, str]) -> 
 
 def main(argv: Sequence[str]) -> int:
     env = os.environ
+    # The binary first: its own --help says which options the flags and presets may use.
+    # Without one, --help still works, and the error waits until the flags are checked.
+    binary: Path | None = None
+    missing: BinaryError | None = None
+    try:
+        binary = find_llama_server(llama_server_arg(argv), env)
+        use_options_of(binary, check_llama_server(binary))
+    except BinaryError as exc:
+        missing = exc
     try:
         options = parse_agent_args(argv, env)
     except CorralError as exc:
@@ -266,9 +276,10 @@ def main(argv: Sequence[str]) -> int:
         level=options.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if missing is not None or binary is None:
+        print(f"corral agent: {missing}", file=sys.stderr)
+        return 1
     try:
-        binary = find_llama_server(options.llama_server, env)
-        check_llama_server(binary)
         asyncio.run(serve(options, binary, env))
     except CorralError as exc:
         print(f"corral agent: {exc}", file=sys.stderr)

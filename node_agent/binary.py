@@ -12,6 +12,7 @@ CPU it dies of SIGILL, which we translate into "build one with hack/build-llama-
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -176,3 +177,14 @@ def check_llama_server(path: Path | str, *, timeout: float = VERSION_TIMEOUT) ->
     if not lines:
         raise BinaryError(f"{binary} --version printed nothing: is it a llama-server?")
     return lines[0]
+
+
+_BUILD = re.compile(r"\(build (\d+), commit ([0-9A-Za-z]+)\)")
+
+
+def build_info(version: str) -> str:
+    """llama.cpp's ``build_info`` (``b<build>-<commit>``, as its ``/props`` says) from a
+    ``--version`` line: ``0.1.0-dev (build 1, commit 7e4c0a9)`` -> ``b1-7e4c0a9``; the line
+    itself where it has no build number."""
+    m = _BUILD.search(version)
+    return f"b{m.group(1)}-{m.group(2)}" if m else version

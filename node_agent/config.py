@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from node_agent.errors import ConfigError
-from node_agent.sources.options import llama_options, parse_bool
+from node_agent.sources.options import Match, generated_options, llama_options, parse_bool
 from node_agent.sources.spec import OptionValue
 
 T = TypeVar("T")
@@ -76,6 +76,17 @@ class AgentOptions:
         return self.models_max <= 0
 
 
+def llama_server_arg(argv: Sequence[str]) -> str | None:
+    """``--llama-server PATH`` from the agent's arguments, before they are parsed: the binary
+    must be known first, since its options decide which other flags are valid."""
+    for i, word in enumerate(argv):
+        if word == "--llama-server" and i + 1 < len(argv):
+            return argv[i + 1]
+        if word.startswith("--llama-server="):
+            return word.partition("=")[2]
+    return None
+
+
 def parse_agent_args(argv: Sequence[str], env: Mapping[str, str]) -> AgentOptions:
     """Parse ``corral agent``'s arguments (without the program and subcommand names)."""
     values: dict[str, object] = {}
@@ -113,12 +124,12 @@ def parse_agent_args(argv: Sequence[str], env: Mapping[str, str]) -> AgentOption
                 values[field] = _convert(flag, raw, what, convert)
             continue
 
-        match = table.flag(flag)
+        match = table.flag(flag) or _router_flag(flag)
         if match is None:
             hint = table.suggest_flag(flag, extra=_OWN_FLAGS)
             tail = f"; did you mean {hint}?" if hint else ""
             raise ConfigError(
-                f"unknown option {flag}: not a corral agent or llama-server option{tail}"
+                f"unknown option {flag}: not a corral agent option, nor one of {table.origin}{tail}"
             )
         opt = match.option
         name = opt.name
@@ -355,10 +366,17 @@ _OWN_FLAGS: dict[str, tuple[str, str, Callable[[str], object]]] = {
 }
 
 
+def _router_flag(flag: str) -> Match | None:
+    """A router flag that the binary in use does not list (an older llama-server): the router
+    is Corral, so its own flags never depend on the children's binary."""
+    match = generated_options().flag(flag)
+    return match if match is not None and match.option.name in _ROUTER else None
+
+
 def _apply_env(
     env: Mapping[str, str], values: dict[str, object], keys: list[str], key_files: list[str]
 ) -> None:
-    table = llama_options()
+    table = generated_options()  # the router's env names are Corral's own (see _router_flag)
     for name, (field, what, convert) in _ROUTER.items():
         var = table.named(name).env
         if var is None or var not in env:

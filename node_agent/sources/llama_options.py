@@ -7,7 +7,9 @@ choices (of a ``choice``; extra words an ``integer`` takes), default from the he
 
 from __future__ import annotations
 
-Row = tuple[tuple[str, ...], tuple[str, ...], str | None, int, str, tuple[str, ...], str | None]
+from node_agent.sources.help_text import Row
+
+VERSION = "0.1.0-dev (build 1, commit 7e4c0a9)"
 
 OPTIONS: tuple[Row, ...] = (
     (("-h", "--help", "--usage"), (), None, 0, "flag", (), None),

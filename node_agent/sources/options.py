@@ -1,7 +1,8 @@
 """llama-server's options: one lookup for preset keys, command-line flags and env names.
 
-The data comes from the pinned binary's ``--help`` (``llama_options.py``, generated). The
-rules follow llama.cpp (``common/preset.cpp``):
+The data comes from the ``--help`` of the binary in use (:func:`use_options_of`, once at the
+agent's start), else from the pinned binary's (``llama_options.py``, generated). The rules
+follow llama.cpp (``common/preset.cpp``):
 
 * a preset key is a flag without its dashes (``ctx-size``, ``c``, ``no-mmap``) or the option's
   env name (``LLAMA_ARG_CTX_SIZE``);
@@ -20,9 +21,18 @@ from __future__ import annotations
 
 import difflib
 import functools
+import logging
 import re
+import subprocess
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
+
+from node_agent.binary import build_info
+from node_agent.sources.help_text import parse_help
+
+log = logging.getLogger(__name__)
+HELP_TIMEOUT = 30.0
 
 # llama.cpp's common_arg_utils::is_truthy / is_falsey.
 TRUTHY = frozenset({"on", "enabled", "true", "1"})
@@ -132,9 +142,10 @@ class Match:
 
 
 class OptionTable:
-    """Lookups over a set of llama-server options."""
+    """Lookups over a set of llama-server options; ``origin`` names the binary they are of."""
 
-    def __init__(self, options: tuple[LlamaOption, ...]) -> None:
+    def __init__(self, options: tuple[LlamaOption, ...], origin: str) -> None:
+        self.origin = origin
         self._options = options
         self._by_key: dict[str, Match] = {}
         self._by_flag: dict[str, Match] = {}
@@ -178,11 +189,66 @@ class OptionTable:
 
 
 @functools.cache
-def llama_options() -> OptionTable:
-    """The table of the pinned llama-server (built once)."""
-    from node_agent.sources.llama_options import OPTIONS
+def generated_options() -> OptionTable:
+    """The table of the pinned llama-server (``llama_options.py``, built once)."""
+    from node_agent.sources.llama_options import OPTIONS, VERSION
 
-    return OptionTable(tuple(LlamaOption(*row) for row in OPTIONS))
+    origin = f"the pinned llama-server {build_info(VERSION)} (Corral's built-in table)"
+    return OptionTable(tuple(LlamaOption(*row) for row in OPTIONS), origin)
+
+
+_in_use: OptionTable | None = None
+
+
+def llama_options() -> OptionTable:
+    """The options of the llama-server in use: its own ``--help`` once :func:`use_options_of`
+    read it, else the pinned binary's generated table."""
+    return _in_use if _in_use is not None else generated_options()
+
+
+def use_options_of(binary: Path, version: str) -> OptionTable:
+    """Read ``binary --help`` and make it the table every later lookup uses.
+
+    Called once at the agent's start, before any flag or preset is read: a user who brings a
+    newer or older llama-server gets that binary's options, not the pinned one's. Where its
+    ``--help`` cannot be read or parsed, the generated table stays, with a warning.
+    """
+    global _in_use
+    try:
+        _in_use = _read_help(binary, *_file_identity(binary), version)
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        log.warning(
+            "cannot read the options of %s from its --help (%s): using those of %s",
+            binary,
+            exc,
+            generated_options().origin,
+        )
+        _in_use = None
+    return llama_options()
+
+
+def _file_identity(binary: Path) -> tuple[int, int]:
+    stat = binary.stat()
+    return stat.st_size, stat.st_mtime_ns
+
+
+@functools.cache
+def _read_help(binary: Path, size: int, mtime_ns: int, version: str) -> OptionTable:
+    """One binary's table; cached by path, size and mtime (a replaced binary is read anew)."""
+    done = subprocess.run(
+        [str(binary), "--help"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        errors="replace",
+        timeout=HELP_TIMEOUT,
+        check=True,
+    )
+    rows = parse_help(done.stdout)
+    if not rows:
+        raise ValueError("it listed no options")
+    origin = f"llama-server {build_info(version)} ({binary})"
+    return OptionTable(tuple(LlamaOption(*row) for row in rows), origin)
 
 
 def parse_bool(value: str) -> bool | None:

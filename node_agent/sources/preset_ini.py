@@ -292,10 +292,13 @@ def _unknown_key_message(key: str, where: str) -> str:
             f"give --{key} on the agent's command line instead"
         )
     # The closer of the two pools: 'model-sha265' must not get llama-server's 'models-max'.
-    hints = [h for h in (llama_options().suggest(key), _closest_preset_only(key)) if h]
+    table = llama_options()
+    hints = [h for h in (table.suggest(key), _closest_preset_only(key)) if h]
     hint = max(hints, key=lambda h: difflib.SequenceMatcher(None, key, h).ratio(), default=None)
     tail = f"; did you mean {hint!r}?" if hint else ""
-    return f"unknown key {key!r} in {where}: not a llama-server option nor a preset key{tail}"
+    return (
+        f"unknown key {key!r} in {where}: not a preset key, nor an option of {table.origin}{tail}"
+    )
 
 
 def _closest_preset_only(key: str) -> str | None:

@@ -134,8 +134,8 @@ def test_help_and_version_are_reported_not_passed_on() -> None:
     [
         (
             ["--ctx-sise", "1"],
-            "unknown option --ctx-sise: not a corral agent or llama-server "
-            "option; did you mean --ctx-size?",
+            "unknown option --ctx-sise: not a corral agent option, nor one of the pinned "
+            "llama-server b1-7e4c0a9 (Corral's built-in table); did you mean --ctx-size?",
         ),
         (["--models-memory-margn", "1"], "did you mean --models-memory-margin?"),
         (["--port", "http"], "--port expects a port number, got 'http'"),

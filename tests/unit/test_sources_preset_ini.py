@@ -74,8 +74,8 @@ def test_preset_only_keys() -> None:
         (
             "[m]\nctx-sise = 1\n",
             2,
-            "unknown key 'ctx-sise' in [m]: not a llama-server option nor "
-            "a preset key; did you mean 'ctx-size'?",
+            "unknown key 'ctx-sise' in [m]: not a preset key, nor an option of the pinned "
+            "llama-server b1-7e4c0a9 (Corral's built-in table); did you mean 'ctx-size'?",
         ),
         (
             "[m]\nmodels-max = 2\n",

@@ -1,0 +1,101 @@
+"""The option table of the binary in use: its own --help, not only the pinned binary's table."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from node_agent import binary
+from node_agent.config import llama_server_arg, parse_agent_args
+from node_agent.errors import ConfigError
+from node_agent.sources import options
+from node_agent.sources.options import generated_options, llama_options, use_options_of
+from node_agent.sources.preset_ini import parse_preset_text
+
+# Two options in llama.cpp's --help layout (the option column is padded to 40), one of them
+# (--spec-future) unknown to the pinned binary.
+HELP = """\
+----- common params -----
+
+-c,    --ctx-size N                     size of the prompt context (default: 0, 0 = loaded from
+                                        model)
+                                        (env: LLAMA_ARG_CTX_SIZE)
+--spec-future N                         an option of a newer llama-server (default: 3)
+                                        (env: LLAMA_ARG_SPEC_FUTURE)
+"""
+VERSION = "0.6.0-dev (build 11434, commit abc1234)"
+
+
+def fake_binary(path: Path, help_text: str) -> Path:
+    path.write_text(f"#!/bin/sh\ncat <<'EOF'\n{help_text}EOF\n")
+    path.chmod(0o755)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def restore_table() -> Iterator[None]:
+    yield
+    options._in_use = None
+
+
+def test_the_binarys_own_options_are_used(tmp_path: Path) -> None:
+    table = use_options_of(fake_binary(tmp_path / "llama-server", HELP), VERSION)
+    assert llama_options() is table
+    assert table.key("spec-future") is not None
+    assert generated_options().key("spec-future") is None
+    assert table.origin == f"llama-server b11434-abc1234 ({tmp_path / 'llama-server'})"
+    # the agent's flags and the presets both go by it
+    parsed = parse_agent_args(["--spec-future", "5"], {})
+    assert dict(parsed.child_options) == {"spec-future": "5"}
+    assert parse_preset_text("[m]\nspec-future = 4\n", "p.ini")
+
+
+def test_an_option_this_binary_lacks_is_refused_naming_the_binary(tmp_path: Path) -> None:
+    use_options_of(fake_binary(tmp_path / "llama-server", HELP), VERSION)
+    with pytest.raises(ConfigError, match=r"--swa-full: .*llama-server b11434-abc1234"):
+        parse_agent_args(["--swa-full"], {})
+    with pytest.raises(ConfigError, match=r"'swa-full' .*llama-server b11434-abc1234"):
+        parse_preset_text("[m]\nswa-full = true\n", "p.ini")
+
+
+def test_a_replaced_binary_is_read_again(tmp_path: Path) -> None:
+    path = fake_binary(tmp_path / "llama-server", HELP)
+    assert use_options_of(path, VERSION).key("spec-future") is not None
+    fake_binary(path, HELP.replace("--spec-future", "--spec-later "))
+    os.utime(path, ns=(1, 1))  # a different mtime even within the file system's resolution
+    table = use_options_of(path, VERSION)
+    assert table.key("spec-later") is not None and table.key("spec-future") is None
+
+
+def test_an_unreadable_help_falls_back_to_the_generated_table(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    broken = tmp_path / "llama-server"
+    broken.write_text("#!/bin/sh\nexit 3\n")
+    broken.chmod(0o755)
+    with caplog.at_level(logging.WARNING):
+        table = use_options_of(broken, VERSION)
+    assert table is generated_options()
+    assert "cannot read the options of" in caplog.text and "built-in table" in caplog.text
+
+
+def test_the_llama_server_flag_is_found_before_parsing() -> None:
+    assert llama_server_arg(["-c", "1", "--llama-server", "/x/ls"]) == "/x/ls"
+    assert llama_server_arg(["--llama-server=/y"]) == "/y"
+    assert llama_server_arg(["-c", "1"]) is None
+
+
+@pytest.mark.parametrize(
+    ("line", "info"),
+    [
+        ("0.1.0-dev (build 1, commit 7e4c0a9)", "b1-7e4c0a9"),
+        ("0.6.0-dev (build 0, commit unknown)", "b0-unknown"),
+        ("something else", "something else"),
+    ],
+)
+def test_build_info(line: str, info: str) -> None:
+    assert binary.build_info(line) == info
