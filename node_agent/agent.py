@@ -17,7 +17,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from node_agent.binary import check_llama_server, find_llama_server
+from node_agent.binary import build_info, check_llama_server, find_llama_server
 from node_agent.child.logs import LogRing
 from node_agent.child.orphans import end_orphans
 from node_agent.child.process import ChildConfig, ChildProcess
@@ -76,9 +76,12 @@ overrides the presets' values.
 class Agent:
     """One running agent: its catalog, registry, proxy and HTTP site."""
 
-    def __init__(self, options: AgentOptions, binary: Path, env: Mapping[str, str]) -> None:
+    def __init__(
+        self, options: AgentOptions, binary: Path, build_info: str, env: Mapping[str, str]
+    ) -> None:
         self.options = options
         self.binary = binary
+        self.build_info = build_info  # the binary's, as llama.cpp's router reports its own
         self.env = dict(env)
         # Children carry the agent's address: an agent restarted on the same port finds and
         # ends the orphans a SIGKILLed predecessor may have left.
@@ -183,7 +186,7 @@ class Agent:
             models_max=self.options.models_max,
             models_autoload=self.options.models_autoload,
             api_keys=tuple(self.options.api_keys),
-            build_info="corral",
+            build_info=self.build_info,
             max_body_bytes=self.options.max_body_size,
         )
         app = build_app(
@@ -234,9 +237,11 @@ def _watch_children_with_pidfds() -> None:
     asyncio.set_child_watcher(watcher)
 
 
-async def serve(options: AgentOptions, binary: Path, env: Mapping[str, str]) -> None:
+async def serve(
+    options: AgentOptions, binary: Path, build_info: str, env: Mapping[str, str]
+) -> None:
     _watch_children_with_pidfds()
-    agent = Agent(options, binary, env)
+    agent = Agent(options, binary, build_info, env)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -253,10 +258,12 @@ def main(argv: Sequence[str]) -> int:
     # The binary first: its own --help says which options the flags and presets may use.
     # Without one, --help still works, and the error waits until the flags are checked.
     binary: Path | None = None
+    version = ""
     missing: BinaryError | None = None
     try:
         binary = find_llama_server(llama_server_arg(argv), env)
-        use_options_of(binary, check_llama_server(binary))
+        version = check_llama_server(binary)
+        use_options_of(binary, version)
     except BinaryError as exc:
         missing = exc
     try:
@@ -280,7 +287,7 @@ def main(argv: Sequence[str]) -> int:
         print(f"corral agent: {missing}", file=sys.stderr)
         return 1
     try:
-        asyncio.run(serve(options, binary, env))
+        asyncio.run(serve(options, binary, build_info(version), env))
     except CorralError as exc:
         print(f"corral agent: {exc}", file=sys.stderr)
         return 1

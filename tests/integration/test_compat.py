@@ -362,6 +362,13 @@ def test_scripted_requests_get_the_same_answers(pair: Pair) -> None:
     assert failed["failed"] is True and failed["exit_code"] != 0
 
 
+def test_the_routers_build_info_is_its_binarys(pair: Pair) -> None:
+    # llama.cpp's router reports its own build (b<build>-<commit>); Corral, the binary it runs.
+    peer, corral = pair.both("GET", "/props")
+    assert peer.json()["build_info"].startswith("b")
+    assert corral.json()["build_info"] == peer.json()["build_info"]
+
+
 def test_cors_preflight_is_answered_like_llama_cpp(pair: Pair) -> None:
     peer, corral = pair.both("OPTIONS", "/v1/chat/completions")
     assert_same("OPTIONS /v1/chat/completions", peer, corral)
