@@ -258,12 +258,12 @@ def main(argv: Sequence[str]) -> int:
     # The binary first: its own --help says which options the flags and presets may use.
     # Without one, --help still works, and the error waits until the flags are checked.
     binary: Path | None = None
-    version = ""
+    binary_version = ""
     missing: BinaryError | None = None
     try:
         binary = find_llama_server(llama_server_arg(argv), env)
-        version = check_llama_server(binary)
-        use_options_of(binary, version)
+        binary_version = check_llama_server(binary)
+        use_options_of(binary, binary_version)
     except BinaryError as exc:
         missing = exc
     try:
@@ -287,7 +287,7 @@ def main(argv: Sequence[str]) -> int:
         print(f"corral agent: {missing}", file=sys.stderr)
         return 1
     try:
-        asyncio.run(serve(options, binary, build_info(version), env))
+        asyncio.run(serve(options, binary, build_info(binary_version), env))
     except CorralError as exc:
         print(f"corral agent: {exc}", file=sys.stderr)
         return 1

@@ -36,7 +36,8 @@ class BufferLine:
 
 def buffer_device(buffer: str) -> str:
     """The ledger's device for a ggml buffer type: host memory for CPU and pinned buffers."""
-    if buffer.startswith("CPU") or buffer.endswith("_Host") or buffer == "Metal_Mapped":
+    # AMX: the CPU backend's repacked copies of weights (memory/cpu_repack.py)
+    if buffer.startswith("CPU") or buffer.endswith("_Host") or buffer in ("AMX", "Metal_Mapped"):
         return "host"
     return buffer.removesuffix("_Mapped").removesuffix("_Split")
 

@@ -9,7 +9,8 @@ How each buffer is sized (checked against the pinned binary, see
 
 * **Weights**: every tensor's bytes by its ggml type. Token embeddings stay on the host;
   with ``-ngl N`` the last N of the ``n_layer + 1`` "layers" (the output head counts as the
-  last one) go to the GPUs, split by ``--tensor-split`` (equal shares when absent).
+  last one) go to the GPUs, split by ``--tensor-split`` (equal shares when absent). On a CPU
+  with AMX, the host's weights get a second, repacked copy (``cpu_repack.py``).
 * **KV cache**: cells x (K width x K type bytes + V width x V type bytes) per layer, widths =
   KV heads x head dim. Cells: ``-c`` (0 = trained context) padded to 256. With ``-np N`` and
   a non-unified cache each of the N streams gets ``ctx / N`` cells, padded to 256 again (so
@@ -36,6 +37,7 @@ from pathlib import Path
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from node_agent.errors import ConfigError
+from node_agent.memory.cpu_repack import HostCpu, this_cpu
 from node_agent.memory.shape import ModelShape, read_shape
 
 HOST = "host"
@@ -62,6 +64,7 @@ _ALIASES = {
     "mg": "main-gpu",
     "fitc": "fit-ctx",
     "embedding": "embeddings",
+    "nr": "no-repack",
 }
 
 
@@ -118,6 +121,7 @@ class _Config:
     swa_full: bool
     kv_offload: bool
     embeddings: bool
+    repack: bool  # --repack (the default): the CPU backend's extra weight buffers
     ngl: int | None  # None = all layers
     split: tuple[float, ...] | None
     split_none: bool
@@ -130,14 +134,15 @@ def estimate(
     devices: Sequence[str],
     *,
     context: int | None = None,
+    cpu: HostCpu | None = None,
 ) -> MemoryEstimate:
     """Estimate the buffers of ``path`` under llama-server ``options`` on ``devices``.
 
     ``options`` are llama-server options by name without dashes (long or short; ``None`` for
     a flag); ``devices`` the ledger's device names (``host``, ``CUDA0``…). ``context``
-    overrides ``-c``.
+    overrides ``-c``; ``cpu`` defaults to this machine's.
     """
-    return estimate_shape(read_shape(path), options, devices, context=context)
+    return estimate_shape(read_shape(path), options, devices, context=context, cpu=cpu)
 
 
 def estimate_range(
@@ -145,9 +150,10 @@ def estimate_range(
     options: Mapping[str, str | None],
     devices: Sequence[str],
     budget: Mapping[str, int] | None = None,
+    cpu: HostCpu | None = None,
 ) -> MemoryRange:
     """``min`` and ``max`` as the spec defines them; ``budget``: bytes available per device now."""
-    return range_for_shape(read_shape(path), options, devices, budget)
+    return range_for_shape(read_shape(path), options, devices, budget, cpu)
 
 
 def range_for_shape(
@@ -155,18 +161,22 @@ def range_for_shape(
     options: Mapping[str, str | None],
     devices: Sequence[str],
     budget: Mapping[str, int] | None = None,
+    cpu: HostCpu | None = None,
 ) -> MemoryRange:
     cfg = _config(options)
+    cpu = cpu or this_cpu()
     low = min_context(shape, options)
-    smallest = estimate_shape(shape, options, devices, context=low)
+    smallest = estimate_shape(shape, options, devices, context=low, cpu=cpu)
     if cfg.ctx > 0 or budget is None:
         # A pinned -c leaves --fit nothing to choose: max is min. Without a budget the best
         # we can say is the trained context.
-        top = smallest if cfg.ctx > 0 else estimate_shape(shape, options, devices, context=0)
+        top = (
+            smallest if cfg.ctx > 0 else estimate_shape(shape, options, devices, context=0, cpu=cpu)
+        )
         return MemoryRange(smallest, top)
 
     def fits(ctx: int) -> bool:
-        est = estimate_shape(shape, options, devices, context=ctx)
+        est = estimate_shape(shape, options, devices, context=ctx, cpu=cpu)
         return all(d.total <= budget.get(name, d.total) for name, d in est.devices.items())
 
     best, lo, hi = low, low // KV_PAD, max(low, shape.n_ctx_train) // KV_PAD
@@ -176,7 +186,7 @@ def range_for_shape(
             best, lo = mid * KV_PAD, mid + 1
         else:
             hi = mid - 1
-    return MemoryRange(smallest, estimate_shape(shape, options, devices, context=best))
+    return MemoryRange(smallest, estimate_shape(shape, options, devices, context=best, cpu=cpu))
 
 
 def min_context(shape: ModelShape, options: Mapping[str, str | None]) -> int:
@@ -198,8 +208,10 @@ def estimate_shape(
     devices: Sequence[str],
     *,
     context: int | None = None,
+    cpu: HostCpu | None = None,
 ) -> MemoryEstimate:
     cfg = _config(options)
+    cpu = cpu or this_cpu()
     gpus = [d for d in devices if d != HOST]
     place = _placement(shape, cfg, gpus)
     ctx = cfg.ctx if context is None else context
@@ -227,6 +239,8 @@ def estimate_shape(
             slope[kv_dev] = slope.get(kv_dev, 0) + per_cell
     out_dev = place[shape.n_layer]
     weights[out_dev] = weights.get(out_dev, 0) + shape.output_bytes
+    if cfg.repack and cpu.amx:
+        weights[HOST] += _amx_copies(shape, place)
 
     compute = _compute(shape, cfg, place, cells_stream, swa_stream, min(cfg.ubatch, _pad(ctx)))
     output = cfg.n_seq * 4 * (shape.n_vocab + (shape.n_embd if cfg.embeddings else 0))
@@ -245,6 +259,17 @@ def estimate_shape(
         if dev in slope or dev == out_dev:
             slope[dev] = slope.get(dev, 0) + mask_per_token
     return MemoryEstimate(cells_stream * streams, cfg.n_seq, result, slope)
+
+
+def _amx_copies(shape: ModelShape, place: Sequence[str]) -> int:
+    """What the CPU backend's AMX buffer adds for the weights that stay on the host."""
+    if all(dev == HOST for dev in place):
+        return sum(shape.layer_amx) + shape.output_amx - shape.amx_unmapped
+    # Offloaded layers have no host copy; the mapping then spans what llama.cpp maps for the
+    # GPUs too, so nothing is taken off it.
+    host_layers = [il for il in range(shape.n_layer) if place[il] == HOST]
+    head = shape.output_amx if place[shape.n_layer] == HOST else 0
+    return sum(shape.layer_amx[il] for il in host_layers if il < len(shape.layer_amx)) + head
 
 
 def _compute(
@@ -332,6 +357,8 @@ def _config(options: Mapping[str, str | None]) -> _Config:
         swa_full="swa-full" in opts and _flag(opts["swa-full"]),
         kv_offload=not ("no-kv-offload" in opts and _flag(opts["no-kv-offload"])),
         embeddings="embeddings" in opts and _flag(opts["embeddings"]),
+        repack=not ("no-repack" in opts and _flag(opts["no-repack"]))
+        and not ("repack" in opts and not _flag(opts["repack"])),
         ngl=ngl,
         split=split,
         split_none=(opts.get("split-mode") or "").lower() == "none",

@@ -1,21 +1,24 @@
 """A model's shape as the estimator needs it, taken from its GGUF header.
 
 Only the numbers that size llama.cpp's buffers: layers, widths, KV heads per layer, the
-sliding-window layers, vocabulary, trained context and each tensor's bytes and layer.
+sliding-window layers, vocabulary, trained context, each tensor's bytes and layer, and the
+copies an AMX CPU would make of them (``cpu_repack.py``).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from node_agent.memory.cpu_repack import amx_copy_bytes
 from node_agent.memory.gguf_header import (
     GgufError,
     GgufHeader,
     MetaValue,
     SkippedArray,
+    TensorInfo,
     read_header,
 )
 
@@ -46,6 +49,12 @@ class ModelShape:
     input_bytes: int  # token embeddings: always on the host
     output_bytes: int  # output norm and head: the "output layer"
     layer_bytes: tuple[int, ...]
+    # The CPU backend's AMX copies (cpu_repack.py), where the weights stay on a host with AMX:
+    layer_amx: tuple[int, ...] = ()
+    output_amx: int = 0  # the head's copy (token_embd's, for a tied head)
+    # File bytes at the ends of the mapped range that only hold copied weights: the mapping
+    # (``CPU_Mapped``) is the span from the first to the last tensor still read from it.
+    amx_unmapped: int = 0
 
     @property
     def weight_bytes(self) -> int:
@@ -75,16 +84,27 @@ def shape_from_header(header: GgufHeader, where: str = "model") -> ModelShape:
     input_bytes = output_bytes = 0
     layer_bytes = [0] * n_layer
     n_vocab = 0
+    layer_amx = [0] * n_layer
+    output_amx = 0
+    copied: list[int] = []  # per tensor in file order: its AMX copy's bytes
     for tensor in header.tensors:
+        amx = amx_copy_bytes(tensor)
+        copied.append(amx)
         match = _LAYER.match(tensor.name)
         if match and int(match.group(1)) < n_layer:
             layer_bytes[int(match.group(1))] += tensor.nbytes
+            layer_amx[int(match.group(1))] += amx
         elif tensor.name.startswith(_INPUT_TENSORS):
             input_bytes += tensor.nbytes
             if tensor.name == "token_embd.weight" and len(tensor.shape) == 2:
                 n_vocab = tensor.shape[1]
         else:
             output_bytes += tensor.nbytes
+            output_amx += amx
+    names = {t.name for t in header.tensors}
+    if "output.weight" not in names:  # a tied head multiplies by the token embeddings
+        embd = next((t for t in header.tensors if t.name == "token_embd.weight"), None)
+        output_amx += amx_copy_bytes(embd, as_output_head=True) if embd else 0
     tokens = meta.get("tokenizer.ggml.tokens")
     if isinstance(tokens, SkippedArray):
         n_vocab = tokens.length
@@ -104,6 +124,19 @@ def shape_from_header(header: GgufHeader, where: str = "model") -> ModelShape:
         input_bytes=input_bytes,
         output_bytes=output_bytes,
         layer_bytes=tuple(layer_bytes),
+        layer_amx=tuple(layer_amx),
+        output_amx=output_amx,
+        amx_unmapped=_unmapped_ends(header.tensors, copied),
+    )
+
+
+def _unmapped_ends(tensors: Sequence[TensorInfo], copied: Sequence[int]) -> int:
+    """Bytes of the leading and trailing runs of tensors that are all copied (see above)."""
+    kept = [i for i, amx in enumerate(copied) if not amx]
+    if not kept:
+        return sum(t.nbytes for t in tensors)
+    return sum(t.nbytes for t in tensors[: kept[0]]) + sum(
+        t.nbytes for t in tensors[kept[-1] + 1 :]
     )
 
 
