@@ -34,6 +34,7 @@ from node_agent.sources.catalog import Catalog, diff_catalogs, load_catalog
 from node_agent.sources.hf_cache import hub_dir
 from node_agent.sources.preset_dir import directory_version, preset_files
 from node_agent.sources.spec import ModelSpec
+from node_agent.version import version_line
 
 log = logging.getLogger("corral.agent")
 
@@ -258,9 +259,7 @@ def main(argv: Sequence[str]) -> int:
         print(HELP, end="")
         return 0
     if options.show_version:
-        from importlib.metadata import version
-
-        print(f"corral {version('corral')}")
+        print(version_line())
         return 0
     logging.basicConfig(
         level=options.log_level.upper(),
