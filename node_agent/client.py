@@ -9,9 +9,12 @@ reached.
 from __future__ import annotations
 
 import argparse
+import functools
+import http.client
 import json
 import os
 import queue
+import socket
 import sys
 import threading
 import time
@@ -24,6 +27,7 @@ from typing import Any, TextIO
 from node_agent import client_format as fmt
 
 DEFAULT_URL = "http://127.0.0.1:8080"
+UNIX_SCHEME = "unix://"  # an agent on a unix socket (--host PATH.sock), as llama-server says it
 EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = 1, 2, 3
 # While following a load the client also polls GET /models this often: the events stream
 # says how far a load got, the poll makes sure an outcome is never missed (an event sent
@@ -49,19 +53,26 @@ class UnknownModel(Exception):
 
 
 class BadUrl(Exception):
-    """``--url`` is not an http(s) URL of a host."""
+    """``--url`` is not an http(s) URL of a host, nor ``unix://`` and a socket's path."""
 
 
 def agent_url(text: str) -> str:
-    """``--url`` as an http(s) URL; a bare ``host:port`` gets ``http://`` (llama.cpp's users
-    type ``localhost:8080``, which urllib would read as a URL of scheme ``localhost``)."""
+    """``--url`` as an http(s) or ``unix://`` URL; a bare ``host:port`` gets ``http://``
+    (llama.cpp's users type ``localhost:8080``, which urllib would read as a URL of scheme
+    ``localhost``)."""
     url = text.strip()
+    if url.startswith(UNIX_SCHEME):
+        if len(url) == len(UNIX_SCHEME):
+            raise BadUrl(f"--url {text!r} names no socket (e.g. --url unix:///run/corral.sock)")
+        return url
     if "://" not in url:
         url = "http://" + url
     parts = urllib.parse.urlsplit(url)
     example = "e.g. --url http://127.0.0.1:8080"
     if parts.scheme not in ("http", "https"):
-        raise BadUrl(f"--url {text!r}: the agent speaks http:// or https://, not {parts.scheme}://")
+        raise BadUrl(
+            f"--url {text!r}: the agent speaks http://, https:// or unix://, not {parts.scheme}://"
+        )
     try:
         parts.port  # noqa: B018 - urlsplit checks the port only when it is read
     except ValueError as exc:
@@ -71,6 +82,35 @@ def agent_url(text: str) -> str:
     return url.rstrip("/")
 
 
+class UnixSocketConnection(http.client.HTTPConnection):
+    """HTTP over the unix socket at ``path`` (``host`` only fills the Host header)."""
+
+    def __init__(self, path: str, host: str, timeout: float | None = None) -> None:
+        super().__init__(host, timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self._path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+class UnixSocketHandler(urllib.request.HTTPHandler):
+    """Sends every ``http://`` request of an opener to one unix socket."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self._path = path
+
+    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(functools.partial(UnixSocketConnection, self._path), req)
+
+
 class AgentClient:
     """A blocking client of the agent's HTTP API."""
 
@@ -78,10 +118,19 @@ class AgentClient:
         self.url = url.rstrip("/")
         self._api_key = api_key
         self._timeout = timeout
+        if self.url.startswith(UNIX_SCHEME):
+            self._base = "http://localhost"
+            # No proxy: an http_proxy variable must not send a local socket's requests away.
+            self._opener = urllib.request.build_opener(
+                urllib.request.ProxyHandler({}), UnixSocketHandler(self.url[len(UNIX_SCHEME) :])
+            )
+        else:
+            self._base = self.url
+            self._opener = urllib.request.build_opener()
 
     def _request(self, method: str, path: str, body: Any = None) -> urllib.request.Request:
         data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(self.url + path, data=data, method=method)
+        request = urllib.request.Request(self._base + path, data=data, method=method)
         if data is not None:
             request.add_header("Content-Type", "application/json")
         if self._api_key:
@@ -90,7 +139,7 @@ class AgentClient:
 
     def _open(self, request: urllib.request.Request, timeout: float | None) -> Any:
         try:
-            return urllib.request.urlopen(request, timeout=timeout)
+            return self._opener.open(request, timeout=timeout)
         except urllib.error.HTTPError as err:
             raise AgentError(err.code, _error_message(err.code, err.read())) from err
         except (TimeoutError, urllib.error.URLError, ConnectionError) as err:
@@ -351,8 +400,8 @@ def parser(command: str) -> argparse.ArgumentParser:
     p.add_argument(
         "--url",
         default=os.environ.get("CORRAL_URL", DEFAULT_URL),
-        help=f"the agent's URL; host:port means http://host:port (env CORRAL_URL; default "
-        f"{DEFAULT_URL})",
+        help="the agent's URL: host:port means http://host:port, unix:///PATH.sock an agent "
+        f"started with --host PATH.sock (env CORRAL_URL; default {DEFAULT_URL})",
     )
     p.add_argument(
         "--api-key",

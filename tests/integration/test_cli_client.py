@@ -120,7 +120,7 @@ def test_errors_are_clear(start_agent: Any, demo_dir: Path) -> None:
     assert TINY in bare.stdout
     wrong_scheme = corral("models", "--url", f"ftp://127.0.0.1:{agent.port}")
     assert wrong_scheme.returncode == 2
-    assert "the agent speaks http:// or https://, not ftp://" in wrong_scheme.stderr
+    assert "the agent speaks http://, https:// or unix://, not ftp://" in wrong_scheme.stderr
 
     nobody = f"http://127.0.0.1:{free_port()}"
     refused = corral("models", url=nobody)

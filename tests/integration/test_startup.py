@@ -105,6 +105,18 @@ def test_unix_socket_host(tmp_path: Path, demo_dir: Path) -> None:
         assert status == 200, body
         assert body["model"] == TINY
         assert f"listening on unix://{path} (3 models)" in log.read_text()
+        # The client reaches it at the address the agent logged.
+        client = [sys.executable, "-P", "-m", "node_agent.cli"]
+        url = ["--url", f"unix://{path}"]
+        loaded = subprocess.run(
+            [*client, "load", "demo-small", *url], capture_output=True, text=True, cwd=REPO
+        )
+        assert loaded.returncode == 0, loaded.stderr
+        assert loaded.stdout.splitlines()[-1].startswith("demo-small loaded in ")
+        status = subprocess.run([*client, "status", *url], capture_output=True, text=True, cwd=REPO)
+        assert status.returncode == 0, status.stderr
+        assert f"agent      unix://{path}" in status.stdout
+        assert "instances  2 running of 4 (3 models known)" in status.stdout
         # A second agent on the same path must not take the socket over.
         assert refused("--host", path, "--models-dir", str(demo_dir)) == (
             f"corral agent: cannot listen on unix socket {path}: a server is listening on it "

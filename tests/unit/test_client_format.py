@@ -16,6 +16,7 @@ from node_agent.client_format import KNOWN_NAMES_SHOWN, unknown_model
         ("http://h:1", "http://h:1"),
         ("https://agent.example/corral", "https://agent.example/corral"),
         ("[::1]:8080", "http://[::1]:8080"),
+        ("unix:///run/corral.sock", "unix:///run/corral.sock"),
     ],
 )
 def test_agent_url(given: str, url: str) -> None:
@@ -25,10 +26,11 @@ def test_agent_url(given: str, url: str) -> None:
 @pytest.mark.parametrize(
     ("given", "says"),
     [
-        ("ftp://h:1", "the agent speaks http:// or https://, not ftp://"),
+        ("ftp://h:1", "the agent speaks http://, https:// or unix://, not ftp://"),
         ("h:port", "Port could not be cast to integer value"),
         ("http://", "names no host"),
         ("", "names no host"),
+        ("unix://", "names no socket"),
     ],
 )
 def test_bad_agent_url(given: str, says: str) -> None:
