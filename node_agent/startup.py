@@ -11,7 +11,9 @@ has it (the port is then ignored). A ``--models-dir`` without a model and a pres
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
+import logging
 import os
 import socket
 import stat
@@ -29,7 +31,10 @@ from node_agent.sources.models_dir import GGUF, scan_models_dir
 from node_agent.sources.preset_dir import preset_files
 from node_agent.sources.preset_ini import load_preset_file
 
+log = logging.getLogger("corral.agent")
+
 UNIX_SOCKET_SUFFIX = ".sock"  # llama-server: a host ending so is an AF_UNIX path
+DEFAULT_PORT = next(f.default for f in dataclasses.fields(AgentOptions) if f.name == "port")
 TCP_LISTEN = "0A"  # the state column of /proc/net/tcp for a listening socket
 
 
@@ -45,6 +50,8 @@ async def listen(runner: web.AppRunner, host: str, port: int) -> Listening:
     """Start serving ``runner`` on ``host:port`` or the unix socket ``host``; ConfigError
     (one line: where, why, what to do) when it cannot."""
     if host.endswith(UNIX_SOCKET_SUFFIX):
+        if port != DEFAULT_PORT:  # llama-server ignores it silently; say so
+            log.warning("--port %s is not used: --host %s is a unix socket", port, host)
         refuse_live_socket(host)
         site: web.BaseSite = web.UnixSite(runner, host)
         where = f"unix socket {host}"

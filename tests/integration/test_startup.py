@@ -89,7 +89,9 @@ def test_unix_socket_host(tmp_path: Path, demo_dir: Path) -> None:
     log = tmp_path / "agent.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            agent_command("--host", path, "--models-dir", str(demo_dir), "-c", "512"),
+            agent_command(
+                "--host", path, "--port", "1", "--models-dir", str(demo_dir), "-c", "512"
+            ),
             stdout=out,
             stderr=subprocess.STDOUT,
             cwd=REPO,
@@ -105,6 +107,9 @@ def test_unix_socket_host(tmp_path: Path, demo_dir: Path) -> None:
         assert status == 200, body
         assert body["model"] == TINY
         assert f"listening on unix://{path} (3 models)" in log.read_text()
+        assert f"WARNING corral.agent: --port 1 is not used: --host {path} is a unix socket" in (
+            log.read_text()
+        )
         # The client reaches it at the address the agent logged.
         client = [sys.executable, "-P", "-m", "node_agent.cli"]
         url = ["--url", f"unix://{path}"]
