@@ -1,33 +1,29 @@
 """``corral models|load|unload|status``: a command-line client of a running agent.
 
 Standard library only (urllib), so the commands start fast and need nothing of the server's
-stack. Exit codes: 0 done (loading a loaded model and unloading an unloaded one are done too), 1 the
-agent refused, has no such model, or the load failed, 2 bad usage, 3 the agent could not be
-reached.
+stack. Exit codes: 0 done (loading a loaded model, or unloading an unloaded one, is done
+already), 1 the agent refused, has no such model, or the load failed, 2 bad usage, 3 the agent
+could not be reached.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
-import http.client
 import json
 import os
 import queue
-import socket
 import sys
 import threading
 import time
 import urllib.error
-import urllib.parse
 import urllib.request
 from collections.abc import Iterator, Sequence
 from typing import Any, TextIO
 
 from node_agent import client_format as fmt
+from node_agent.client_transport import BadUrl, agent_url, opener_for
 
 DEFAULT_URL = "http://127.0.0.1:8080"
-UNIX_SCHEME = "unix://"  # an agent on a unix socket (--host PATH.sock), as llama-server says it
 EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = 1, 2, 3
 # While following a load the client also polls GET /models this often: the events stream
 # says how far a load got, the poll makes sure an outcome is never missed (an event sent
@@ -52,65 +48,6 @@ class UnknownModel(Exception):
     """The agent has no model by the name (or alias) the user gave."""
 
 
-class BadUrl(Exception):
-    """``--url`` is not an http(s) URL of a host, nor ``unix://`` and a socket's path."""
-
-
-def agent_url(text: str) -> str:
-    """``--url`` as an http(s) or ``unix://`` URL; a bare ``host:port`` gets ``http://``
-    (llama.cpp's users type ``localhost:8080``, which urllib would read as a URL of scheme
-    ``localhost``)."""
-    url = text.strip()
-    if url.startswith(UNIX_SCHEME):
-        if len(url) == len(UNIX_SCHEME):
-            raise BadUrl(f"--url {text!r} names no socket (e.g. --url unix:///run/corral.sock)")
-        return url
-    if "://" not in url:
-        url = "http://" + url
-    parts = urllib.parse.urlsplit(url)
-    example = "e.g. --url http://127.0.0.1:8080"
-    if parts.scheme not in ("http", "https"):
-        raise BadUrl(
-            f"--url {text!r}: the agent speaks http://, https:// or unix://, not {parts.scheme}://"
-        )
-    try:
-        parts.port  # noqa: B018 - urlsplit checks the port only when it is read
-    except ValueError as exc:
-        raise BadUrl(f"--url {text!r}: {exc} ({example})") from exc
-    if not parts.hostname:
-        raise BadUrl(f"--url {text!r} names no host ({example})")
-    return url.rstrip("/")
-
-
-class UnixSocketConnection(http.client.HTTPConnection):
-    """HTTP over the unix socket at ``path`` (``host`` only fills the Host header)."""
-
-    def __init__(self, path: str, host: str, timeout: float | None = None) -> None:
-        super().__init__(host, timeout=timeout)
-        self._path = path
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(self._path)
-        except OSError:
-            sock.close()
-            raise
-        self.sock = sock
-
-
-class UnixSocketHandler(urllib.request.HTTPHandler):
-    """Sends every ``http://`` request of an opener to one unix socket."""
-
-    def __init__(self, path: str) -> None:
-        super().__init__()
-        self._path = path
-
-    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
-        return self.do_open(functools.partial(UnixSocketConnection, self._path), req)
-
-
 class AgentClient:
     """A blocking client of the agent's HTTP API."""
 
@@ -118,15 +55,7 @@ class AgentClient:
         self.url = url.rstrip("/")
         self._api_key = api_key
         self._timeout = timeout
-        if self.url.startswith(UNIX_SCHEME):
-            self._base = "http://localhost"
-            # No proxy: an http_proxy variable must not send a local socket's requests away.
-            self._opener = urllib.request.build_opener(
-                urllib.request.ProxyHandler({}), UnixSocketHandler(self.url[len(UNIX_SCHEME) :])
-            )
-        else:
-            self._base = self.url
-            self._opener = urllib.request.build_opener()
+        self._base, self._opener = opener_for(self.url)
 
     def _request(self, method: str, path: str, body: Any = None) -> urllib.request.Request:
         data = json.dumps(body).encode() if body is not None else None

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from node_agent.client import BadUrl, agent_url
 from node_agent.client_format import KNOWN_NAMES_SHOWN, unknown_model
+from node_agent.client_transport import BadUrl, agent_url
 
 
 @pytest.mark.parametrize(
