@@ -8,10 +8,10 @@ import socket
 import subprocess
 import sys
 import time
-from http.client import HTTPConnection
 from pathlib import Path
 from typing import Any
 
+from node_agent.client_transport import UnixSocketConnection
 from node_agent.startup import port_holder
 from tests.integration.harness import REPO, AgentProcess, chat, free_port, stop_process
 
@@ -60,19 +60,8 @@ def test_unknown_host_is_one_line() -> None:
     )
 
 
-class UnixConnection(HTTPConnection):
-    def __init__(self, path: str, timeout: float = 60) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self._path = path
-
-    def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(self.timeout)
-        self.sock.connect(self._path)
-
-
 def over_unix(path: str, method: str, url: str, body: Any = None) -> tuple[int, Any]:
-    connection = UnixConnection(path)
+    connection = UnixSocketConnection(path, "localhost", timeout=60)
     try:
         payload = json.dumps(body).encode() if body is not None else None
         headers = {"Content-Type": "application/json"} if payload else {}
