@@ -17,6 +17,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from node_agent import startup
 from node_agent.binary import build_info, check_llama_server, find_llama_server
 from node_agent.child.logs import LogRing
 from node_agent.child.orphans import end_orphans
@@ -35,6 +36,7 @@ from node_agent.sources.hf_cache import hub_dir
 from node_agent.sources.options import use_options_of
 from node_agent.sources.preset_dir import directory_version, preset_files
 from node_agent.sources.spec import ModelSpec
+from node_agent.version import version_line
 
 log = logging.getLogger("corral.agent")
 
@@ -45,7 +47,8 @@ HELP = """\
 usage: corral agent [OPTIONS] [LLAMA-SERVER OPTIONS]
 
 llama-server router options (same names, defaults and LLAMA_ARG_* variables):
-  --host HOST                 address to listen on (default 127.0.0.1)
+  --host HOST                 address to listen on, or a unix socket path ending in .sock
+                              (default 127.0.0.1)
   --port PORT                 port to listen on (default 8080)
   --models-dir DIR            a folder of GGUF models (a subfolder is one model)
   --models-preset PATH        an INI of model presets, or a folder mounted from the operator
@@ -197,14 +200,11 @@ class Agent:
         # request leaves the queue and a proxied one closes its connection to the child.
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.options.host, self.options.port)
-        await site.start()
-        server = site._server
-        sockets = getattr(server, "sockets", None) or []
-        self.port = sockets[0].getsockname()[1] if sockets else self.options.port
-        log.info(
-            "listening on http://%s:%s (%d models)", self.options.host, self.port, len(self.catalog)
-        )
+        listening = await startup.listen(self._runner, self.options.host, self.options.port)
+        self.port = listening.port
+        for warning in startup.source_warnings(self.options, self.env, self.catalog):
+            log.warning("%s", warning)
+        log.info("listening on %s (%d models)", listening.url, len(self.catalog))
         await self.registry.start()
         if self._preset_dir is not None:
             self._watcher = asyncio.create_task(
@@ -275,9 +275,7 @@ def main(argv: Sequence[str]) -> int:
         print(HELP, end="")
         return 0
     if options.show_version:
-        from importlib.metadata import version
-
-        print(f"corral {version('corral')}")
+        print(version_line())
         return 0
     logging.basicConfig(
         level=options.log_level.upper(),

@@ -12,15 +12,19 @@ from collections.abc import Callable, Sequence
 
 USAGE = """\
 usage: corral COMMAND [ARGS...]
+       corral --version
 
 commands:
   agent        run the node agent (llama-server router flags; see `corral agent --help`)
   operator     run the ModelPreset operator (Kubernetes)
   demo-models  write tiny generated GGUF models into a folder: corral demo-models DIR [--large]
-  models       list the models of a running agent (--url, --api-key, --json)
+  models       list the models of a running agent
   load NAME    load a model on a running agent, with progress
   unload NAME  unload a model on a running agent
   status       show a running agent's models, queue and memory
+
+models, load, unload and status take --url (default http://127.0.0.1:8080), --api-key and
+--json; `corral COMMAND --help` says more.
 """
 
 
@@ -68,6 +72,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help", "help"):
         print(USAGE, end="")
+        return 0
+    if args[0] == "--version":
+        from node_agent.version import version_line
+
+        print(version_line())
         return 0
     command = COMMANDS.get(args[0])
     if command is None:

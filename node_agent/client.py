@@ -1,7 +1,8 @@
 """``corral models|load|unload|status``: a command-line client of a running agent.
 
 Standard library only (urllib), so the commands start fast and need nothing of the server's
-stack. Exit codes: 0 done, 1 the agent refused or the load failed, 2 bad usage, 3 the agent
+stack. Exit codes: 0 done (loading a loaded model, or unloading an unloaded one, is done
+already), 1 the agent refused, has no such model, or the load failed, 2 bad usage, 3 the agent
 could not be reached.
 """
 
@@ -20,6 +21,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, TextIO
 
 from node_agent import client_format as fmt
+from node_agent.client_transport import BadUrl, agent_url, opener_for
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = 1, 2, 3
@@ -42,6 +44,10 @@ class Unreachable(Exception):
     """No agent answered at the URL."""
 
 
+class UnknownModel(Exception):
+    """The agent has no model by the name (or alias) the user gave."""
+
+
 class AgentClient:
     """A blocking client of the agent's HTTP API."""
 
@@ -49,10 +55,11 @@ class AgentClient:
         self.url = url.rstrip("/")
         self._api_key = api_key
         self._timeout = timeout
+        self._base, self._opener = opener_for(self.url)
 
     def _request(self, method: str, path: str, body: Any = None) -> urllib.request.Request:
         data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(self.url + path, data=data, method=method)
+        request = urllib.request.Request(self._base + path, data=data, method=method)
         if data is not None:
             request.add_header("Content-Type", "application/json")
         if self._api_key:
@@ -61,7 +68,7 @@ class AgentClient:
 
     def _open(self, request: urllib.request.Request, timeout: float | None) -> Any:
         try:
-            return urllib.request.urlopen(request, timeout=timeout)
+            return self._opener.open(request, timeout=timeout)
         except urllib.error.HTTPError as err:
             raise AgentError(err.code, _error_message(err.code, err.read())) from err
         except (TimeoutError, urllib.error.URLError, ConnectionError) as err:
@@ -111,6 +118,24 @@ def find_model(models: list[dict[str, Any]], name: str) -> dict[str, Any] | None
     return None
 
 
+def require_model(models: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    """The model named (or aliased) ``name``; UnknownModel, listing the known names, if none.
+
+    The client looks the name up itself rather than relaying the agent's answer: llama.cpp's
+    router words "not found" differently for load (404) and unload (400), and lists nothing.
+    """
+    model = find_model(models, name)
+    if model is None:
+        raise UnknownModel(fmt.unknown_model(name, [str(m.get("id")) for m in models]))
+    return model
+
+
+def model_state(client: AgentClient, name: str) -> str | None:
+    """``name``'s state now (``loaded``, ``unloaded``…), None if the agent forgot it."""
+    state = (find_model(client.models(), name) or {}).get("status", {}).get("value")
+    return str(state) if state is not None else None
+
+
 class EventFeed:
     """The events stream read by a daemon thread, handed over through a queue."""
 
@@ -139,15 +164,19 @@ class EventFeed:
 
 
 class Progress:
-    """One line redrawn in place on a terminal; plain lines, only on change, otherwise."""
+    """One line redrawn in place on a terminal; plain lines, only on change, otherwise;
+    nothing at all under ``--json`` (stdout then holds one JSON document)."""
 
-    def __init__(self, out: TextIO, name: str) -> None:
+    def __init__(self, out: TextIO, name: str, *, quiet: bool = False) -> None:
         self._out = out
         self._tty = out.isatty()
         self._name = name
+        self._quiet = quiet
         self._last: str | None = None
 
     def show(self, value: float | None) -> None:
+        if self._quiet:
+            return
         if self._tty:
             self._out.write("\r" + fmt.progress_line(self._name, value))
             self._out.flush()
@@ -158,15 +187,49 @@ class Progress:
             print(text, file=self._out, flush=True)
             self._last = text
 
-    def done(self, text: str) -> None:
-        if self._tty:
+    def clear(self) -> None:
+        if self._tty and not self._quiet:
             self._out.write("\r\x1b[K")
-        print(text, file=self._out, flush=True)
 
 
-def wait_loaded(client: AgentClient, feed: EventFeed, name: str, out: TextIO) -> int:
+class Outcome:
+    """How a load or unload ended, said as a line of text or (``--json``) one JSON object:
+    ``{"model", "status", "changed"}``, plus ``seconds`` when the client waited for it and
+    ``error`` when it failed."""
+
+    def __init__(self, out: TextIO, name: str, *, as_json: bool) -> None:
+        self._out = out
+        self._name = name
+        self._json = as_json
+        self.progress = Progress(out, name, quiet=as_json)
+
+    def _say(self, text: str, **fields: Any) -> None:
+        self.progress.clear()
+        body = json.dumps({"model": self._name, **fields}) if self._json else text
+        print(body, file=self._out, flush=True)
+
+    def done(self, status: str, seconds: float) -> int:
+        text = f"{self._name} {status} in {seconds:.1f} s"
+        self._say(text, status=status, changed=True, seconds=round(seconds, 3))
+        return 0
+
+    def already(self, status: str) -> int:
+        self._say(f"{self._name} is already {status}", status=status, changed=False)
+        return 0
+
+    def requested(self, status: str) -> int:
+        """``--no-wait``: the agent took the request; ``status`` is loading or unloading."""
+        self._say(f"{status} {self._name}", status=status, changed=True)
+        return 0
+
+    def failed(self, why: str) -> int:
+        self._say(f"{self._name} failed to load: {why}", status="failed", changed=False, error=why)
+        return EXIT_REFUSED
+
+
+def wait_loaded(client: AgentClient, feed: EventFeed, name: str, outcome: Outcome) -> int:
     """Follow ``name``'s load until it is loaded (0) or failed (1)."""
-    progress = Progress(out, name)
+    progress = outcome.progress
     progress.show(None)
     started = time.monotonic()
     next_poll = started
@@ -178,25 +241,21 @@ def wait_loaded(client: AgentClient, feed: EventFeed, name: str, out: TextIO) ->
             if status == "loading" and isinstance(data.get("progress"), dict):
                 progress.show(float(data["progress"].get("value", 0.0)))
             elif status in ("loaded", "sleeping"):
-                progress.done(f"{name} loaded in {time.monotonic() - started:.1f} s")
-                return 0
+                return outcome.done("loaded", time.monotonic() - started)
             elif status == "unloaded":
                 break
         if time.monotonic() >= next_poll:
             next_poll = time.monotonic() + POLL_SECONDS
-            model = find_model(client.models(), name)
-            state = (model or {}).get("status", {}).get("value")
+            state = model_state(client, name)
             if state in ("loaded", "sleeping"):
-                progress.done(f"{name} loaded in {time.monotonic() - started:.1f} s")
-                return 0
+                return outcome.done("loaded", time.monotonic() - started)
             if state == "unloaded":
                 break
     model = find_model(client.models(), name) or {}
     error = model.get("corral", {}).get("error")
     exit_code = model.get("status", {}).get("exit_code")
     why = error or (f"exit code {exit_code}" if exit_code is not None else "it was stopped")
-    progress.done(f"{name} failed to load: {why}")
-    return EXIT_REFUSED
+    return outcome.failed(why)
 
 
 def cmd_models(client: AgentClient, args: argparse.Namespace, out: TextIO) -> int:
@@ -218,40 +277,42 @@ def cmd_status(client: AgentClient, args: argparse.Namespace, out: TextIO) -> in
 
 
 def cmd_load(client: AgentClient, args: argparse.Namespace, out: TextIO) -> int:
-    model = find_model(client.models(), args.name)
-    name = model["id"] if model is not None else args.name
+    name = require_model(client.models(), args.name)["id"]
+    outcome = Outcome(out, name, as_json=args.json)
     feed = EventFeed(client) if not args.no_wait else None
     if feed is not None:
         feed.connected.wait(timeout=0.2)  # the stream usually opens at once; never block on it
     try:
         client.call("POST", "/models/load", {"model": name})
     except AgentError as err:
-        state = (model or {}).get("status", {}).get("value")
+        # 400 "model is already running" (llama.cpp's words) covers loading and sleeping too.
+        state = model_state(client, name)
         if err.status != 400 or state not in ("loaded", "loading", "sleeping"):
             raise
         if state != "loading" or feed is None:
-            print(f"{name} is already {state}", file=out)
-            return 0
+            return outcome.already(state)
     if feed is None:
-        print(f"loading {name}", file=out)
-        return 0
-    return wait_loaded(client, feed, name, out)
+        return outcome.requested("loading")
+    return wait_loaded(client, feed, name, outcome)
 
 
 def cmd_unload(client: AgentClient, args: argparse.Namespace, out: TextIO) -> int:
-    model = find_model(client.models(), args.name)
-    name = model["id"] if model is not None else args.name
-    client.call("POST", "/models/unload", {"model": name})
+    name = require_model(client.models(), args.name)["id"]
+    outcome = Outcome(out, name, as_json=args.json)
+    try:
+        client.call("POST", "/models/unload", {"model": name})
+    except AgentError as err:
+        # 400 "model is not running": unloading an unloaded model is done already, as loading
+        # a loaded one is.
+        if err.status != 400 or model_state(client, name) != "unloaded":
+            raise
+        return outcome.already("unloaded")
     if args.no_wait:
-        print(f"unloading {name}", file=out)
-        return 0
+        return outcome.requested("unloading")
     started = time.monotonic()
-    while True:
-        state = (find_model(client.models(), name) or {}).get("status", {}).get("value")
-        if state in (None, "unloaded"):
-            print(f"{name} unloaded in {time.monotonic() - started:.1f} s", file=out)
-            return 0
+    while model_state(client, name) not in (None, "unloaded"):
         time.sleep(POLL_SECONDS / 5)
+    return outcome.done("unloaded", time.monotonic() - started)
 
 
 COMMANDS = {"models": cmd_models, "status": cmd_status, "load": cmd_load, "unload": cmd_unload}
@@ -268,20 +329,44 @@ def parser(command: str) -> argparse.ArgumentParser:
     p.add_argument(
         "--url",
         default=os.environ.get("CORRAL_URL", DEFAULT_URL),
-        help=f"the agent's URL (env CORRAL_URL; default {DEFAULT_URL})",
+        help="the agent's URL: host:port means http://host:port, unix:///PATH.sock an agent "
+        f"started with --host PATH.sock (env CORRAL_URL; default {DEFAULT_URL})",
     )
     p.add_argument(
         "--api-key",
-        default=os.environ.get("CORRAL_API_KEY") or os.environ.get("LLAMA_API_KEY"),
+        default=env_api_key()[1],
         help="the agent's --api-key (env CORRAL_API_KEY or LLAMA_API_KEY)",
     )
     p.add_argument("--timeout", type=float, default=60, help="seconds per HTTP request")
     if command in ("load", "unload"):
         p.add_argument("name", help="the model's name or alias")
         p.add_argument("--no-wait", action="store_true", help="return once the agent accepted")
-    if command in ("models", "status"):
+        p.add_argument(
+            "--json",
+            action="store_true",
+            help='print the outcome as one JSON object: {"model", "status", "changed", '
+            '"seconds"} (no progress lines)',
+        )
+    else:
         p.add_argument("--json", action="store_true", help="print the agent's JSON")
     return p
+
+
+def env_api_key() -> tuple[str | None, str | None]:
+    """(variable, key): the API key the environment gives, and which variable gave it."""
+    for variable in ("CORRAL_API_KEY", "LLAMA_API_KEY"):
+        if os.environ.get(variable):
+            return variable, os.environ[variable]
+    return None, None
+
+
+def api_key_hint(given: str | None) -> str:
+    """What to do about a 401, depending on whether a key was sent and where it came from."""
+    if not given:
+        return "the agent wants an API key: pass --api-key KEY or set CORRAL_API_KEY"
+    variable, from_env = env_api_key()
+    source = variable if variable is not None and given == from_env else "--api-key"
+    return f"the agent refused the key from {source}: it must be one of the agent's --api-key keys"
 
 
 def main(argv: Sequence[str], out: TextIO | None = None, err: TextIO | None = None) -> int:
@@ -295,11 +380,19 @@ def main(argv: Sequence[str], out: TextIO | None = None, err: TextIO | None = No
         args = parser(command).parse_args(list(argv[1:]))
     except SystemExit as exc:  # argparse printed the usage; keep main() a function
         return int(exc.code or 0)
-    client = AgentClient(args.url, args.api_key, args.timeout)
+    try:
+        client = AgentClient(agent_url(args.url), args.api_key, args.timeout)
+    except BadUrl as exc:
+        print(f"corral {command}: {exc}", file=err)
+        return EXIT_USAGE
     try:
         return COMMANDS[command](client, args, out)
     except AgentError as exc:
-        print(f"corral {command}: the agent answered {exc.status}: {exc.message}", file=err)
+        hint = f"\n({api_key_hint(args.api_key)})" if exc.status == 401 else ""
+        print(f"corral {command}: the agent answered {exc.status}: {exc.message}{hint}", file=err)
+        return EXIT_REFUSED
+    except UnknownModel as exc:
+        print(f"corral {command}: {exc}", file=err)
         return EXIT_REFUSED
     except Unreachable as exc:
         print(

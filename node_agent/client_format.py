@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+KNOWN_NAMES_SHOWN = 20  # an agent may serve 1,000 models: name a few, count the rest
 
 
 def size(n: int | float | None) -> str:
@@ -116,6 +117,19 @@ def status_text(
     else:
         lines += ["", ledger_table(ledger)]
     return "\n".join(lines)
+
+
+def unknown_model(name: str, known: Sequence[str]) -> str:
+    """The one wording of "no such model", for load and unload alike, with the names to use."""
+    if not known:
+        return (
+            f"the agent has no model named {name!r}: it has no models at all (check its "
+            "--models-dir, --models-preset or HF cache)"
+        )
+    shown = ", ".join(known[:KNOWN_NAMES_SHOWN])
+    more = len(known) - KNOWN_NAMES_SHOWN
+    rest = f" and {more} more (`corral models` lists them all)" if more > 0 else ""
+    return f"the agent has no model named {name!r}; its models: {shown}{rest}"
 
 
 def progress_line(name: str, value: float | None, width: int = 30) -> str:

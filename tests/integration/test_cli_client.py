@@ -72,16 +72,55 @@ def test_models_load_unload_status(start_agent: Any, demo_dir: Path) -> None:
     assert unloaded.returncode == 0, unloaded.stderr
     assert unloaded.stdout.startswith(f"{TINY} unloaded in ")
     assert agent.state(TINY) == "unloaded"
+    # Unloading an unloaded model is done already, as loading a loaded one is.
+    again = corral("unload", TINY, url=agent.url)
+    assert (again.returncode, again.stdout.strip()) == (0, f"{TINY} is already unloaded")
+
+
+def test_load_and_unload_json(start_agent: Any, demo_dir: Path) -> None:
+    agent = start_agent("--models-dir", str(demo_dir), "-c", "1024")
+
+    def outcome(*args: str) -> dict[str, Any]:
+        done = corral(*args, "--json", url=agent.url)
+        assert done.returncode == 0, done.stderr
+        parsed: dict[str, Any] = json.loads(done.stdout)  # one document: no progress lines
+        return parsed
+
+    loaded = outcome("load", TINY)
+    assert loaded.pop("seconds") > 0
+    assert loaded == {"model": TINY, "status": "loaded", "changed": True}
+    assert agent.state(TINY) == "loaded"
+    assert outcome("load", TINY) == {"model": TINY, "status": "loaded", "changed": False}
+    unloaded = outcome("unload", TINY)
+    assert unloaded.pop("seconds") >= 0
+    assert unloaded == {"model": TINY, "status": "unloaded", "changed": True}
+    assert outcome("unload", TINY) == {"model": TINY, "status": "unloaded", "changed": False}
+    assert outcome("load", SMALL, "--no-wait") == {
+        "model": SMALL,
+        "status": "loading",
+        "changed": True,
+    }
+    agent.wait_state(SMALL, "loaded")
 
 
 def test_errors_are_clear(start_agent: Any, demo_dir: Path) -> None:
     agent = start_agent("--models-dir", str(demo_dir))
-    unknown = corral("load", "no-such-model", url=agent.url)
-    assert unknown.returncode == 1
-    assert "the agent answered 404: model 'no-such-model' not found" in unknown.stderr
-    not_running = corral("unload", TINY, url=agent.url)
-    assert not_running.returncode == 1
-    assert "model is not running" in not_running.stderr
+    # One wording for load and unload, naming the models there are.
+    for command in ("load", "unload"):
+        unknown = corral(command, "no-such-model", url=agent.url)
+        assert unknown.returncode == 1
+        assert unknown.stderr == (
+            f"corral {command}: the agent has no model named 'no-such-model'; its models: "
+            f"demo-medium, {SMALL}, {TINY}\n"
+        )
+
+    # host:port without a scheme, as llama.cpp's users type it, is http://host:port.
+    bare = corral("models", "--url", f"127.0.0.1:{agent.port}")
+    assert bare.returncode == 0, bare.stderr
+    assert TINY in bare.stdout
+    wrong_scheme = corral("models", "--url", f"ftp://127.0.0.1:{agent.port}")
+    assert wrong_scheme.returncode == 2
+    assert "the agent speaks http://, https:// or unix://, not ftp://" in wrong_scheme.stderr
 
     nobody = f"http://127.0.0.1:{free_port()}"
     refused = corral("models", url=nobody)
@@ -98,7 +137,15 @@ def test_api_key_from_flag_and_env(start_agent: Any, demo_dir: Path) -> None:
     agent = start_agent("--models-dir", str(demo_dir), "--api-key", "sekret")
     denied = corral("models", url=agent.url)
     assert denied.returncode == 1
-    assert "401: Invalid API Key" in denied.stderr
+    assert denied.stderr.splitlines() == [
+        "corral models: the agent answered 401: Invalid API Key",
+        "(the agent wants an API key: pass --api-key KEY or set CORRAL_API_KEY)",
+    ]
+    wrong = corral("models", url=agent.url, env={"CORRAL_API_KEY": "wrong"})
+    assert wrong.returncode == 1
+    assert "the agent refused the key from CORRAL_API_KEY" in wrong.stderr
+    wrong_flag = corral("models", "--api-key", "wrong", url=agent.url)
+    assert "the agent refused the key from --api-key" in wrong_flag.stderr
     assert corral("models", "--api-key", "sekret", url=agent.url).returncode == 0
     assert corral("models", url=agent.url, env={"LLAMA_API_KEY": "sekret"}).returncode == 0
     loaded = corral("load", SMALL, url=agent.url, env={"CORRAL_API_KEY": "sekret"})
@@ -113,3 +160,11 @@ def test_a_failed_load_says_so(start_agent: Any, demo_dir: Path, tmp_path: Path)
     failed = corral("load", "broken", url=agent.url)
     assert failed.returncode == 1
     assert "broken failed to load" in failed.stdout
+
+
+def test_version() -> None:
+    from importlib.metadata import version
+
+    shown = corral("--version")
+    assert (shown.returncode, shown.stdout) == (0, f"corral {version('corral')}\n")
+    assert corral("agent", "--version").stdout == shown.stdout

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -68,6 +70,13 @@ def test_status_page_shows_models_and_loads_one_live(
     # The ledger is on: one bar for the host, and small holds memory in it.
     page.wait_for_selector('#memory .device[data-device="host"]')
     assert SMALL in page.locator("#memory").inner_text()
+    # The bar's legend says what its other parts are, with their sizes.
+    legend = page.locator('#memory .device[data-device="host"] .legend')
+    assert legend.locator("[data-part=other]").inner_text().startswith("other processes ")
+    assert legend.locator("[data-part=available]").inner_text().startswith("available ")
+    assert legend.locator("[data-part=margin]").inner_text() == "margin kept free 64.0 MiB"
+    summary = page.locator("#summary").inner_text()
+    assert summary == "3 models · 1 of 1 instances running · 0 waiting"
 
     # A marker on window survives only if the page is never reloaded.
     page.evaluate("window.__sameDocument = true")
@@ -110,7 +119,59 @@ def test_status_page_asks_for_the_api_key(
     page = browser_page
     page.goto(agent.url + "/ui")  # the page itself holds no data: it needs no key
     page.wait_for_selector("#keyform", state="visible")
+    page.wait_for_selector("#notice", state="visible")
+    assert page.locator("#notice").inner_text() == "the agent wants an API key"
     page.fill("#key-input", "sekret")
     page.click("#key button")
     page.wait_for_selector(f'#models tr[data-model="{TINY}"]')
     page.wait_for_selector("#live.on")
+    # The read that showed the models cleared the banner that asked for the key.
+    assert not page.locator("#notice").is_visible()
+
+
+# Records, in the page, how many model rows there were when "live" first lit up.
+RECORD_LIVE = """
+document.addEventListener("DOMContentLoaded", () => {
+  const live = document.getElementById("live");
+  new MutationObserver(() => {
+    if (live.classList.contains("on") && window.__rowsWhenLive === undefined) {
+      window.__rowsWhenLive = document.querySelectorAll("#models tr[data-model]").length;
+    }
+  }).observe(live, { attributes: true });
+});
+"""
+
+
+def test_status_page_without_the_ledger(
+    start_agent: Any, demo_dir: Path, browser_page: Any
+) -> None:
+    agent = start_agent("--models-dir", str(demo_dir))  # no --models-memory-margin: ledger off
+    page = browser_page
+    asked: list[str] = []
+    page.on("request", lambda request: asked.append(urlsplit(request.url).path))
+    page.add_init_script(RECORD_LIVE)
+    slowed: list[bool] = []
+
+    def slow_first_list(route: Any) -> None:
+        # The first GET /models answers late: the events stream opens well before it.
+        if not slowed:
+            slowed.append(True)
+            time.sleep(1.5)
+        route.continue_()
+
+    page.route("**/models", slow_first_list)
+    page.goto(agent.url + "/ui")
+    page.wait_for_selector("#live.on")
+    # "live" lit up only once the models were on the page, not when the stream opened.
+    assert page.evaluate("window.__rowsWhenLive") == 3
+    summary = page.locator("#summary").inner_text()
+    assert summary == "3 models · 0 of 4 instances running · 0 waiting"
+    assert page.locator("#memory-section").is_hidden()
+
+    # Wait for two rounds of the page's 3-second poll, then count: /ledger answered 404 once,
+    # and the page never asked again.
+    deadline = time.monotonic() + 60
+    while asked.count("/models") < 4:
+        assert time.monotonic() < deadline, asked
+        page.wait_for_timeout(200)
+    assert asked.count("/ledger") == 1, asked

@@ -1,0 +1,161 @@
+"""What ``corral agent`` checks as it starts: where it listens, and sources that give nothing.
+
+A port already taken, a host that is not this machine's or a socket path in a missing folder
+is one line that says where and what to do (not the event loop's traceback). A ``--host``
+ending in ``.sock`` is a unix socket path, as llama-server's ``server_http_context::start``
+has it (the port is then ignored). A ``--models-dir`` without a model and a preset whose
+``model =`` file is missing are warnings: the agent still starts (the file may come later,
+``GET /models?reload=1`` picks it up), but a newcomer sees why the list is empty.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import logging
+import os
+import socket
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+
+from node_agent.config import AgentOptions
+from node_agent.errors import ConfigError
+from node_agent.sources.catalog import Catalog
+from node_agent.sources.hf_cache import hub_dir
+from node_agent.sources.models_dir import GGUF, scan_models_dir
+from node_agent.sources.preset_dir import preset_files
+from node_agent.sources.preset_ini import load_preset_file
+
+log = logging.getLogger("corral.agent")
+
+UNIX_SOCKET_SUFFIX = ".sock"  # llama-server: a host ending so is an AF_UNIX path
+DEFAULT_PORT = next(f.default for f in dataclasses.fields(AgentOptions) if f.name == "port")
+TCP_LISTEN = "0A"  # the state column of /proc/net/tcp for a listening socket
+
+
+@dataclass(frozen=True, slots=True)
+class Listening:
+    url: str
+    """``http://host:port``, or ``unix:///path.sock`` (llama-server's own spelling)."""
+    port: int | None
+    """The TCP port bound (``--port 0`` picks one); None on a unix socket."""
+
+
+async def listen(runner: web.AppRunner, host: str, port: int) -> Listening:
+    """Start serving ``runner`` on ``host:port`` or the unix socket ``host``; ConfigError
+    (one line: where, why, what to do) when it cannot."""
+    if host.endswith(UNIX_SOCKET_SUFFIX):
+        if port != DEFAULT_PORT:  # llama-server ignores it silently; say so
+            log.warning("--port %s is not used: --host %s is a unix socket", port, host)
+        refuse_live_socket(host)
+        site: web.BaseSite = web.UnixSite(runner, host)
+        where = f"unix socket {host}"
+    else:
+        site = web.TCPSite(runner, host, port)
+        where = f"{host}:{port}"
+    try:
+        await site.start()
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {where}: {bind_failure(exc, host, port)}") from exc
+    if isinstance(site, web.UnixSite):
+        return Listening(f"unix://{host}", None)
+    bound = next((a[1] for a in runner.addresses if isinstance(a, tuple)), port)
+    shown = f"[{host}]" if ":" in host else host
+    return Listening(f"http://{shown}:{bound}", bound)
+
+
+def refuse_live_socket(path: str) -> None:
+    """asyncio removes a socket file in the way before it binds, even one a running server
+    listens on: a second agent on the same path would silently take it over. A stale file
+    (its server is gone) is removed as asyncio would."""
+    try:
+        if not stat.S_ISSOCK(os.stat(path).st_mode):
+            return  # bind fails with "address in use"; bind_failure says what is there
+    except OSError:
+        return  # nothing there yet
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(path)
+        except OSError:
+            return  # stale
+    raise ConfigError(
+        f"cannot listen on unix socket {path}: a server is listening on it already; "
+        "stop it or give another --host path"
+    )
+
+
+def bind_failure(exc: OSError, host: str, port: int) -> str:
+    """Why binding failed, and what to do about it, in a few words."""
+    if isinstance(exc, socket.gaierror):
+        return f"{host!r} is not an address or host name of this machine (check --host)"
+    if host.endswith(UNIX_SOCKET_SUFFIX):
+        if exc.errno == errno.EADDRINUSE:
+            return "something other than a socket is at that path; remove it or choose another"
+        return f"{exc.strerror or exc} (check the --host path and its folder)"
+    if exc.errno == errno.EADDRINUSE:
+        holder = port_holder(port)
+        by = f" by {holder}" if holder else ""
+        return f"the port is in use{by}; choose another --port, or stop what holds it"
+    if exc.errno == errno.EACCES:
+        return "permission denied (ports below 1024 need privileges); choose another --port"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return "that address is not one of this machine's (check --host)"
+    return f"{exc.strerror or exc}"
+
+
+def port_holder(port: int, proc: Path = Path("/proc")) -> str | None:
+    """``pid N (command)`` of a process listening on TCP ``port``, if Linux's /proc tells
+    (only processes we may inspect: usually our own user's)."""
+    inodes: set[str] = set()
+    for table in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError):
+            for line in (proc / "net" / table).read_text().splitlines()[1:]:
+                fields = line.split()
+                local, state, inode = fields[1], fields[3], fields[9]
+                if state == TCP_LISTEN and int(local.rpartition(":")[2], 16) == port:
+                    inodes.add(f"socket:[{inode}]")
+    if not inodes:
+        return None
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            for fd in (entry / "fd").iterdir():
+                if os.readlink(fd) in inodes:
+                    argv = (entry / "cmdline").read_bytes().split(b"\0")
+                    command = b" ".join(a for a in argv[:3] if a).decode(errors="replace")
+                    return f"pid {entry.name} ({command})"
+    return None
+
+
+def source_warnings(options: AgentOptions, env: Mapping[str, str], catalog: Catalog) -> list[str]:
+    """Sources that were given but give no model, in words a newcomer can act on."""
+    warnings: list[str] = []
+    models_dir = options.models_dir
+    if models_dir is not None and not scan_models_dir(models_dir):
+        warnings.append(
+            f"--models-dir {models_dir} holds no model: no {GGUF} file at its top level and "
+            f"no folder (one level down) with one"
+        )
+    for path in preset_files(options.models_preset, env.get("NODE_NAME")):
+        with contextlib.suppress(ConfigError):  # the catalog read it a moment ago
+            for name, layer in load_preset_file(path).sections.items():
+                model = dict(layer.options).get("model")
+                if isinstance(model, str) and not os.path.exists(model):
+                    relative = "" if os.path.isabs(model) else f" (relative to {os.getcwd()})"
+                    warnings.append(
+                        f"{layer.origin}: preset [{name}]: its model file {model}{relative} "
+                        "does not exist; loading it will fail until it does"
+                    )
+    if not catalog and not options.models_dir and not options.models_preset:
+        hub = hub_dir(env)
+        warnings.append(
+            f"no models: give --models-dir DIR or --models-preset FILE (the Hugging Face cache "
+            f"{hub if hub is not None else '(none)'} holds no GGUF model)"
+        )
+    return warnings
