@@ -57,6 +57,8 @@ llama-server router options (same names, defaults and LLAMA_ARG_* variables):
                               load a model when a request names it (default: on)
   --api-key KEY[,KEY]         require one of these keys (all endpoints but /health)
   --api-key-file FILE         keys, one a line
+  --ssl-cert-file, --ssl-key-file FILE
+                              serve HTTPS with this PEM certificate and key (both needed)
   -to, --timeout SECONDS      read/write timeout towards the children (default 3600)
   --sleep-idle-seconds N      children unload their model after N idle seconds
 
@@ -200,7 +202,9 @@ class Agent:
         # request leaves the queue and a proxied one closes its connection to the child.
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
-        listening = await startup.listen(self._runner, self.options.host, self.options.port)
+        listening = await startup.listen(
+            self._runner, self.options.host, self.options.port, startup.tls_context(self.options)
+        )
         self.port = listening.port
         for warning in startup.source_warnings(self.options, self.env, self.catalog):
             log.warning("%s", warning)

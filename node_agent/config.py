@@ -46,6 +46,9 @@ class AgentOptions:
     models_autoload: bool = True
     api_keys: tuple[str, ...] = ()
     """From ``--api-key`` (comma-separated) and ``--api-key-file`` (one a line)."""
+    ssl_key_file: str | None = None
+    ssl_cert_file: str | None = None
+    """PEM files: the agent serves HTTPS when both are given (llama-server's TLS flags)."""
     timeout: int = 3600
     sleep_idle_seconds: int = -1
     """-1 = children never sleep."""
@@ -171,6 +174,15 @@ def parse_agent_args(argv: Sequence[str], env: Mapping[str, str]) -> AgentOption
                 raise ConfigError(f"{flag} expects {expected}, got {raw!r}")
             children[name] = raw
 
+    # llama-server serves plain HTTP when only one of the two is set; a user who gave one
+    # meant TLS, so half a pair is an error here.
+    if ("ssl_key_file" in values) != ("ssl_cert_file" in values):
+        given, missing = (
+            ("--ssl-key-file", "--ssl-cert-file")
+            if "ssl_key_file" in values
+            else ("--ssl-cert-file", "--ssl-key-file")
+        )
+        raise ConfigError(f"{given} needs {missing} too: TLS takes a key and its certificate")
     keys = list(api_keys)
     for path in api_key_files:
         keys.extend(_read_key_file(path))
@@ -348,6 +360,8 @@ _ROUTER: dict[str, tuple[str, str, Callable[[str], object]]] = {
     "models-autoload": ("models_autoload", "a boolean", _bool),
     "api-key": ("api_keys", "a key (or several, comma-separated)", _identity),
     "api-key-file": ("api_key_file", "a file", _identity),
+    "ssl-key-file": ("ssl_key_file", "a PEM private key file", _identity),
+    "ssl-cert-file": ("ssl_cert_file", "a PEM certificate file", _identity),
     "timeout": ("timeout", "a number of seconds", _int_at_least(0)),
     "sleep-idle-seconds": ("sleep_idle_seconds", "seconds (-1: never)", _int_at_least(-1)),
 }

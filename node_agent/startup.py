@@ -5,7 +5,8 @@ is one line that says where and what to do (not the event loop's traceback). A `
 ending in ``.sock`` is a unix socket path, as llama-server's ``server_http_context::start``
 has it (the port is then ignored). A ``--models-dir`` without a model and a preset whose
 ``model =`` file is missing are warnings: the agent still starts (the file may come later,
-``GET /models?reload=1`` picks it up), but a newcomer sees why the list is empty.
+``GET /models?reload=1`` picks it up), but a newcomer sees why the list is empty. With
+``--ssl-cert-file`` and ``--ssl-key-file`` it serves HTTPS, as llama-server does.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import errno
 import logging
 import os
 import socket
+import ssl
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -46,17 +48,38 @@ class Listening:
     """The TCP port bound (``--port 0`` picks one); None on a unix socket."""
 
 
-async def listen(runner: web.AppRunner, host: str, port: int) -> Listening:
-    """Start serving ``runner`` on ``host:port`` or the unix socket ``host``; ConfigError
-    (one line: where, why, what to do) when it cannot."""
+def tls_context(options: AgentOptions) -> ssl.SSLContext | None:
+    """The server's TLS context from ``--ssl-cert-file``/``--ssl-key-file``, None without
+    them; ConfigError naming the file when it cannot be used."""
+    if options.ssl_cert_file is None or options.ssl_key_file is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(options.ssl_cert_file, options.ssl_key_file)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"TLS: {exc.filename} does not exist") from exc
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(
+            f"TLS: cannot use --ssl-cert-file {options.ssl_cert_file} with --ssl-key-file "
+            f"{options.ssl_key_file} ({exc}): both must be PEM files, the key unencrypted and "
+            "matching the certificate"
+        ) from exc
+    return context
+
+
+async def listen(
+    runner: web.AppRunner, host: str, port: int, tls: ssl.SSLContext | None = None
+) -> Listening:
+    """Start serving ``runner`` on ``host:port`` or the unix socket ``host`` (over TLS with
+    ``tls``); ConfigError (one line: where, why, what to do) when it cannot."""
     if host.endswith(UNIX_SOCKET_SUFFIX):
         if port != DEFAULT_PORT:  # llama-server ignores it silently; say so
             log.warning("--port %s is not used: --host %s is a unix socket", port, host)
         refuse_live_socket(host)
-        site: web.BaseSite = web.UnixSite(runner, host)
+        site: web.BaseSite = web.UnixSite(runner, host, ssl_context=tls)
         where = f"unix socket {host}"
     else:
-        site = web.TCPSite(runner, host, port)
+        site = web.TCPSite(runner, host, port, ssl_context=tls)
         where = f"{host}:{port}"
     try:
         await site.start()
@@ -66,7 +89,7 @@ async def listen(runner: web.AppRunner, host: str, port: int) -> Listening:
         return Listening(f"unix://{host}", None)
     bound = next((a[1] for a in runner.addresses if isinstance(a, tuple)), port)
     shown = f"[{host}]" if ":" in host else host
-    return Listening(f"http://{shown}:{bound}", bound)
+    return Listening(f"{'https' if tls else 'http'}://{shown}:{bound}", bound)
 
 
 def refuse_live_socket(path: str) -> None:
