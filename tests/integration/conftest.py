@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from node_agent.demo_models import write_demo_models
-from tests.integration.harness import AgentProcess
+from tests.integration.harness import AgentProcess, b11434_path
 
 
 @pytest.fixture(scope="session")
@@ -35,6 +35,18 @@ def real_model() -> Path:
         if os.environ.get("CI"):
             pytest.fail(f"CI must have the real model: {HOW_TO_GET}")
         pytest.skip(HOW_TO_GET)
+    return path
+
+
+@pytest.fixture(scope="session")
+def b11434() -> Path:
+    """llama-server b11434 built from source (hack/build-b11434.sh; CI builds it once)."""
+    path = b11434_path()
+    if not os.access(path, os.X_OK):
+        how = f"{path} is missing: build it with hack/build-b11434.sh"
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must have llama-server b11434: {how}")
+        pytest.skip(how)
     return path
 
 

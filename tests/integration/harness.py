@@ -19,6 +19,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 
 
+def b11434_path() -> Path:
+    """Where hack/build-b11434.sh leaves llama-server b11434 (outside the checkout)."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return Path(os.environ.get("LLAMA_SERVER_B11434") or cache / "corral" / "llama-server-b11434")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

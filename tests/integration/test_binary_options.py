@@ -1,0 +1,59 @@
+"""The options of the llama-server in use: b11434's own, not the pinned binary's table.
+
+``--n-cpu-ffn`` is new in b11434 (the pinned b10434 has no such option): with b11434 as the
+child it is a valid preset key and flag, and reaches the child; with the pinned binary the
+same preset is refused, and the error names that binary.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.integration.harness import REPO, chat, free_port
+
+NEW_OPTION = "n-cpu-ffn"
+
+
+def preset(tmp_path: Path, demo_dir: Path) -> Path:
+    ini = tmp_path / "presets.ini"
+    ini.write_text(f"[tiny]\nmodel = {demo_dir / 'demo-tiny.gguf'}\n{NEW_OPTION} = 0\n")
+    return ini
+
+
+def test_an_option_only_b11434_has_works_with_it(
+    start_agent: Any, b11434: Path, demo_dir: Path, tmp_path: Path
+) -> None:
+    agent = start_agent(
+        "--llama-server", str(b11434), "--models-preset", str(preset(tmp_path, demo_dir))
+    )
+    status, body = agent.post("/v1/chat/completions", chat("tiny", ignore_eos=True))
+    assert status == 200, body
+    entry = agent.models()["tiny"]
+    assert f"--{NEW_OPTION}" in entry["status"]["args"]
+    # b11434's build of the sdist has no git metadata: build 0, commit unknown
+    assert agent.get("/props")[1]["build_info"] == "b0-unknown"
+
+
+def test_the_pinned_binary_refuses_it_naming_itself(
+    llama_server: str, demo_dir: Path, tmp_path: Path
+) -> None:
+    ini = preset(tmp_path, demo_dir)
+    for args in (
+        ["--models-preset", str(ini)],
+        ["--models-dir", str(demo_dir), f"--{NEW_OPTION}", "0"],
+    ):
+        agent = [sys.executable, "-P", "-m", "node_agent.cli", "agent"]
+        done = subprocess.run(
+            [*agent, "--port", str(free_port()), "--llama-server", llama_server, *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=REPO,
+            check=False,
+        )
+        assert done.returncode != 0
+        assert NEW_OPTION in done.stderr
+        assert f"llama-server b1-7e4c0a9 ({llama_server})" in done.stderr, done.stderr
