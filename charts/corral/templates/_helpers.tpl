@@ -112,7 +112,7 @@ Names.
 {{/*
 Where agent.pvcMounts are mounted, each claim read-only at <root>/<claimName>: a contract with
 the operator, which renders source.pvc as `model = <root>/<claimName>/<subPath>`
-(operator/presets.py PVC_MOUNT_ROOT; the chart tests check the two agree). Not a value, since
+(operator/preset_operator/presets.py PVC_MOUNT_ROOT; the chart tests check the two agree). Not a value, since
 the operator cannot follow a change, and outside /models, the agent's --models-dir, whose
 scanner takes every subfolder for a model.
 */}}
