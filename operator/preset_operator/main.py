@@ -23,7 +23,8 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     env = os.environ
     p = argparse.ArgumentParser(
         prog="corral operator",
-        description="Turn ModelPresets into the presets of the Corral agents on matching nodes.",
+        description="Turn ModelPresets into the presets of the Corral agents on matching nodes. "
+        "When the agents have an API key, give it in $LLAMA_API_KEY.",
     )
     p.add_argument(
         "--namespace",
@@ -57,6 +58,10 @@ def parse_args(argv: Sequence[str] | None) -> Config:
         p.error("--agent-selector may not be empty (it would select every pod)")
     if ns.poll_interval <= 0:
         p.error("--poll-interval must be positive")
+    # The agents' own variable (the chart sets both from one Secret); a key list like the
+    # agent's --api-key "k1,k2" authenticates with its first key. Never a flag: a command
+    # line is visible to everyone on the node.
+    keys = [k.strip() for k in env.get("LLAMA_API_KEY", "").split(",") if k.strip()]
     return Config(
         namespace=ns.namespace,
         configmap=ns.presets_configmap,
@@ -65,6 +70,7 @@ def parse_args(argv: Sequence[str] | None) -> Config:
         poll_interval=ns.poll_interval,
         poll_timeout=min(3.0, ns.poll_interval),
         verbose=ns.verbose,
+        agent_api_key=keys[0] if keys else None,
     )
 
 

@@ -32,6 +32,9 @@ GROUP, VERSION = "corral.dev", "v1alpha1"
 PRESET_LABEL_PREFIX = "preset.corral.dev/"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "corral-operator"}
 PRESET_NAME_LABEL = "corral.dev/modelpreset"
+# An Event about a cluster-scoped object (a ModelPreset) must live in `default`: the apiserver
+# refuses one whose namespace differs from its involvedObject's ("" here) unless it is default.
+EVENTS_NAMESPACE = "default"
 _LABEL_KEY = re.compile(r"^([a-z0-9.-]{1,253}/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 
@@ -68,6 +71,8 @@ class Config:
     poll_timeout: float = 3.0
     debounce: float = 0.2  # coalesce a burst of watch events into one pass
     verbose: bool = False
+    # The agents' API key (they guard GET /models with it); never shown in a repr or a log.
+    agent_api_key: str | None = field(default=None, repr=False)
 
     @property
     def stale_after(self) -> dt.timedelta:
@@ -134,6 +139,9 @@ class Reconciler:
         self._armed = asyncio.Event()
         self._wake = asyncio.Event()
         self._last_poll: dt.datetime | None = None
+        # preset name → why its Service could not be created (a Service of that name exists
+        # that is not ours); recomputed by every pass, so it clears once the name is free.
+        self.service_conflicts: dict[str, str] = {}
         self.passes = 0
 
     # --- called from kopf handlers -------------------------------------------------------
@@ -183,7 +191,13 @@ class Reconciler:
             (now - self._last_poll).total_seconds() >= self.config.poll_interval
         ):
             self.reports = await poll_agents(
-                self.session, pods, self.agent_url, self.reports, now, self.config.poll_timeout
+                self.session,
+                pods,
+                self.agent_url,
+                self.reports,
+                now,
+                self.config.poll_timeout,
+                self.config.agent_api_key,
             )
             self._last_poll = now
         agent_nodes = {
@@ -309,18 +323,28 @@ class Reconciler:
         assert self._indexes is not None
         ns = self.config.namespace
         wanted = {o["metadata"]["name"]: self.desired_service(o) for o in presets}
+        conflicts: dict[str, str] = {}
         for name, want in wanted.items():
             have = _first(self._indexes.services, name)
             if have is None:
                 try:
                     await self.cluster.create(ns_path(ns, "services"), want)
                     log.info("created Service %s", name)
-                    continue
                 except KubeError as exc:
-                    if exc.status != 409:
+                    if exc.status == 409:
+                        # Not in our index, so not ours (the chart's, a user's): never adopt
+                        # it — patching its selector would hijack its traffic, and our owner
+                        # reference would let the garbage collector delete it with the preset.
+                        conflicts[name] = (
+                            f"Service {ns}/{name} exists and was not created by the corral "
+                            "operator: it is left alone; rename the ModelPreset or delete that "
+                            "Service"
+                        )
+                        if name not in self.service_conflicts:
+                            log.warning("%s", conflicts[name])
+                    else:
                         log.warning("creating Service %s failed: %s", name, exc)
-                        continue
-                    have = {}
+                continue
             patch = _service_patch(have, want)
             if patch:
                 log.info("updating Service %s", name)
@@ -334,6 +358,7 @@ class Reconciler:
                 await self._guard(
                     f"deleting Service {name}", self.cluster.delete(ns_path(ns, "services", name))
                 )
+        self.service_conflicts = conflicts
 
     async def _write_statuses(
         self, presets: list[dict[str, Any]], rendering: Rendering, now: dt.datetime
@@ -356,6 +381,7 @@ class Reconciler:
                 conflicts=rendering.conflicts.get(name),
                 invalid=rendering.invalid.get(name),
                 load_on_startup=bool(preset and preset.lifecycle.load_on_startup),
+                service_conflict=self.service_conflicts.get(name),
             )
             if not needs_write(old, new, self.config.seen_refresh):
                 continue
@@ -376,8 +402,9 @@ class Reconciler:
             "metadata": {
                 # Explicit unique names (not generateName): simpler to emulate and to grep.
                 "name": f"{meta['name']}.{secrets.token_hex(8)}",
-                "namespace": self.config.namespace,
+                "namespace": EVENTS_NAMESPACE,
             },
+            # No involvedObject.namespace: the ModelPreset is cluster-scoped.
             "involvedObject": {
                 "apiVersion": f"{GROUP}/{VERSION}",
                 "kind": "ModelPreset",
@@ -400,7 +427,7 @@ class Reconciler:
             meta["name"],
             event.message,
         )
-        await self.cluster.create(ns_path(self.config.namespace, "events"), body)
+        await self.cluster.create(ns_path(EVENTS_NAMESPACE, "events"), body)
 
 
 def _service_patch(have: Mapping[str, Any], want: Mapping[str, Any]) -> dict[str, Any]:

@@ -434,22 +434,24 @@ def rules_of(role: Manifest) -> set[Rule]:
 def test_cluster_role_is_minimal(render: Render) -> None:
     role = render().one("ClusterRole")
     assert rules_of(role) == {
-        ("corral.dev", "modelpresets", frozenset({"get", "list", "watch", "patch"})),
-        ("corral.dev", "modelpresets/status", frozenset({"get", "patch"})),
-        ("", "nodes", frozenset({"get", "list", "watch"})),
+        ("corral.dev", "modelpresets", frozenset({"list", "watch"})),
+        ("corral.dev", "modelpresets/status", frozenset({"patch"})),
+        ("", "nodes", frozenset({"list", "watch"})),
     }
 
 
-def test_namespaced_role_is_minimal(render: Render) -> None:
-    role = render().one("Role")
-    assert role["metadata"]["namespace"] == NAMESPACE
-    assert rules_of(role) == {
-        ("", "configmaps", frozenset({"get", "list", "watch", "create", "patch"})),
-        ("", "pods", frozenset({"get", "list", "watch", "patch"})),
-        ("", "services", frozenset({"get", "list", "watch", "create", "patch", "delete"})),
-        ("", "events", frozenset({"create"})),
-        ("events.k8s.io", "events", frozenset({"create"})),
+def test_namespaced_roles_are_minimal(render: Render) -> None:
+    own = render().one("Role", f"{FULLNAME}-operator")
+    assert own["metadata"]["namespace"] == NAMESPACE
+    assert rules_of(own) == {
+        ("", "configmaps", frozenset({"list", "watch", "create", "patch"})),
+        ("", "pods", frozenset({"list", "watch", "patch"})),
+        ("", "services", frozenset({"list", "watch", "create", "patch", "delete"})),
     }
+    # Events about cluster-scoped ModelPresets must be in `default` (apiserver validation).
+    events = render().one("Role", f"{FULLNAME}-operator-events")
+    assert events["metadata"]["namespace"] == "default"
+    assert rules_of(events) == {("", "events", frozenset({"create"}))}
 
 
 def test_no_wildcards_and_no_secret_access(scenario: Path) -> None:
@@ -464,14 +466,15 @@ def test_no_wildcards_and_no_secret_access(scenario: Path) -> None:
 def test_bindings_grant_the_roles_to_the_operator_only(render: Render) -> None:
     rendered = render()
     subject = {"kind": "ServiceAccount", "name": f"{FULLNAME}-operator", "namespace": NAMESPACE}
-    for kind, role_kind in (("ClusterRoleBinding", "ClusterRole"), ("RoleBinding", "Role")):
-        binding = rendered.one(kind)
+    bindings = rendered.all("ClusterRoleBinding") + rendered.all("RoleBinding")
+    roles = rendered.all("ClusterRole") + rendered.all("Role")
+    assert len(bindings) == len(roles) == 3
+    for binding in bindings:
         assert binding["subjects"] == [subject]
-        assert binding["roleRef"] == {
-            "apiGroup": "rbac.authorization.k8s.io",
-            "kind": role_kind,
-            "name": rendered.one(role_kind)["metadata"]["name"],
-        }
+        role_kind = binding["kind"].removesuffix("Binding")
+        role = rendered.one(role_kind, binding["roleRef"]["name"])
+        assert role["metadata"].get("namespace") == binding["metadata"].get("namespace")
+        assert binding["roleRef"]["apiGroup"] == "rbac.authorization.k8s.io"
     deployment = rendered.one("Deployment")
     assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == subject["name"]
 

@@ -20,6 +20,8 @@ from preset_operator.status import (
     transitions,
 )
 
+from tests.operator.agent_models import model_entry, model_list
+
 
 def mp(name: str, created: str = "2026-01-01T00:00:00Z", **spec: Any) -> dict[str, Any]:
     spec.setdefault("source", {"localPath": {"path": f"/models/{name}.gguf"}})
@@ -324,18 +326,29 @@ def test_invalid_and_unmatched_status() -> None:
     )
 
 
-def test_parse_models_reads_llama_cpp_shape() -> None:
-    body = {
-        "object": "list",
-        "data": [
-            {"id": "a", "status": {"value": "loaded"}, "memory": {"cuda0": {"effective": 1}}},
-            {"id": "b", "status": {"value": "unloaded", "failed": True, "exit_code": 1}},
-            {"no": "id"},
-        ],
-    }
+def test_parse_models_reads_what_the_agent_serves() -> None:
+    # Corral's figures are under each entry's ``corral`` key (the agent's schema), llama.cpp's
+    # own router sends none, and a malformed entry is skipped without blanking the others.
+    llama_cpp = model_entry("c")
+    del llama_cpp["corral"]
+    body = model_list(
+        [
+            model_entry("a", memory={"CUDA0": 7}),
+            model_entry("b", "unloaded", exit_code=1, error="error: failed to load model"),
+            llama_cpp,
+        ]
+    )
+    body["data"].append({"no": "id"})
     models = parse_models(body)
-    assert set(models) == {"a", "b"}
-    assert models["a"].memory == {"cuda0": {"effective": 1}}
+    assert set(models) == {"a", "b", "c"}
+    assert models["a"].memory == {
+        "min": {"CUDA0": 7},
+        "max": {"CUDA0": 7},
+        "effective": {"CUDA0": 7},
+        "held": {"CUDA0": 7},
+    }
     assert models["b"].failed and models["b"].exit_code == 1
+    assert models["b"].error == "error: failed to load model"
+    assert models["c"].value == "loaded" and models["c"].memory is None
     with pytest.raises(ValueError):
         parse_models({"error": "x"})
