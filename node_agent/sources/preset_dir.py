@@ -33,8 +33,14 @@ def resolve_preset_file(directory: Path, node_name: str | None) -> Path | None:
             "not a directory (expected the mounted presets ConfigMap)", path=str(directory)
         )
     data = directory / "..data"
-    base = data.resolve() if data.is_symlink() or data.is_dir() else directory
+    kubelet_volume = data.is_symlink() or data.is_dir()
+    base = data.resolve() if kubelet_volume else directory
     index = base / NODES_INDEX
+    if kubelet_volume and not index.is_file() and not any(base.iterdir()):
+        # The chart creates the ConfigMap without data (the operator owns it, and a rendered
+        # placeholder would reset it on every upgrade): until the operator's first write, the
+        # node has no presets. A plain folder without the index stays an error below.
+        return None
     if not index.is_file():
         raise ConfigError(
             f"no {NODES_INDEX} here: --models-preset DIR must be the corral operator's presets "

@@ -7,13 +7,16 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+import helm_python
 import pytest
 import yaml
 from preset_operator.presets import PVC_MOUNT_ROOT, PvcSource, parse_source
 
+from node_agent.sources.options import llama_options
 from tests.chart.rendering import (
     CHART,
     FULLNAME,
+    IMAGES,
     NAMESPACE,
     RELEASE,
     REPO,
@@ -23,6 +26,7 @@ from tests.chart.rendering import (
     render_objects,
     render_templates,
     scenario_values,
+    with_images,
 )
 
 Render = Callable[..., Rendered]
@@ -133,7 +137,92 @@ def test_agent_options_from_values(render: Render) -> None:
     )["args"]
     assert args[args.index("--models-memory-margin") + 1] == "512"
     assert args[-2:] == ["-c", "4096"]
-    assert "--models-memory-margin" not in agent_container(render())["args"]
+
+
+@pytest.mark.parametrize(
+    ("values", "margin"),
+    [
+        ({}, "1024"),  # GPUs from the device plugin
+        ({"agent": {"gpu": {"mode": "runtimeClass"}}}, "1024"),
+        ({"agent": {"gpu": {"mode": "none"}}}, None),
+        ({"agent": {"modelsMemoryMarginMiB": -1}}, None),
+        ({"agent": {"modelsMemoryMarginMiB": 0}}, "0"),
+    ],
+)
+def test_memory_ledger_is_on_whenever_the_agent_gets_gpus(
+    render: Render, values: dict[str, Any], margin: str | None
+) -> None:
+    args = agent_container(render(values))["args"]
+    found = args[args.index("--models-memory-margin") + 1] if margin is not None else None
+    assert found == margin
+    assert ("--models-memory-margin" in args) == (margin is not None)
+    notes = render_templates(values)["corral/templates/NOTES.txt"]
+    on = f"The memory ledger is on (--models-memory-margin {margin} MiB)"
+    assert (on in notes) == (margin is not None)
+    assert ("The memory ledger is off" in notes) == (margin is None)
+
+
+def test_memory_limits_name_the_agents_devices(render: Render) -> None:
+    args = agent_container(render({"agent": {"memoryLimits": {"CUDA0": "20GiB"}}}))["args"]
+    assert args[args.index("--memory-limit") + 1] == "CUDA0=20GiB"
+    with pytest.raises(helm_python.HelmValuesError, match="/agent/memoryLimits"):
+        helm_python.Chart.load(CHART).validate_schema(
+            with_images({"agent": {"memoryLimits": {"0": "20GiB"}}})
+        )
+
+
+def test_images_must_be_named(render: Render) -> None:
+    # Nothing is published under a name the project owns: no default may point anywhere.
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    for part in ("agent", "operator"):
+        assert values[part]["image"]["registry"] == values[part]["image"]["repository"] == ""
+    with pytest.raises(helm_python.HelmValuesError) as refused:
+        helm_python.Chart.load(CHART).validate_schema({})
+    assert "/agent/image/repository" in str(refused.value)
+    assert "/operator/image/repository" in str(refused.value)
+    # Without the operator, its image is not needed.
+    helm_python.Chart.load(CHART).validate_schema(
+        {"operator": {"enabled": False}, "agent": IMAGES["agent"]}
+    )
+    rendered = render()
+    assert agent_container(rendered)["image"] == (
+        "registry.example.com/corral/corral-agent:0.1.0-cuda"
+    )
+    assert operator_container(rendered)["image"] == (
+        "registry.example.com/corral/corral-operator:0.1.0"
+    )
+    mirrored = render({"global": {"imageRegistry": "mirror.example.com"}})
+    assert agent_container(mirrored)["image"] == (
+        "mirror.example.com/registry.example.com/corral/corral-agent:0.1.0-cuda"
+    )
+    chart = (CHART / "Chart.yaml").read_text()
+    assert "corral-dev" not in chart and "corral-dev" not in (CHART / "values.yaml").read_text()
+
+
+def test_downloads_go_to_a_persistent_cache(render: Render) -> None:
+    rendered = render()
+    container = agent_container(rendered)
+    assert env_of(container)["LLAMA_CACHE"] == {"name": "LLAMA_CACHE", "value": "/var/cache/corral"}
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/var/cache/corral"]
+    volumes = {v["name"]: v for v in agent_pod(rendered)["volumes"]}
+    assert volumes[mount["name"]]["hostPath"] == {
+        "path": "/var/lib/corral/cache",
+        "type": "DirectoryOrCreate",
+    }
+    pvc = render(
+        {
+            "agent": {
+                "downloadCache": {
+                    "type": "persistentVolumeClaim",
+                    "persistentVolumeClaim": {"claimName": "model-downloads"},
+                }
+            }
+        }
+    )
+    volumes = {v["name"]: v for v in agent_pod(pvc)["volumes"]}
+    assert volumes[mount["name"]]["persistentVolumeClaim"] == {"claimName": "model-downloads"}
+    # Never the pod's small scratch /tmp, which is also $HOME.
+    assert not mount["mountPath"].startswith("/tmp")
 
 
 def test_node_name_comes_from_the_downward_api(render: Render) -> None:
@@ -145,12 +234,20 @@ def test_node_name_comes_from_the_downward_api(render: Render) -> None:
 
 
 def test_api_key_comes_from_a_secret_only_when_set(render: Render) -> None:
-    assert "LLAMA_ARG_API_KEY" not in env_of(agent_container(render()))
+    # LLAMA_API_KEY: the name llama-server and the agent read (node_agent's option table).
+    assert llama_options().named("api-key").env == "LLAMA_API_KEY"
+    assert "LLAMA_API_KEY" not in env_of(agent_container(render()))
+    assert "LLAMA_API_KEY" not in env_of(operator_container(render()))
     rendered = render(scenario_values(API_KEY))
     secret_ref = {"secretKeyRef": {"name": "corral-api-key", "key": "api-key"}}
-    assert env_of(agent_container(rendered))["LLAMA_ARG_API_KEY"]["valueFrom"] == secret_ref
+    assert env_of(agent_container(rendered))["LLAMA_API_KEY"]["valueFrom"] == secret_ref
+    # The operator polls the agents with the same key.
+    assert env_of(operator_container(rendered))["LLAMA_API_KEY"]["valueFrom"] == secret_ref
     (test_container,) = rendered.one("Pod")["spec"]["containers"]
-    assert env_of(test_container)["LLAMA_ARG_API_KEY"]["valueFrom"] == secret_ref
+    assert env_of(test_container)["LLAMA_API_KEY"]["valueFrom"] == secret_ref
+    # helm test checks the key is required, not only accepted.
+    assert "%{http_code}" in test_container["command"][-1]
+    assert "!= 401" in test_container["command"][-1]
     assert not any(o["kind"] == "Secret" for o in rendered), "the chart never holds the key"
 
 
@@ -168,16 +265,12 @@ def test_presets_configmap_is_mounted_as_a_directory(scenario: Path) -> None:
                 assert "subPath" not in m and "subPathExpr" not in m, (owner, m)
 
 
-def test_presets_configmap_starts_empty(render: Render) -> None:
+def test_presets_configmap_renders_no_data(render: Render) -> None:
+    # The operator owns the data: a rendered placeholder would reset every node's presets on
+    # each `helm upgrade` or Argo CD sync where `lookup` finds nothing (helm template).
     configmap = render().one("ConfigMap", f"{FULLNAME}-presets")
-    assert configmap["data"] == {"nodes.json": "{}"}
-
-
-def test_presets_configmap_keeps_the_operators_data_on_upgrade() -> None:
-    # Offline, `lookup` finds nothing; the template must read the live object back instead
-    # of resetting it (an upgrade would otherwise wipe every preset until the next reconcile).
-    template = (CHART / "templates" / "configmap.yaml").read_text()
-    assert 'lookup "v1" "ConfigMap" .Release.Namespace $name' in template
+    assert "data" not in configmap and "binaryData" not in configmap
+    assert "(lookup " not in (CHART / "templates" / "configmap.yaml").read_text()
 
 
 @pytest.mark.parametrize(
@@ -290,7 +383,6 @@ def test_agents_go_to_gpu_nodes_by_default(render: Render) -> None:
     ]
     assert agent_container(rendered)["resources"] == {"limits": {"nvidia.com/gpu": 1}}
     assert "runtimeClassName" not in pod
-    assert agent_container(rendered)["image"] == "ghcr.io/corral-dev/corral-agent:0.1.0-cuda"
 
 
 def test_gpu_scheduling_merges_with_the_agents_own(render: Render) -> None:

@@ -47,6 +47,18 @@ def test_node_without_presets_gets_none(tmp_path: Path) -> None:
     assert resolve_preset_file(tmp_path, "n1") is None
 
 
+def test_an_empty_configmap_means_no_presets_yet(tmp_path: Path) -> None:
+    # The chart renders the ConfigMap without data; the operator writes nodes.json later.
+    kubelet_volume(tmp_path, {})
+    assert resolve_preset_file(tmp_path, "n1") is None
+    # A kubelet volume with files but no index is still not a presets ConfigMap.
+    other = tmp_path / "other"
+    other.mkdir()
+    kubelet_volume(other, {"x.ini": "[x]\n"})
+    with pytest.raises(ConfigError, match=r"no nodes\.json"):
+        resolve_preset_file(other, "n1")
+
+
 def test_reads_index_and_file_from_one_version(tmp_path: Path) -> None:
     kubelet_volume(tmp_path, {"set-a.ini": "[a]\n", "nodes.json": json.dumps({"n1": "set-a.ini"})})
     kubelet_volume(
