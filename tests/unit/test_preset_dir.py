@@ -3,30 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
 from node_agent.errors import ConfigError
 from node_agent.sources.preset_dir import resolve_preset_file
+from tests.kubelet import write_configmap_volume
 
 
 def kubelet_volume(root: Path, files: dict[str, str], version: str = "v1") -> None:
-    """Lay files out like the kubelet's ConfigMap volume: a timestamped directory, ``..data``
-    pointing at it, and top-level symlinks through ``..data``; a new version is an atomic
-    rename of ``..data``."""
-    target = root / f"..{version}"
-    target.mkdir()
-    for name, text in files.items():
-        (target / name).write_text(text)
-    tmp = root / "..data_tmp"
-    tmp.symlink_to(target.name)
-    os.replace(tmp, root / "..data")
-    for name in files:
-        link = root / name
-        if not link.is_symlink():
-            link.symlink_to(f"..data/{name}")
+    write_configmap_volume(root, files, version)
 
 
 def test_picks_the_nodes_set(tmp_path: Path) -> None:
