@@ -23,7 +23,7 @@ import aiohttp
 
 from .agents import AgentPod, AgentUrl, poll_agents
 from .kube import Cluster, KubeError, ns_path, preset_status_path
-from .render import Rendering, configmap_patch, render
+from .render import CONFIGMAP_LIMIT, Rendering, configmap_patch, configmap_size, render
 from .status import AgentReport, compute_status, needs_write, transitions
 
 log = logging.getLogger("corral.operator")
@@ -142,6 +142,8 @@ class Reconciler:
         # preset name → why its Service could not be created (a Service of that name exists
         # that is not ours); recomputed by every pass, so it clears once the name is free.
         self.service_conflicts: dict[str, str] = {}
+        # Why the last pass could not write the presets ConfigMap (too large), if it could not.
+        self.configmap_problem: str | None = None
         self.passes = 0
 
     # --- called from kopf handlers -------------------------------------------------------
@@ -224,6 +226,22 @@ class Reconciler:
         current = _first(self._indexes.configmaps, cfg.configmap)
         desired = rendering.configmap_data()
         path = ns_path(cfg.namespace, "configmaps", cfg.configmap)
+        size = configmap_size(desired)
+        if size > CONFIGMAP_LIMIT:
+            # The apiserver would refuse the write: keep what the nodes have, and say why in
+            # every preset's status (Degraded, with an Event) instead of a log line only.
+            problem = (
+                f"the presets ConfigMap {cfg.namespace}/{cfg.configmap} would be {size} bytes, "
+                f"over the {CONFIGMAP_LIMIT}-byte limit of a ConfigMap "
+                f"({len(rendering.node_sets)} nodes, {len(rendering.files)} distinct preset "
+                "sets): it is not updated; use fewer distinct placements (nodes with the same "
+                "presets share one set)"
+            )
+            if problem != self.configmap_problem:
+                log.warning("%s", problem)
+            self.configmap_problem = problem
+            return
+        self.configmap_problem = None
         if current is None:
             body = {
                 "apiVersion": "v1",
@@ -259,7 +277,12 @@ class Reconciler:
             if not pod.node or pod.deleting:
                 continue
             report = self.reports.get(pod.node)
-            listed = report.models if report is not None else {}
+            if report is None or report.last_seen is None:
+                # Never heard from this agent (a fresh operator whose first poll failed, or a
+                # pod without an IP yet): what it serves is unknown, so its labels stay as the
+                # previous operator left them rather than taking its Services' traffic away.
+                continue
+            listed = report.models
             want = {
                 preset_label(name): "true"
                 for name, preset in rendering.presets.items()
@@ -381,7 +404,18 @@ class Reconciler:
                 conflicts=rendering.conflicts.get(name),
                 invalid=rendering.invalid.get(name),
                 load_on_startup=bool(preset and preset.lifecycle.load_on_startup),
-                service_conflict=self.service_conflicts.get(name),
+                problems=[
+                    *(
+                        [("ServiceConflict", self.service_conflicts[name])]
+                        if name in self.service_conflicts
+                        else []
+                    ),
+                    *(
+                        [("ConfigMapTooLarge", self.configmap_problem)]
+                        if self.configmap_problem
+                        else []
+                    ),
+                ],
             )
             if not needs_write(old, new, self.config.seen_refresh):
                 continue

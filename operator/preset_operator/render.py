@@ -110,6 +110,16 @@ def render(
     )
 
 
+# The apiserver refuses a ConfigMap whose values add up to more than 1 MiB (ValidateConfigMap:
+# the sum of len(value) over data and binaryData against MaxSecretSize).
+CONFIGMAP_LIMIT = 1024 * 1024
+
+
+def configmap_size(data: Mapping[str, str]) -> int:
+    """What the apiserver checks against CONFIGMAP_LIMIT: the values' lengths, in bytes."""
+    return sum(len(v.encode()) for v in data.values())
+
+
 def configmap_patch(
     current: Mapping[str, str], desired: Mapping[str, str]
 ) -> dict[str, str | None]:

@@ -8,8 +8,9 @@ standard shape (type, status, observedGeneration, lastTransitionTime, reason, me
 - ``Ready``: every matched node offers the model and can serve it now (loaded or sleeping; or
   unloaded-and-healthy for a model loaded on first request).
 - ``Degraded``: something needs a human: a node failed to run it, an agent is not answering, its
-  name collides with another preset on a node, the spec cannot be rendered, or a Service of its
-  name exists that the operator did not create (it is never adopted).
+  name collides with another preset on a node, the spec cannot be rendered, a Service of its
+  name exists that the operator did not create (it is never adopted), or the presets would not
+  fit in the ConfigMap.
 """
 
 from __future__ import annotations
@@ -178,8 +179,11 @@ def compute_status(
     conflicts: Mapping[str, str] | None = None,
     invalid: str | None = None,
     load_on_startup: bool = False,
-    service_conflict: str | None = None,
+    problems: Sequence[tuple[str, str]] = (),
 ) -> dict[str, Any]:
+    """The whole status of one preset. ``problems``: (reason, message) of what keeps the
+    operator from carrying it out (a foreign Service of its name, a ConfigMap too large), each
+    a reason to be Degraded."""
     prev = previous or {}
     prev_nodes = {n.get("name"): n for n in prev.get("nodes") or [] if isinstance(n, Mapping)}
     prev_conds = {c.get("type"): c for c in prev.get("conditions") or [] if isinstance(c, Mapping)}
@@ -237,9 +241,10 @@ def compute_status(
             degraded = (True, reason, detail[:32768])
         else:
             degraded = (False, "AsExpected", "all matched nodes are healthy")
-    if service_conflict is not None and invalid is None:
-        detail = f"{service_conflict}; {degraded[2]}" if degraded[0] else service_conflict
-        degraded = (True, "ServiceConflict", detail[:32768])
+    if problems and invalid is None:
+        messages = [message for _, message in problems]
+        detail = "; ".join([*messages, degraded[2]] if degraded[0] else messages)
+        degraded = (True, problems[0][0], detail[:32768])
     return {
         "observedGeneration": generation,
         "modelName": model_name,

@@ -241,6 +241,28 @@ def test_status_ready_when_every_node_serves() -> None:
     assert cond(st, "Ready")["observedGeneration"] == 3
 
 
+def test_status_problems_make_it_degraded_with_an_event() -> None:
+    # What keeps the operator from carrying a preset out (a foreign Service of its name, a
+    # ConfigMap over the limit) is a reason to be Degraded, named first, and an Event.
+    kw: dict[str, Any] = {
+        "model_name": "m",
+        "generation": 1,
+        "matched": ["a"],
+        "reports": {"a": report(m=ModelReport("loaded"))},
+        "now": NOW,
+        "stale_after": STALE,
+    }
+    ok = compute_status(**kw, previous=None)
+    st = compute_status(
+        **kw, previous=ok, problems=[("ConfigMapTooLarge", "the presets ConfigMap would be 2 MB")]
+    )
+    degraded = cond(st, "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "ConfigMapTooLarge")
+    assert degraded["message"] == "the presets ConfigMap would be 2 MB"
+    assert cond(st, "Ready")["status"] == "True"  # what the nodes serve is unchanged
+    assert [(e.type, e.reason) for e in transitions(ok, st)] == [("Warning", "ConfigMapTooLarge")]
+
+
 def test_status_failed_stale_pending() -> None:
     old = NOW - dt.timedelta(minutes=5)
     st = compute_status(
