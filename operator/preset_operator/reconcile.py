@@ -233,9 +233,8 @@ class Reconciler:
             problem = (
                 f"the presets ConfigMap {cfg.namespace}/{cfg.configmap} would be {size} bytes, "
                 f"over the {CONFIGMAP_LIMIT}-byte limit of a ConfigMap "
-                f"({len(rendering.node_sets)} nodes, {len(rendering.files)} distinct preset "
-                "sets): it is not updated; use fewer distinct placements (nodes with the same "
-                "presets share one set)"
+                f"({len(rendering.node_sets)} nodes, {len(rendering.files)} presets): it is not "
+                "updated; shorten the presets (args, aliases) or run fewer of them"
             )
             if problem != self.configmap_problem:
                 log.warning("%s", problem)
@@ -251,7 +250,9 @@ class Reconciler:
             }
             try:
                 await self.cluster.create(ns_path(cfg.namespace, "configmaps"), body)
-                log.info("created ConfigMap %s with %d set(s)", cfg.configmap, len(rendering.files))
+                log.info(
+                    "created ConfigMap %s with %d preset(s)", cfg.configmap, len(rendering.files)
+                )
                 return
             except KubeError as exc:
                 if exc.status != 409:  # exists but not indexed yet: fall through to patch
@@ -261,7 +262,7 @@ class Reconciler:
         patch = configmap_patch(current, desired)
         if patch:
             log.info(
-                "ConfigMap %s: %d node(s), %d set(s), %d key(s) changed",
+                "ConfigMap %s: %d node(s), %d preset(s), %d key(s) changed",
                 cfg.configmap,
                 len(rendering.node_sets),
                 len(rendering.files),

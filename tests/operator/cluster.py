@@ -161,12 +161,18 @@ async def operator_running(
     assert not failure, failure
 
 
+def node_models(data: dict[str, str], node: str) -> list[str]:
+    """The model names (INI sections) of one node's files in the presets ConfigMap's data."""
+    index = json.loads(data.get("nodes.json", '{"files": [], "nodes": {}}'))
+    keys = [index["files"][i] for i in index["nodes"].get(node, [])]
+    return [name for key in keys for name in re.findall(r"^\[(.+)\]$", data[key], re.M)]
+
+
 async def configmap(kmock: Any) -> tuple[dict[str, str], dict[str, str]]:
-    """(node → the model names in its file, raw data)."""
+    """(node → the model names in its files, comma-separated; raw data)."""
     data = ((await get(kmock, f"/api/v1/namespaces/{NS}/configmaps/{CM}")) or {}).get("data") or {}
-    index = json.loads(data.get("nodes.json", "{}"))
-    models = {n: ",".join(re.findall(r"^\[(.+)\]$", data[key], re.M)) for n, key in index.items()}
-    return models, data
+    nodes = json.loads(data.get("nodes.json", '{"nodes": {}}'))["nodes"]
+    return {n: ",".join(node_models(data, n)) for n in nodes}, data
 
 
 async def status(kmock: Any, name: str) -> dict[str, Any]:

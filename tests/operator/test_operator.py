@@ -12,8 +12,6 @@ model's state or take an agent down. tests/operator/test_real_agents.py runs rea
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +37,7 @@ from tests.operator.cluster import (
     eventually,
     get,
     node,
+    node_models,
     operator_running,
     pod,
     prepare,
@@ -67,9 +66,7 @@ class FakeAgents:
             if node in self.down:
                 return aiohttp.web.json_response({"error": "down"}, status=503)
             data = await get(self.kmock, f"/api/v1/namespaces/{NS}/configmaps/{CM}")
-            files = (data or {}).get("data") or {}
-            key = json.loads(files.get("nodes.json", "{}")).get(node)
-            names = re.findall(r"^\[(.+)\]$", files.get(key, ""), re.M) if key else []
+            names = node_models((data or {}).get("data") or {}, node)
             entries = [
                 model_entry(name, **self.overrides.get(node, {}).get(name, {"memory": {"host": 1}}))
                 for name in names
@@ -149,7 +146,7 @@ async def test_presets_nodes_labels_services_and_status(cluster: tuple[Any, Fake
             "gpu-2": "org/big:Q4,small",
             "cpu-1": "small",
         }
-        assert len(data) == 3  # two sets (the A100 nodes share one) + nodes.json
+        assert len(data) == 3  # one file per preset + nodes.json
         assert "hf-repo = org/big-GGUF\nhf-file = big-q4.gguf\nload-on-startup = true" in "".join(
             data.values()
         )
@@ -199,7 +196,7 @@ async def test_presets_nodes_labels_services_and_status(cluster: tuple[Any, Fake
     async def step2() -> None:
         models, data = await configmap(kmock)
         assert models == {"gpu-1": "small", "gpu-2": "small", "cpu-1": "small"}
-        assert len(data) == 2  # one shared set; the old A100 set is gone
+        assert len(data) == 2  # "big" is placed nowhere: its file is gone
         labels = await preset_labels(kmock)
         assert labels["agent-a"] == labels["agent-b"] == {"small"}
         st = await status(kmock, "big")

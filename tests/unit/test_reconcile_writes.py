@@ -54,21 +54,21 @@ def reconciler(**stores: dict[str, list[Any]]) -> tuple[Reconciler, RecordingClu
     return rec, cluster
 
 
-def rendering(files: dict[str, str], node_sets: dict[str, str]) -> Rendering:
+def rendering(files: dict[str, str], node_sets: dict[str, tuple[str, ...]]) -> Rendering:
     return Rendering(files=files, node_sets=node_sets, matched={}, conflicts={}, invalid={})
 
 
 async def test_an_oversized_configmap_is_not_written_and_every_preset_says_why() -> None:
     rec, cluster = reconciler()
-    big = {f"set-{i:012x}.ini": "x" * 200_000 for i in range(6)}  # 1.2 MB of values
-    await rec._write_configmap(rendering(big, {f"n{i}": k for i, k in enumerate(big)}))
+    big = {f"preset-{i:012x}.ini": "x" * 200_000 for i in range(6)}  # 1.2 MB of values
+    await rec._write_configmap(rendering(big, {"n1": tuple(big)}))
     assert cluster.calls == []
     assert rec.configmap_problem is not None
     assert f"over the {CONFIGMAP_LIMIT}-byte limit" in rec.configmap_problem
-    assert "6 distinct preset sets" in rec.configmap_problem
+    assert "1 nodes, 6 presets" in rec.configmap_problem
     # Back under the limit: written, and the problem clears.
-    small = {"set-000000000001.ini": "[m]\n"}
-    await rec._write_configmap(rendering(small, {"n1": "set-000000000001.ini"}))
+    small = {"preset-000000000001.ini": "[m]\n"}
+    await rec._write_configmap(rendering(small, {"n1": tuple(small)}))
     assert [c[0] for c in cluster.calls] == ["patch"] and rec.configmap_problem is None
 
 
@@ -76,10 +76,10 @@ async def test_a_fresh_operator_whose_first_poll_failed_keeps_the_pods_labels() 
     pod = AgentPod("agent-a", "n1", "10.0.0.1", {"preset.corral.dev/m": "true"})
     rec, cluster = reconciler(agents={"agent-a": [pod]})
     rec.reports = {"n1": AgentReport(last_seen=None, error="agent unreachable: timeout")}
-    files = {"set-000000000001.ini": "[m]\n"}
+    files = {"preset-000000000001.ini": "[m]\n"}
     offered = Rendering(
         files=files,
-        node_sets={"n1": "set-000000000001.ini"},
+        node_sets={"n1": tuple(files)},
         matched={"m": ("n1",)},
         conflicts={},
         invalid={},

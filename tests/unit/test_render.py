@@ -5,12 +5,13 @@ from __future__ import annotations
 import datetime as dt
 import json
 import random
+import re
 from typing import Any
 
 import pytest
 from preset_operator.ini import render_ini
 from preset_operator.presets import InvalidPreset, parse_args, parse_preset
-from preset_operator.render import NODES_KEY, configmap_patch, render, set_key
+from preset_operator.render import NODES_KEY, configmap_patch, file_key, render
 from preset_operator.status import (
     AgentReport,
     ModelReport,
@@ -133,7 +134,15 @@ def test_section_carries_aliases_lifecycle_and_args() -> None:
     )
 
 
-def test_placement_dedup_and_index() -> None:
+def sections(ini: str) -> list[str]:
+    return re.findall(r"^\[(.+)\]$", ini, re.M)
+
+
+def node_models(r: Any, node: str) -> list[str]:
+    return [name for key in r.node_sets.get(node, ()) for name in sections(r.files[key])]
+
+
+def test_placement_files_and_index() -> None:
     objs = [
         mp("small"),  # no selector: every agent node
         mp("big", placement={"nodeSelector": {"gpu": "a100"}}),
@@ -147,25 +156,25 @@ def test_placement_dedup_and_index() -> None:
         "huge": ("gpu-h1",),
         "nowhere": (),
     }
-    # Both A100 nodes have {small, big}: one shared file. Three distinct sets in all.
-    assert r.node_sets["gpu-a1"] == r.node_sets["gpu-a2"]
-    assert len(r.files) == 3 == len(set(r.node_sets.values()))
-    a100 = r.files[r.node_sets["gpu-a1"]]
-    assert "[big]" in a100 and "[small]" in a100 and "[huge]" not in a100
-    assert (
-        "[small]" in r.files[r.node_sets["cpu-1"]] and "[big]" not in r.files[r.node_sets["cpu-1"]]
-    )
+    # One file per placed preset (not "nowhere"), each node listing its own, by model name.
+    assert sorted(sections(r.files[k]) for k in r.files) == [["big"], ["huge"], ["small"]]
+    assert node_models(r, "gpu-a1") == node_models(r, "gpu-a2") == ["big", "small"]
+    assert node_models(r, "cpu-1") == ["small"] and node_models(r, "gpu-h1") == ["huge", "small"]
     for key, text in r.files.items():
-        assert key == set_key(text)
+        assert key == file_key(text)
     data = r.configmap_data()
-    assert json.loads(data[NODES_KEY]) == r.node_sets
+    index = json.loads(data[NODES_KEY])
+    assert index["files"] == sorted(r.files)
+    assert {n: [index["files"][i] for i in ix] for n, ix in index["nodes"].items()} == {
+        n: list(keys) for n, keys in r.node_sets.items()
+    }
     assert set(data) == set(r.files) | {NODES_KEY}
 
 
 def test_nodes_without_presets_are_absent_from_the_index() -> None:
     r = render([mp("big", placement={"nodeSelector": {"gpu": "a100"}})], NODES)
     assert set(r.node_sets) == {"gpu-a1", "gpu-a2"}
-    assert render([], NODES).configmap_data() == {NODES_KEY: "{}\n"}
+    assert render([], NODES).configmap_data() == {NODES_KEY: '{"files":[],\n"nodes":{}}\n'}
 
 
 def test_output_is_deterministic_whatever_the_input_order() -> None:
@@ -186,7 +195,7 @@ def test_name_conflicts_keep_the_older_preset() -> None:
     r = render(objs, {"n1": {}})
     assert r.offered("old") == ("n1",) and r.offered("new") == ()
     assert "already served on this node by ModelPreset old" in r.conflicts["new"]["n1"]
-    assert "[new]" not in r.files[r.node_sets["n1"]]
+    assert node_models(r, "n1") == ["shared"]
 
 
 def test_invalid_presets_are_reported_not_rendered() -> None:
@@ -197,7 +206,7 @@ def test_invalid_presets_are_reported_not_rendered() -> None:
     ]
     r = render(objs, {"n1": {}})
     assert set(r.invalid) == {"bad", "dup"}
-    assert "[bad]" not in r.files[r.node_sets["n1"]]
+    assert node_models(r, "n1") == ["ok"]
 
 
 def test_configmap_patch_adds_changes_and_removes() -> None:
