@@ -253,11 +253,13 @@ def test_api_key_comes_from_a_secret_only_when_set(render: Render) -> None:
 
 def test_presets_configmap_is_mounted_as_a_directory(scenario: Path) -> None:
     rendered = Rendered(render_objects(scenario_values(scenario)))
-    pod = agent_pod(rendered)
-    volumes = {v["name"]: v for v in pod["volumes"]}
-    (mount,) = [m for m in agent_container(rendered)["volumeMounts"] if m["name"] == "presets"]
-    assert mount == {"name": "presets", "mountPath": "/etc/corral/presets", "readOnly": True}
-    assert volumes["presets"]["configMap"] == {"name": f"{FULLNAME}-presets"}
+    for ds in rendered.all("DaemonSet"):  # one per GPU pool
+        pod = ds["spec"]["template"]["spec"]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        (container,) = pod["containers"]
+        (mount,) = [m for m in container["volumeMounts"] if m["name"] == "presets"]
+        assert mount == {"name": "presets", "mountPath": "/etc/corral/presets", "readOnly": True}
+        assert volumes["presets"]["configMap"] == {"name": f"{FULLNAME}-presets"}
     # No mount of any pod may use subPath: a subPath mount never sees ConfigMap updates.
     for owner, spec in pod_specs(rendered):
         for container in spec["containers"]:
@@ -366,9 +368,10 @@ def test_liveness_is_on_the_agent_only(render: Render) -> None:
 
 def test_grace_period_exceeds_the_stop_timeout(scenario: Path) -> None:
     rendered = Rendered(render_objects(scenario_values(scenario)))
-    grace = agent_pod(rendered)["terminationGracePeriodSeconds"]
-    assert grace > AGENT_STOP_TIMEOUT_S
-    assert grace == 60
+    for ds in rendered.all("DaemonSet"):
+        grace = ds["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        assert grace > AGENT_STOP_TIMEOUT_S
+        assert grace == 60
 
 
 # --- Scheduling ----------------------------------------------------------------------------
@@ -435,11 +438,13 @@ def test_selectors_use_only_stable_labels(scenario: Path) -> None:
     for obj in rendered:
         if obj["kind"] in {"DaemonSet", "Deployment"}:
             selector = obj["spec"]["selector"]["matchLabels"]
-            assert set(selector) == STABLE_LABELS, obj["kind"]
+            # A pool's DaemonSet adds its pool's name, as fixed as the others.
+            assert set(selector) - {"corral.dev/agent-pool"} == STABLE_LABELS, obj["kind"]
             assert selector.items() <= obj["spec"]["template"]["metadata"]["labels"].items()
         elif obj["kind"] == "Service":
             assert obj["spec"]["selector"] == AGENT_SELECTOR, obj["metadata"]["name"]
-    assert rendered.one("DaemonSet")["spec"]["selector"]["matchLabels"] == AGENT_SELECTOR
+    for ds in rendered.all("DaemonSet"):
+        assert AGENT_SELECTOR.items() <= ds["spec"]["selector"]["matchLabels"].items()
 
 
 def test_common_labels_stay_out_of_selectors(render: Render) -> None:
@@ -647,3 +652,63 @@ def test_notes_render(render: Render) -> None:
     assert "kubectl wait --for=condition=Ready modelpreset/" in notes
     notes = render_templates(scenario_values(API_KEY))["corral/templates/NOTES.txt"]
     assert "corral-api-key" in notes
+
+
+# --- GPU pools -----------------------------------------------------------------------------
+
+POOLS = {
+    "agent": {
+        "pools": [
+            {"name": "a100x8", "nodeSelector": {"gpu": "a100"}, "gpuCount": 8},
+            {"name": "l4", "nodeSelector": {"gpu": "l4"}, "extraArgs": ["-c", "4096"]},
+        ]
+    }
+}
+
+
+def test_gpu_pools_get_a_daemonset_each_under_one_operator(render: Render) -> None:
+    rendered = render(POOLS)
+    daemonsets = {d["metadata"]["name"]: d for d in rendered.all("DaemonSet")}
+    assert set(daemonsets) == {f"{FULLNAME}-agent-a100x8", f"{FULLNAME}-agent-l4"}
+    a100, l4 = daemonsets[f"{FULLNAME}-agent-a100x8"], daemonsets[f"{FULLNAME}-agent-l4"]
+    for ds, pool in ((a100, "a100x8"), (l4, "l4")):
+        selector = ds["spec"]["selector"]["matchLabels"]
+        # Disjoint selectors (a DaemonSet must not adopt another's pods), each still an agent.
+        assert selector == {**AGENT_SELECTOR, "corral.dev/agent-pool": pool}
+        assert selector.items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+    spec = {name: d["spec"]["template"]["spec"] for name, d in (("a100", a100), ("l4", l4))}
+    assert spec["a100"]["nodeSelector"] == {"gpu": "a100", "nvidia.com/gpu.present": "true"}
+    assert spec["l4"]["nodeSelector"] == {"gpu": "l4", "nvidia.com/gpu.present": "true"}
+    (a100_agent,) = spec["a100"]["containers"]
+    (l4_agent,) = spec["l4"]["containers"]
+    assert a100_agent["resources"] == {"limits": {"nvidia.com/gpu": 8}}
+    assert l4_agent["resources"] == {"limits": {"nvidia.com/gpu": 1}}
+    assert l4_agent["args"][-2:] == ["-c", "4096"] and "4096" not in a100_agent["args"]
+    # One operator, one CRD; its agent selector matches every pool's pods.
+    assert (
+        len(rendered.all("Deployment")) == 1 and len(rendered.all("CustomResourceDefinition")) == 1
+    )
+    args = operator_container(rendered)["args"]
+    selector = dict(kv.split("=") for kv in args[args.index("--agent-selector") + 1].split(","))
+    for ds in (a100, l4):
+        assert selector.items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_without_pools_the_daemonset_keeps_its_name_and_selector(render: Render) -> None:
+    # A DaemonSet's selector is immutable: the default must not change on upgrade.
+    (ds,) = render().all("DaemonSet")
+    assert ds["metadata"]["name"] == f"{FULLNAME}-agent"
+    assert ds["spec"]["selector"]["matchLabels"] == AGENT_SELECTOR
+
+
+@pytest.mark.parametrize(
+    "pool",
+    [
+        {"name": "Bad_Name", "nodeSelector": {"a": "b"}},
+        {"name": "x"},
+        {"name": "x", "nodeSelector": {}},
+    ],
+)
+def test_a_pool_needs_a_name_and_a_node_selector(pool: dict[str, Any]) -> None:
+    with pytest.raises(helm_python.HelmValuesError, match="/agent/pools/0"):
+        helm_python.Chart.load(CHART).validate_schema(with_images({"agent": {"pools": [pool]}}))
