@@ -48,6 +48,12 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     p.add_argument(
         "--poll-interval", type=float, default=10.0, help="seconds between agent polls (10)"
     )
+    p.add_argument(
+        "--liveness",
+        metavar="URL",
+        default=None,
+        help="serve kopf's liveness probe, e.g. http://0.0.0.0:8081/healthz (none by default)",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     ns = p.parse_args(list(argv) if argv is not None else None)
     try:
@@ -71,6 +77,7 @@ def parse_args(argv: Sequence[str] | None) -> Config:
         poll_timeout=min(3.0, ns.poll_interval),
         verbose=ns.verbose,
         agent_api_key=keys[0] if keys else None,
+        liveness=ns.liveness,
     )
 
 
@@ -106,6 +113,8 @@ async def run_operator(
                     clusterwide=False,
                     namespaces=[config.namespace],
                     stop_flag=stop_flag,
+                    # kopf answers 200 while its watchers and the event loop are alive.
+                    liveness_endpoint=config.liveness,
                 )
             finally:
                 loop.cancel()

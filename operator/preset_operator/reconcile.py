@@ -73,6 +73,7 @@ class Config:
     verbose: bool = False
     # The agents' API key (they guard GET /models with it); never shown in a repr or a log.
     agent_api_key: str | None = field(default=None, repr=False)
+    liveness: str | None = None  # kopf's liveness endpoint URL
 
     @property
     def stale_after(self) -> dt.timedelta:

@@ -361,9 +361,16 @@ def test_agent_probes_health(render: Render) -> None:
         assert container[probe]["httpGet"] == {"path": "/health", "port": "http"}, probe
 
 
-def test_liveness_is_on_the_agent_only(render: Render) -> None:
+def test_operator_liveness_is_kopfs_own_probe(render: Render) -> None:
     container = operator_container(render())
-    assert not {"livenessProbe", "readinessProbe", "startupProbe"} & container.keys()
+    args = container["args"]
+    url = args[args.index("--liveness") + 1]
+    assert url == "http://0.0.0.0:8081/healthz"
+    assert container["ports"] == [{"name": "health", "containerPort": 8081, "protocol": "TCP"}]
+    probe = container["livenessProbe"]["httpGet"]
+    assert (probe["path"], probe["port"]) == ("/healthz", "health")
+    # No readiness: nothing routes to the operator.
+    assert not {"readinessProbe", "startupProbe"} & container.keys()
 
 
 def test_grace_period_exceeds_the_stop_timeout(scenario: Path) -> None:
@@ -488,6 +495,7 @@ def test_operator_command_is_the_contract(render: Render) -> None:
         f"app.kubernetes.io/name=corral,app.kubernetes.io/instance={RELEASE},"
         "app.kubernetes.io/component=agent",
         "--agent-port", "8080",
+        "--liveness", "http://0.0.0.0:8081/healthz",
     ]  # fmt: skip
     assert env_of(container)["POD_NAMESPACE"]["valueFrom"] == {
         "fieldRef": {"fieldPath": "metadata.namespace"}

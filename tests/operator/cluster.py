@@ -19,6 +19,7 @@ from preset_operator.kube import Credentials
 from preset_operator.main import run_operator
 from preset_operator.reconcile import EVENTS_NAMESPACE, Config
 
+from tests.integration.harness import free_port
 from tests.operator.apiserver import OPERATOR_TOKEN
 
 NS = "corral"
@@ -112,8 +113,9 @@ async def prepare(kmock: Any, agents: dict[str, str]) -> None:
 @contextlib.asynccontextmanager
 async def operator_running(
     kmock: Any, agent_url: AgentUrl, poll_interval: float = 0.2
-) -> AsyncIterator[None]:
-    """The operator (kopf + its loop) against the emulator, with the agents' API key."""
+) -> AsyncIterator[str]:
+    """The operator (kopf + its loop) against the emulator, with the agents' API key; yields
+    the URL of its liveness probe."""
 
     async def login(**_: Any) -> kopf.ConnectionInfo:
         return kopf.ConnectionInfo(server=str(kmock.url), insecure=True, token=OPERATOR_TOKEN)
@@ -126,6 +128,7 @@ async def operator_running(
         poll_timeout=1.0,
         debounce=0.05,
         agent_api_key=API_KEY,
+        liveness=f"http://127.0.0.1:{free_port()}/healthz",
     )
     # kopf runs in a thread with its own event loop: at exit, kopf cancels every task created
     # after its start in its loop — here that would include pytest-asyncio's teardown task and
@@ -152,7 +155,8 @@ async def operator_running(
     thread = threading.Thread(target=run, name="operator", daemon=True)
     thread.start()
     try:
-        yield
+        assert config.liveness is not None
+        yield config.liveness
     finally:
         # Stop the operator before kmock goes away (its watch streams would error otherwise).
         stop.set()

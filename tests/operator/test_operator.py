@@ -57,6 +57,7 @@ class FakeAgents:
     overrides: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     down: set[str] = field(default_factory=set)  # nodes whose agent answers 503
     runners: list[aiohttp.web.AppRunner] = field(default_factory=list)
+    operator_liveness: str = ""  # the operator's liveness probe URL, once it runs
 
     async def start(self, pod: str, node: str) -> None:
         async def models(request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
@@ -102,7 +103,8 @@ async def cluster(kmock: Any) -> AsyncIterator[tuple[Any, FakeAgents]]:
     try:
         for name, node_name in AGENTS.items():
             await agents.start(name, node_name)
-        async with operator_running(kmock, agents.url):
+        async with operator_running(kmock, agents.url) as liveness:
+            agents.operator_liveness = liveness
             yield kmock, agents
     finally:
         for runner in agents.runners:
@@ -409,3 +411,17 @@ async def test_requests_match_the_rendered_rbac(
     assert sorted(u for u in used if not any(covers(g, u) for g in granted)) == []
     unused = sorted(g for g in granted if not any(covers(g, u) for u in used))
     assert unused == [], "\n".join(map(str, unused))
+
+
+async def test_the_liveness_probe_answers(cluster: tuple[Any, FakeAgents]) -> None:
+    _, agents = cluster
+
+    async def alive() -> None:
+        url = agents.operator_liveness
+        try:
+            async with aiohttp.ClientSession() as session, session.get(url) as resp:
+                assert resp.status == 200, await resp.text()
+        except aiohttp.ClientConnectionError as exc:  # kopf is not listening yet
+            raise AssertionError(str(exc)) from exc
+
+    await eventually(alive)
