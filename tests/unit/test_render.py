@@ -6,9 +6,11 @@ import datetime as dt
 import json
 import random
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from preset_operator.ini import render_ini
 from preset_operator.presets import InvalidPreset, parse_args, parse_preset
 from preset_operator.render import NODES_KEY, configmap_patch, file_key, render
@@ -22,6 +24,8 @@ from preset_operator.status import (
 )
 
 from tests.operator.agent_models import model_entry, model_list
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def mp(name: str, created: str = "2026-01-01T00:00:00Z", **spec: Any) -> dict[str, Any]:
@@ -383,3 +387,39 @@ def test_parse_models_reads_what_the_agent_serves() -> None:
     assert models["c"].value == "loaded" and models["c"].memory is None
     with pytest.raises(ValueError):
         parse_models({"error": "x"})
+
+
+def test_every_condition_fits_the_crds_condition_schema() -> None:
+    # The CRD validates conditions as metav1.Condition does (type and reason patterns): a
+    # status the operator writes with a reason outside them would be refused whole.
+    crd = yaml.safe_load((REPO / "crds" / "modelpresets.corral.dev.yaml").read_text())
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    item = schema["properties"]["status"]["properties"]["conditions"]["items"]["properties"]
+    patterns = {key: re.compile(item[key]["pattern"]) for key in ("type", "reason")}
+    base: dict[str, Any] = {"model_name": "m", "generation": 1, "now": NOW, "stale_after": STALE}
+    failed = report(m=ModelReport("unloaded", failed=True))
+    statuses = [
+        compute_status(
+            **base, matched=["a"], reports={"a": report(m=ModelReport(state))}, previous=None
+        )
+        for state in ("loaded", "loading", "downloading", "unloaded")
+    ] + [
+        compute_status(**base, matched=[], reports={}, previous=None),
+        compute_status(**base, matched=["a"], reports={}, previous=None),
+        compute_status(**base, matched=["a"], reports={"a": report()}, previous=None),
+        compute_status(**base, matched=["a"], reports={"a": failed}, previous=None),
+        compute_status(**base, matched=["a"], reports={}, previous=None, invalid="bad"),
+        compute_status(**base, matched=["a"], reports={}, previous=None, conflicts={"a": "x"}),
+        compute_status(
+            **base, matched=["a"], reports={}, previous=None, problems=[("ServiceConflict", "x")]
+        ),
+        compute_status(
+            **base, matched=["a"], reports={}, previous=None, problems=[("ConfigMapTooLarge", "x")]
+        ),
+    ]
+    reasons = set()
+    for st in statuses:
+        for c in st["conditions"]:
+            assert patterns["type"].match(c["type"]) and patterns["reason"].match(c["reason"]), c
+            reasons.add(c["reason"])
+    assert len(reasons) >= 10  # the scenarios above reach most of them
