@@ -384,10 +384,36 @@ def test_grace_period_exceeds_the_stop_timeout(scenario: Path) -> None:
 # --- Scheduling ----------------------------------------------------------------------------
 
 
+GPU_AFFINITY = {
+    "nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [
+                {
+                    "matchExpressions": [
+                        {"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]}
+                    ]
+                },
+                {
+                    "matchExpressions": [
+                        {
+                            "key": "feature.node.kubernetes.io/pci-10de.present",
+                            "operator": "In",
+                            "values": ["true"],
+                        }
+                    ]
+                },
+            ]
+        }
+    }
+}
+
+
 def test_agents_go_to_gpu_nodes_by_default(render: Render) -> None:
     rendered = render()
     pod = agent_pod(rendered)
-    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    # GPU feature discovery's label OR Node Feature Discovery's PCI label (terms are ORed).
+    assert pod["affinity"] == GPU_AFFINITY
+    assert "nodeSelector" not in pod
     assert pod["tolerations"] == [
         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
     ]
@@ -405,11 +431,14 @@ def test_gpu_scheduling_merges_with_the_agents_own(render: Render) -> None:
         }
     )
     pod = agent_pod(rendered)
-    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true", "pool": "inference"}
+    assert pod["nodeSelector"] == {"pool": "inference"} and pod["affinity"] == GPU_AFFINITY
     assert [t["key"] for t in pod["tolerations"]] == ["nvidia.com/gpu", "dedicated"]
-    # Helm merges maps: a default label goes away only when set to null.
-    rendered = render({"agent": {"gpu": {"nodeSelector": {"nvidia.com/gpu.present": None}}}})
-    assert "nodeSelector" not in agent_pod(rendered)
+    # The user's own node affinity replaces the GPU labels' one; [] drops it.
+    own = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}
+    assert agent_pod(render({"agent": {"affinity": own}}))["affinity"] == own
+    assert "affinity" not in agent_pod(render({"agent": {"gpu": {"anyOfLabels": []}}}))
+    # CPU only: no GPU scheduling at all.
+    assert "affinity" not in agent_pod(render({"agent": {"gpu": {"mode": "none"}}}))
 
 
 def test_runtime_class_mode_requests_no_gpu_resource(render: Render) -> None:
@@ -685,8 +714,9 @@ def test_gpu_pools_get_a_daemonset_each_under_one_operator(render: Render) -> No
         assert selector == {**AGENT_SELECTOR, "corral.dev/agent-pool": pool}
         assert selector.items() <= ds["spec"]["template"]["metadata"]["labels"].items()
     spec = {name: d["spec"]["template"]["spec"] for name, d in (("a100", a100), ("l4", l4))}
-    assert spec["a100"]["nodeSelector"] == {"gpu": "a100", "nvidia.com/gpu.present": "true"}
-    assert spec["l4"]["nodeSelector"] == {"gpu": "l4", "nvidia.com/gpu.present": "true"}
+    assert spec["a100"]["nodeSelector"] == {"gpu": "a100"}
+    assert spec["l4"]["nodeSelector"] == {"gpu": "l4"}
+    assert spec["a100"]["affinity"] == spec["l4"]["affinity"] == GPU_AFFINITY
     (a100_agent,) = spec["a100"]["containers"]
     (l4_agent,) = spec["l4"]["containers"]
     assert a100_agent["resources"] == {"limits": {"nvidia.com/gpu": 8}}
