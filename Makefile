@@ -1,5 +1,5 @@
 # Shortcuts; each target does its own set-up (hack/setup.sh) on a fresh machine.
-.PHONY: demo test lint ci
+.PHONY: demo test lint ci images
 PORT ?= 8080
 demo:  ## run the agent on the demo models (make demo PORT=9000 for another port)
 	PORT=$(PORT) hack/demo.sh
@@ -8,3 +8,5 @@ test:  ## run every test
 lint:  ## ruff, mypy --strict, import-linter
 	hack/lint.sh
 ci: lint test
+images:  ## build both images (PUSH=1: and push): make images REGISTRY=registry/team TAG=0.1.0
+	REGISTRY="$(REGISTRY)" TAG="$(TAG)" PUSH="$(PUSH)" CONTAINER="$(CONTAINER)" hack/images.sh

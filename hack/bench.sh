@@ -8,8 +8,4 @@ cd "$(dirname "$0")/.."
 hack/setup.sh
 # shellcheck disable=SC1091
 . .venv/bin/activate
-# Not `python -m bench.run`: that puts the repository first on sys.path, where operator/
-# would shadow the standard library's module. Append it instead, and run the module.
-export PYTHONSAFEPATH=1
-exec python -c 'import runpy, sys; sys.path.append(sys.argv.pop(1))
-runpy.run_module("bench.run", run_name="__main__", alter_sys=True)' "$PWD" "$@"
+exec python -m bench.run "$@"

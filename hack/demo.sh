@@ -5,9 +5,6 @@
 #   hack/demo.sh [AGENT ARGS...]     # e.g. PORT=9000 hack/demo.sh, or make demo PORT=9000
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# The repository's operator/ folder would shadow the standard library's `operator` module for
-# any `python -m …` started here (the current folder comes first on sys.path): never add it.
-export PYTHONSAFEPATH=1
 port=${PORT:-8080}
 hack/setup.sh demo
 # shellcheck disable=SC1091

@@ -7,9 +7,6 @@
 # Idempotent: a second run only checks a stamp (redone when pyproject.toml changes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# The repository's operator/ folder would shadow the standard library's `operator` module for
-# any `python -m …` started here (the current folder comes first on sys.path): never add it.
-export PYTHONSAFEPATH=1
 
 mode=${1:-test}
 case "$mode" in

@@ -13,9 +13,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-# The engine lives with the integration tests; this script only runs it at full size. The
-# repository goes last on sys.path: first, its operator/ would shadow the standard library's.
-sys.path.append(str(Path(__file__).resolve().parents[1]))
+# The engine lives with the integration tests; this script only runs it at full size.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.integration.soak import main
 

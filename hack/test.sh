@@ -3,9 +3,6 @@
 # Extra arguments go to pytest, e.g. `hack/test.sh tests/unit -k scheduler`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# The repository's operator/ folder would shadow the standard library's `operator` module for
-# any `python -m …` started here (the current folder comes first on sys.path): never add it.
-export PYTHONSAFEPATH=1
 hack/setup.sh
 # shellcheck disable=SC1091
 . .venv/bin/activate

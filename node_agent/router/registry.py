@@ -155,6 +155,10 @@ class Registry:
                 self._specs.pop(name, None)
         self._publish("*", "models_reload", None)
         self._wake()
+        # Presets added (or switched to load-on-startup) at runtime load now, as at start.
+        for name, spec in specs.items():
+            if spec.load_on_startup and not self._sched.view(name).state.running:
+                self._tasks.spawn(self._load_quietly(name), f"startup:{name}")
 
     # -- requests ----------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from node_agent.core.scheduler import ModelState
+from node_agent.models_schema import CorralInfo, Memory, ModelEntry, ModelStatus, dump
 
 if TYPE_CHECKING:
     from node_agent.router.app import RouterSettings
@@ -57,50 +58,57 @@ def preset_text(spec: _Listed) -> str:
 
 
 def model_entry(registry: Registry, name: str, binary: str, now: int) -> dict[str, Any]:
+    """One entry of ``GET /models``, built from the schema the operator parses with."""
     spec: Any = registry.spec(name)
     view = registry.scheduler.view(name)
     child = registry.child(name)
-    status: dict[str, Any] = {
-        "value": view.state.value,
-        "args": child_args(binary, spec, child.port if child is not None else None),
-        "preset": preset_text(spec),
-    }
+    # Keys left unset are absent from the JSON, as llama.cpp sends them.
+    crash: dict[str, Any] = {}
     if view.failed and view.state is ModelState.UNLOADED:
-        status["exit_code"] = view.exit_code
-        status["failed"] = True
-    modalities = ["text", "image"] if spec.mmproj else ["text"]
-    entry: dict[str, Any] = {
-        "id": name,
-        "aliases": list(spec.aliases),
-        "tags": [],
-        "object": "model",
-        "owned_by": "llamacpp",
-        "created": now,
-        "status": status,
-        "architecture": {"input_modalities": modalities, "output_modalities": ["text"]},
-        "source": spec.source,
-        "can_remove": False,
-    }
+        crash = {"exit_code": view.exit_code, "failed": True}
+    status = ModelStatus(
+        value=view.state.value,
+        args=child_args(binary, spec, child.port if child is not None else None),
+        preset=preset_text(spec),
+        **crash,
+    )
     # The child's ``ready`` payload is its whole model entry ({id, aliases, …, meta}); llama.cpp
     # lists only the inner ``meta`` (n_vocab, n_ctx, n_params, size…) under the model.
     info = getattr(child, "meta", None) if child is not None else None
     meta = info.get("meta") if isinstance(info, Mapping) else None
+    shown: dict[str, Any] = {}
     if view.state in (ModelState.LOADED, ModelState.SLEEPING) and isinstance(meta, Mapping):
-        entry["meta"] = dict(meta)
-    entry["corral"] = {
-        "stopping": view.stopping,
-        "in_flight": view.in_flight,
-        "queued": view.queued,
-        "pid": child.pid if child is not None else None,
-        "error": view.error if view.failed else None,
-        "failures": view.failures,
-        # seconds until a model in crash-loop backoff may load again
-        "retry_in": math.ceil(max(0.0, view.retry_at - registry.now()) * 10) / 10,
-    }
+        shown = {"meta": dict(meta)}
+    memory: dict[str, Any] = {}
     if registry.memory is not None:
         registry.memory.prepare(spec)
-        entry["corral"]["memory"] = registry.memory.figures(name)
-    return entry
+        memory["memory"] = Memory(**registry.memory.figures(name))
+    corral = CorralInfo(
+        stopping=view.stopping,
+        in_flight=view.in_flight,
+        queued=view.queued,
+        pid=child.pid if child is not None else None,
+        error=view.error if view.failed else None,
+        failures=view.failures,
+        retry_in=math.ceil(max(0.0, view.retry_at - registry.now()) * 10) / 10,
+        **memory,
+    )
+    modalities = ["text", "image"] if spec.mmproj else ["text"]
+    entry = ModelEntry(
+        id=name,
+        aliases=list(spec.aliases),
+        tags=[],
+        object="model",
+        owned_by="llamacpp",
+        created=now,
+        status=status,
+        architecture={"input_modalities": modalities, "output_modalities": ["text"]},
+        source=spec.source,
+        can_remove=False,
+        **shown,
+        corral=corral,
+    )
+    return dump(entry)
 
 
 def router_props(settings: RouterSettings) -> dict[str, Any]:

@@ -24,9 +24,29 @@ FULLNAME = "llm-corral"
 Manifest = dict[str, Any]
 
 
+# No image is published, so a user must name both (the chart refuses to render without them).
+IMAGES: dict[str, Any] = {
+    "agent": {"image": {"repository": "registry.example.com/corral/corral-agent"}},
+    "operator": {"image": {"repository": "registry.example.com/corral/corral-operator"}},
+}
+
+
 def scenario_values(path: Path) -> dict[str, Any]:
     with path.open() as f:
         return yaml.safe_load(f) or {}
+
+
+def with_images(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` on top of IMAGES (nested maps merge, as Helm merges values files)."""
+
+    def merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+        out = dict(base)
+        for key, value in top.items():
+            both = isinstance(value, dict) and isinstance(out.get(key), dict)
+            out[key] = merge(out[key], value) if both else value
+        return out
+
+    return merge(IMAGES, values)
 
 
 @functools.cache
@@ -42,8 +62,8 @@ def _render(values_json: str) -> dict[str, str]:
 
 
 def render_templates(values: dict[str, Any] | None = None) -> dict[str, str]:
-    """Template path → rendered text (NOTES.txt included)."""
-    return _render(json.dumps(values or {}, sort_keys=True))
+    """Template path → rendered text (NOTES.txt included), for a user who set the images."""
+    return _render(json.dumps(with_images(values or {}), sort_keys=True))
 
 
 def render_objects(values: dict[str, Any] | None = None) -> list[Manifest]:

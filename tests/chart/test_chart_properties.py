@@ -7,13 +7,16 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+import helm_python
 import pytest
 import yaml
 from preset_operator.presets import PVC_MOUNT_ROOT, PvcSource, parse_source
 
+from node_agent.sources.options import llama_options
 from tests.chart.rendering import (
     CHART,
     FULLNAME,
+    IMAGES,
     NAMESPACE,
     RELEASE,
     REPO,
@@ -23,6 +26,7 @@ from tests.chart.rendering import (
     render_objects,
     render_templates,
     scenario_values,
+    with_images,
 )
 
 Render = Callable[..., Rendered]
@@ -133,7 +137,92 @@ def test_agent_options_from_values(render: Render) -> None:
     )["args"]
     assert args[args.index("--models-memory-margin") + 1] == "512"
     assert args[-2:] == ["-c", "4096"]
-    assert "--models-memory-margin" not in agent_container(render())["args"]
+
+
+@pytest.mark.parametrize(
+    ("values", "margin"),
+    [
+        ({}, "1024"),  # GPUs from the device plugin
+        ({"agent": {"gpu": {"mode": "runtimeClass"}}}, "1024"),
+        ({"agent": {"gpu": {"mode": "none"}}}, None),
+        ({"agent": {"modelsMemoryMarginMiB": -1}}, None),
+        ({"agent": {"modelsMemoryMarginMiB": 0}}, "0"),
+    ],
+)
+def test_memory_ledger_is_on_whenever_the_agent_gets_gpus(
+    render: Render, values: dict[str, Any], margin: str | None
+) -> None:
+    args = agent_container(render(values))["args"]
+    found = args[args.index("--models-memory-margin") + 1] if margin is not None else None
+    assert found == margin
+    assert ("--models-memory-margin" in args) == (margin is not None)
+    notes = render_templates(values)["corral/templates/NOTES.txt"]
+    on = f"The memory ledger is on (--models-memory-margin {margin} MiB)"
+    assert (on in notes) == (margin is not None)
+    assert ("The memory ledger is off" in notes) == (margin is None)
+
+
+def test_memory_limits_name_the_agents_devices(render: Render) -> None:
+    args = agent_container(render({"agent": {"memoryLimits": {"CUDA0": "20GiB"}}}))["args"]
+    assert args[args.index("--memory-limit") + 1] == "CUDA0=20GiB"
+    with pytest.raises(helm_python.HelmValuesError, match="/agent/memoryLimits"):
+        helm_python.Chart.load(CHART).validate_schema(
+            with_images({"agent": {"memoryLimits": {"0": "20GiB"}}})
+        )
+
+
+def test_images_must_be_named(render: Render) -> None:
+    # Nothing is published under a name the project owns: no default may point anywhere.
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    for part in ("agent", "operator"):
+        assert values[part]["image"]["registry"] == values[part]["image"]["repository"] == ""
+    with pytest.raises(helm_python.HelmValuesError) as refused:
+        helm_python.Chart.load(CHART).validate_schema({})
+    assert "/agent/image/repository" in str(refused.value)
+    assert "/operator/image/repository" in str(refused.value)
+    # Without the operator, its image is not needed.
+    helm_python.Chart.load(CHART).validate_schema(
+        {"operator": {"enabled": False}, "agent": IMAGES["agent"]}
+    )
+    rendered = render()
+    assert agent_container(rendered)["image"] == (
+        "registry.example.com/corral/corral-agent:0.1.0-cuda"
+    )
+    assert operator_container(rendered)["image"] == (
+        "registry.example.com/corral/corral-operator:0.1.0"
+    )
+    mirrored = render({"global": {"imageRegistry": "mirror.example.com"}})
+    assert agent_container(mirrored)["image"] == (
+        "mirror.example.com/registry.example.com/corral/corral-agent:0.1.0-cuda"
+    )
+    chart = (CHART / "Chart.yaml").read_text()
+    assert "corral-dev" not in chart and "corral-dev" not in (CHART / "values.yaml").read_text()
+
+
+def test_downloads_go_to_a_persistent_cache(render: Render) -> None:
+    rendered = render()
+    container = agent_container(rendered)
+    assert env_of(container)["LLAMA_CACHE"] == {"name": "LLAMA_CACHE", "value": "/var/cache/corral"}
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/var/cache/corral"]
+    volumes = {v["name"]: v for v in agent_pod(rendered)["volumes"]}
+    assert volumes[mount["name"]]["hostPath"] == {
+        "path": "/var/lib/corral/cache",
+        "type": "DirectoryOrCreate",
+    }
+    pvc = render(
+        {
+            "agent": {
+                "downloadCache": {
+                    "type": "persistentVolumeClaim",
+                    "persistentVolumeClaim": {"claimName": "model-downloads"},
+                }
+            }
+        }
+    )
+    volumes = {v["name"]: v for v in agent_pod(pvc)["volumes"]}
+    assert volumes[mount["name"]]["persistentVolumeClaim"] == {"claimName": "model-downloads"}
+    # Never the pod's small scratch /tmp, which is also $HOME.
+    assert not mount["mountPath"].startswith("/tmp")
 
 
 def test_node_name_comes_from_the_downward_api(render: Render) -> None:
@@ -145,22 +234,32 @@ def test_node_name_comes_from_the_downward_api(render: Render) -> None:
 
 
 def test_api_key_comes_from_a_secret_only_when_set(render: Render) -> None:
-    assert "LLAMA_ARG_API_KEY" not in env_of(agent_container(render()))
+    # LLAMA_API_KEY: the name llama-server and the agent read (node_agent's option table).
+    assert llama_options().named("api-key").env == "LLAMA_API_KEY"
+    assert "LLAMA_API_KEY" not in env_of(agent_container(render()))
+    assert "LLAMA_API_KEY" not in env_of(operator_container(render()))
     rendered = render(scenario_values(API_KEY))
     secret_ref = {"secretKeyRef": {"name": "corral-api-key", "key": "api-key"}}
-    assert env_of(agent_container(rendered))["LLAMA_ARG_API_KEY"]["valueFrom"] == secret_ref
+    assert env_of(agent_container(rendered))["LLAMA_API_KEY"]["valueFrom"] == secret_ref
+    # The operator polls the agents with the same key.
+    assert env_of(operator_container(rendered))["LLAMA_API_KEY"]["valueFrom"] == secret_ref
     (test_container,) = rendered.one("Pod")["spec"]["containers"]
-    assert env_of(test_container)["LLAMA_ARG_API_KEY"]["valueFrom"] == secret_ref
+    assert env_of(test_container)["LLAMA_API_KEY"]["valueFrom"] == secret_ref
+    # helm test checks the key is required, not only accepted.
+    assert "%{http_code}" in test_container["command"][-1]
+    assert "!= 401" in test_container["command"][-1]
     assert not any(o["kind"] == "Secret" for o in rendered), "the chart never holds the key"
 
 
 def test_presets_configmap_is_mounted_as_a_directory(scenario: Path) -> None:
     rendered = Rendered(render_objects(scenario_values(scenario)))
-    pod = agent_pod(rendered)
-    volumes = {v["name"]: v for v in pod["volumes"]}
-    (mount,) = [m for m in agent_container(rendered)["volumeMounts"] if m["name"] == "presets"]
-    assert mount == {"name": "presets", "mountPath": "/etc/corral/presets", "readOnly": True}
-    assert volumes["presets"]["configMap"] == {"name": f"{FULLNAME}-presets"}
+    for ds in rendered.all("DaemonSet"):  # one per GPU pool
+        pod = ds["spec"]["template"]["spec"]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        (container,) = pod["containers"]
+        (mount,) = [m for m in container["volumeMounts"] if m["name"] == "presets"]
+        assert mount == {"name": "presets", "mountPath": "/etc/corral/presets", "readOnly": True}
+        assert volumes["presets"]["configMap"] == {"name": f"{FULLNAME}-presets"}
     # No mount of any pod may use subPath: a subPath mount never sees ConfigMap updates.
     for owner, spec in pod_specs(rendered):
         for container in spec["containers"]:
@@ -168,16 +267,12 @@ def test_presets_configmap_is_mounted_as_a_directory(scenario: Path) -> None:
                 assert "subPath" not in m and "subPathExpr" not in m, (owner, m)
 
 
-def test_presets_configmap_starts_empty(render: Render) -> None:
+def test_presets_configmap_renders_no_data(render: Render) -> None:
+    # The operator owns the data: a rendered placeholder would reset every node's presets on
+    # each `helm upgrade` or Argo CD sync where `lookup` finds nothing (helm template).
     configmap = render().one("ConfigMap", f"{FULLNAME}-presets")
-    assert configmap["data"] == {"nodes.json": "{}"}
-
-
-def test_presets_configmap_keeps_the_operators_data_on_upgrade() -> None:
-    # Offline, `lookup` finds nothing; the template must read the live object back instead
-    # of resetting it (an upgrade would otherwise wipe every preset until the next reconcile).
-    template = (CHART / "templates" / "configmap.yaml").read_text()
-    assert 'lookup "v1" "ConfigMap" .Release.Namespace $name' in template
+    assert "data" not in configmap and "binaryData" not in configmap
+    assert "(lookup " not in (CHART / "templates" / "configmap.yaml").read_text()
 
 
 @pytest.mark.parametrize(
@@ -266,31 +361,64 @@ def test_agent_probes_health(render: Render) -> None:
         assert container[probe]["httpGet"] == {"path": "/health", "port": "http"}, probe
 
 
-def test_liveness_is_on_the_agent_only(render: Render) -> None:
+def test_operator_liveness_is_kopfs_own_probe(render: Render) -> None:
     container = operator_container(render())
-    assert not {"livenessProbe", "readinessProbe", "startupProbe"} & container.keys()
+    args = container["args"]
+    url = args[args.index("--liveness") + 1]
+    assert url == "http://0.0.0.0:8081/healthz"
+    assert container["ports"] == [{"name": "health", "containerPort": 8081, "protocol": "TCP"}]
+    probe = container["livenessProbe"]["httpGet"]
+    assert (probe["path"], probe["port"]) == ("/healthz", "health")
+    # No readiness: nothing routes to the operator.
+    assert not {"readinessProbe", "startupProbe"} & container.keys()
 
 
 def test_grace_period_exceeds_the_stop_timeout(scenario: Path) -> None:
     rendered = Rendered(render_objects(scenario_values(scenario)))
-    grace = agent_pod(rendered)["terminationGracePeriodSeconds"]
-    assert grace > AGENT_STOP_TIMEOUT_S
-    assert grace == 60
+    for ds in rendered.all("DaemonSet"):
+        grace = ds["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        assert grace > AGENT_STOP_TIMEOUT_S
+        assert grace == 60
 
 
 # --- Scheduling ----------------------------------------------------------------------------
 
 
+GPU_AFFINITY = {
+    "nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [
+                {
+                    "matchExpressions": [
+                        {"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]}
+                    ]
+                },
+                {
+                    "matchExpressions": [
+                        {
+                            "key": "feature.node.kubernetes.io/pci-10de.present",
+                            "operator": "In",
+                            "values": ["true"],
+                        }
+                    ]
+                },
+            ]
+        }
+    }
+}
+
+
 def test_agents_go_to_gpu_nodes_by_default(render: Render) -> None:
     rendered = render()
     pod = agent_pod(rendered)
-    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    # GPU feature discovery's label OR Node Feature Discovery's PCI label (terms are ORed).
+    assert pod["affinity"] == GPU_AFFINITY
+    assert "nodeSelector" not in pod
     assert pod["tolerations"] == [
         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
     ]
     assert agent_container(rendered)["resources"] == {"limits": {"nvidia.com/gpu": 1}}
     assert "runtimeClassName" not in pod
-    assert agent_container(rendered)["image"] == "ghcr.io/corral-dev/corral-agent:0.1.0-cuda"
 
 
 def test_gpu_scheduling_merges_with_the_agents_own(render: Render) -> None:
@@ -303,11 +431,14 @@ def test_gpu_scheduling_merges_with_the_agents_own(render: Render) -> None:
         }
     )
     pod = agent_pod(rendered)
-    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true", "pool": "inference"}
+    assert pod["nodeSelector"] == {"pool": "inference"} and pod["affinity"] == GPU_AFFINITY
     assert [t["key"] for t in pod["tolerations"]] == ["nvidia.com/gpu", "dedicated"]
-    # Helm merges maps: a default label goes away only when set to null.
-    rendered = render({"agent": {"gpu": {"nodeSelector": {"nvidia.com/gpu.present": None}}}})
-    assert "nodeSelector" not in agent_pod(rendered)
+    # The user's own node affinity replaces the GPU labels' one; [] drops it.
+    own = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}
+    assert agent_pod(render({"agent": {"affinity": own}}))["affinity"] == own
+    assert "affinity" not in agent_pod(render({"agent": {"gpu": {"anyOfLabels": []}}}))
+    # CPU only: no GPU scheduling at all.
+    assert "affinity" not in agent_pod(render({"agent": {"gpu": {"mode": "none"}}}))
 
 
 def test_runtime_class_mode_requests_no_gpu_resource(render: Render) -> None:
@@ -343,11 +474,13 @@ def test_selectors_use_only_stable_labels(scenario: Path) -> None:
     for obj in rendered:
         if obj["kind"] in {"DaemonSet", "Deployment"}:
             selector = obj["spec"]["selector"]["matchLabels"]
-            assert set(selector) == STABLE_LABELS, obj["kind"]
+            # A pool's DaemonSet adds its pool's name, as fixed as the others.
+            assert set(selector) - {"corral.dev/agent-pool"} == STABLE_LABELS, obj["kind"]
             assert selector.items() <= obj["spec"]["template"]["metadata"]["labels"].items()
         elif obj["kind"] == "Service":
             assert obj["spec"]["selector"] == AGENT_SELECTOR, obj["metadata"]["name"]
-    assert rendered.one("DaemonSet")["spec"]["selector"]["matchLabels"] == AGENT_SELECTOR
+    for ds in rendered.all("DaemonSet"):
+        assert AGENT_SELECTOR.items() <= ds["spec"]["selector"]["matchLabels"].items()
 
 
 def test_common_labels_stay_out_of_selectors(render: Render) -> None:
@@ -391,6 +524,7 @@ def test_operator_command_is_the_contract(render: Render) -> None:
         f"app.kubernetes.io/name=corral,app.kubernetes.io/instance={RELEASE},"
         "app.kubernetes.io/component=agent",
         "--agent-port", "8080",
+        "--liveness", "http://0.0.0.0:8081/healthz",
     ]  # fmt: skip
     assert env_of(container)["POD_NAMESPACE"]["valueFrom"] == {
         "fieldRef": {"fieldPath": "metadata.namespace"}
@@ -434,22 +568,24 @@ def rules_of(role: Manifest) -> set[Rule]:
 def test_cluster_role_is_minimal(render: Render) -> None:
     role = render().one("ClusterRole")
     assert rules_of(role) == {
-        ("corral.dev", "modelpresets", frozenset({"get", "list", "watch", "patch"})),
-        ("corral.dev", "modelpresets/status", frozenset({"get", "patch"})),
-        ("", "nodes", frozenset({"get", "list", "watch"})),
+        ("corral.dev", "modelpresets", frozenset({"list", "watch"})),
+        ("corral.dev", "modelpresets/status", frozenset({"patch"})),
+        ("", "nodes", frozenset({"list", "watch"})),
     }
 
 
-def test_namespaced_role_is_minimal(render: Render) -> None:
-    role = render().one("Role")
-    assert role["metadata"]["namespace"] == NAMESPACE
-    assert rules_of(role) == {
-        ("", "configmaps", frozenset({"get", "list", "watch", "create", "patch"})),
-        ("", "pods", frozenset({"get", "list", "watch", "patch"})),
-        ("", "services", frozenset({"get", "list", "watch", "create", "patch", "delete"})),
-        ("", "events", frozenset({"create"})),
-        ("events.k8s.io", "events", frozenset({"create"})),
+def test_namespaced_roles_are_minimal(render: Render) -> None:
+    own = render().one("Role", f"{FULLNAME}-operator")
+    assert own["metadata"]["namespace"] == NAMESPACE
+    assert rules_of(own) == {
+        ("", "configmaps", frozenset({"list", "watch", "create", "patch"})),
+        ("", "pods", frozenset({"list", "watch", "patch"})),
+        ("", "services", frozenset({"list", "watch", "create", "patch", "delete"})),
     }
+    # Events about cluster-scoped ModelPresets must be in `default` (apiserver validation).
+    events = render().one("Role", f"{FULLNAME}-operator-events")
+    assert events["metadata"]["namespace"] == "default"
+    assert rules_of(events) == {("", "events", frozenset({"create"}))}
 
 
 def test_no_wildcards_and_no_secret_access(scenario: Path) -> None:
@@ -464,14 +600,15 @@ def test_no_wildcards_and_no_secret_access(scenario: Path) -> None:
 def test_bindings_grant_the_roles_to_the_operator_only(render: Render) -> None:
     rendered = render()
     subject = {"kind": "ServiceAccount", "name": f"{FULLNAME}-operator", "namespace": NAMESPACE}
-    for kind, role_kind in (("ClusterRoleBinding", "ClusterRole"), ("RoleBinding", "Role")):
-        binding = rendered.one(kind)
+    bindings = rendered.all("ClusterRoleBinding") + rendered.all("RoleBinding")
+    roles = rendered.all("ClusterRole") + rendered.all("Role")
+    assert len(bindings) == len(roles) == 3
+    for binding in bindings:
         assert binding["subjects"] == [subject]
-        assert binding["roleRef"] == {
-            "apiGroup": "rbac.authorization.k8s.io",
-            "kind": role_kind,
-            "name": rendered.one(role_kind)["metadata"]["name"],
-        }
+        role_kind = binding["kind"].removesuffix("Binding")
+        role = rendered.one(role_kind, binding["roleRef"]["name"])
+        assert role["metadata"].get("namespace") == binding["metadata"].get("namespace")
+        assert binding["roleRef"]["apiGroup"] == "rbac.authorization.k8s.io"
     deployment = rendered.one("Deployment")
     assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == subject["name"]
 
@@ -552,3 +689,64 @@ def test_notes_render(render: Render) -> None:
     assert "kubectl wait --for=condition=Ready modelpreset/" in notes
     notes = render_templates(scenario_values(API_KEY))["corral/templates/NOTES.txt"]
     assert "corral-api-key" in notes
+
+
+# --- GPU pools -----------------------------------------------------------------------------
+
+POOLS = {
+    "agent": {
+        "pools": [
+            {"name": "a100x8", "nodeSelector": {"gpu": "a100"}, "gpuCount": 8},
+            {"name": "l4", "nodeSelector": {"gpu": "l4"}, "extraArgs": ["-c", "4096"]},
+        ]
+    }
+}
+
+
+def test_gpu_pools_get_a_daemonset_each_under_one_operator(render: Render) -> None:
+    rendered = render(POOLS)
+    daemonsets = {d["metadata"]["name"]: d for d in rendered.all("DaemonSet")}
+    assert set(daemonsets) == {f"{FULLNAME}-agent-a100x8", f"{FULLNAME}-agent-l4"}
+    a100, l4 = daemonsets[f"{FULLNAME}-agent-a100x8"], daemonsets[f"{FULLNAME}-agent-l4"]
+    for ds, pool in ((a100, "a100x8"), (l4, "l4")):
+        selector = ds["spec"]["selector"]["matchLabels"]
+        # Disjoint selectors (a DaemonSet must not adopt another's pods), each still an agent.
+        assert selector == {**AGENT_SELECTOR, "corral.dev/agent-pool": pool}
+        assert selector.items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+    spec = {name: d["spec"]["template"]["spec"] for name, d in (("a100", a100), ("l4", l4))}
+    assert spec["a100"]["nodeSelector"] == {"gpu": "a100"}
+    assert spec["l4"]["nodeSelector"] == {"gpu": "l4"}
+    assert spec["a100"]["affinity"] == spec["l4"]["affinity"] == GPU_AFFINITY
+    (a100_agent,) = spec["a100"]["containers"]
+    (l4_agent,) = spec["l4"]["containers"]
+    assert a100_agent["resources"] == {"limits": {"nvidia.com/gpu": 8}}
+    assert l4_agent["resources"] == {"limits": {"nvidia.com/gpu": 1}}
+    assert l4_agent["args"][-2:] == ["-c", "4096"] and "4096" not in a100_agent["args"]
+    # One operator, one CRD; its agent selector matches every pool's pods.
+    assert (
+        len(rendered.all("Deployment")) == 1 and len(rendered.all("CustomResourceDefinition")) == 1
+    )
+    args = operator_container(rendered)["args"]
+    selector = dict(kv.split("=") for kv in args[args.index("--agent-selector") + 1].split(","))
+    for ds in (a100, l4):
+        assert selector.items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_without_pools_the_daemonset_keeps_its_name_and_selector(render: Render) -> None:
+    # A DaemonSet's selector is immutable: the default must not change on upgrade.
+    (ds,) = render().all("DaemonSet")
+    assert ds["metadata"]["name"] == f"{FULLNAME}-agent"
+    assert ds["spec"]["selector"]["matchLabels"] == AGENT_SELECTOR
+
+
+@pytest.mark.parametrize(
+    "pool",
+    [
+        {"name": "Bad_Name", "nodeSelector": {"a": "b"}},
+        {"name": "x"},
+        {"name": "x", "nodeSelector": {}},
+    ],
+)
+def test_a_pool_needs_a_name_and_a_node_selector(pool: dict[str, Any]) -> None:
+    with pytest.raises(helm_python.HelmValuesError, match="/agent/pools/0"):
+        helm_python.Chart.load(CHART).validate_schema(with_images({"agent": {"pools": [pool]}}))

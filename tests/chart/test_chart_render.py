@@ -66,6 +66,9 @@ def test_every_object_is_namespaced_in_the_release_or_cluster_scoped(scenario: P
         namespace = obj["metadata"].get("namespace")
         if obj["kind"] in cluster_scoped:
             assert namespace is None, obj["kind"]
+        elif obj["metadata"]["name"].endswith("-operator-events"):
+            # Events about cluster-scoped ModelPresets can only be posted in `default`.
+            assert namespace == "default" and obj["kind"] in {"Role", "RoleBinding"}
         else:
             assert namespace == "corral-system", f"{obj['kind']}/{obj['metadata']['name']}"
 

@@ -79,11 +79,8 @@ class AgentProcess:
         self._log = self.log_path.open("wb")
         full_env = {**os.environ, **(env or {})}
         self.proc = subprocess.Popen(
-            # -P: with the repository as the working folder, operator/ would shadow the
-            # standard library's operator module.
             [
                 sys.executable,
-                "-P",
                 "-m",
                 "node_agent.cli",
                 "agent",

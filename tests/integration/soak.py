@@ -163,10 +163,8 @@ class Agent:
             args += ["--llama-server", config.binary]
         env = {**os.environ, "CORRAL_TASK_CENSUS": str(self.census)}
         with self.log_path.open("wb") as log:
-            # -P and a script path, like the harness: with the repository as the working
-            # folder, operator/ would shadow the standard library's operator module.
             self.proc = subprocess.Popen(
-                [sys.executable, "-P", str(CENSUS), *args],
+                [sys.executable, str(CENSUS), *args],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,

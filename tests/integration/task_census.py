@@ -1,6 +1,6 @@
 """Run ``corral agent`` with a census of its asyncio tasks on SIGUSR1, for the soak's leak check.
 
-``python -P tests/integration/task_census.py agent [OPTIONS]`` is ``corral agent [OPTIONS]``;
+``python tests/integration/task_census.py agent [OPTIONS]`` is ``corral agent [OPTIONS]``;
 on SIGUSR1 it writes the names of its live tasks, as a JSON list, to ``$CORRAL_TASK_CENSUS``.
 The agent has no debug endpoint for this, and a soak must look at the very process it loaded.
 """

@@ -48,14 +48,9 @@ def test_smoke_benchmark_reports_every_scenario_and_target(demo_dir: Path, tmp_p
         except OSError:  # another filesystem
             shutil.copyfile(source, models / source.name)
     out = tmp_path / "results"
-    # As hack/bench.sh runs it: the repository appended to sys.path, never first (operator/
-    # would shadow the standard library's module).
-    launch = (
-        "import runpy, sys; sys.path.append(sys.argv.pop(1)); "
-        "runpy.run_module('bench.run', run_name='__main__', alter_sys=True)"
-    )
+    # As hack/bench.sh runs it.
     command = [
-        sys.executable, "-P", "-c", launch, str(REPO),
+        sys.executable, "-m", "bench.run",
         "--smoke", "--out", str(out), "--models", str(models),
     ]  # fmt: skip
     run = subprocess.Popen(

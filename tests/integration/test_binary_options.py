@@ -45,7 +45,7 @@ def test_the_pinned_binary_refuses_it_naming_itself(
         ["--models-preset", str(ini)],
         ["--models-dir", str(demo_dir), f"--{NEW_OPTION}", "0"],
     ):
-        agent = [sys.executable, "-P", "-m", "node_agent.cli", "agent"]
+        agent = [sys.executable, "-m", "node_agent.cli", "agent"]
         done = subprocess.run(
             [*agent, "--port", str(free_port()), "--llama-server", llama_server, *args],
             capture_output=True,

@@ -21,7 +21,7 @@ def corral(*args: str, url: str | None = None, env: dict[str, str] | None = None
     if url is not None:
         full_env["CORRAL_URL"] = url
     return subprocess.run(
-        [sys.executable, "-P", "-m", "node_agent.cli", *args],
+        [sys.executable, "-m", "node_agent.cli", *args],
         capture_output=True,
         text=True,
         env=full_env,

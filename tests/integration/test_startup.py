@@ -19,7 +19,7 @@ TINY = "demo-tiny"
 
 
 def agent_command(*args: str) -> list[str]:
-    return [sys.executable, "-P", "-m", "node_agent.cli", "agent", *args]
+    return [sys.executable, "-m", "node_agent.cli", "agent", *args]
 
 
 def refused(*args: str) -> str:
@@ -100,7 +100,7 @@ def test_unix_socket_host(tmp_path: Path, demo_dir: Path) -> None:
             log.read_text()
         )
         # The client reaches it at the address the agent logged.
-        client = [sys.executable, "-P", "-m", "node_agent.cli"]
+        client = [sys.executable, "-m", "node_agent.cli"]
         url = ["--url", f"unix://{path}"]
         loaded = subprocess.run(
             [*client, "load", "demo-small", *url], capture_output=True, text=True, cwd=REPO

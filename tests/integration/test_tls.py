@@ -50,7 +50,7 @@ def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 def agent(*args: str, log: IO[bytes] | int = subprocess.PIPE) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-P", "-m", "node_agent.cli", "agent", *args],
+        [sys.executable, "-m", "node_agent.cli", "agent", *args],
         stdout=log,
         stderr=subprocess.STDOUT,
         cwd=REPO,

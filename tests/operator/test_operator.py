@@ -1,62 +1,78 @@
-"""The operator, with kopf running for real, against kmock's Kubernetes emulator.
+"""The operator, with kopf running for real, against kmock's Kubernetes emulator held to the
+apiserver's rules (tests/operator/apiserver.py).
 
 Fake agents are tiny aiohttp servers on 127.0.0.1 (one port per agent pod, through the
-operator's injectable agent URL). Each answers ``GET /models`` like an agent that has picked up
-its node's file from the presets ConfigMap: it reads the ConfigMap from the emulator, resolves
-its node's set through nodes.json and lists that file's sections as loaded — i.e. it plays the
-kubelet and the agent together. Tests can override a model's status or take an agent down.
+operator's injectable agent URL), guarded by the API key like real agents. Each answers
+``GET /models`` like an agent that has picked up its node's file from the presets ConfigMap,
+with entries built from the agent's own schema (tests/operator/agent_models.py): it reads the
+ConfigMap from the emulator, resolves its node's set through nodes.json and lists that file's
+sections as loaded — i.e. it plays the kubelet and the agent together. Tests can override a
+model's state or take an agent down. tests/operator/test_real_agents.py runs real agents.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
-import re
-import threading
-import warnings
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp.web
-import kmock as kmocklib
-import kopf
 import pytest
 from preset_operator.agents import AgentPod
-from preset_operator.kube import Credentials
-from preset_operator.main import run_operator
-from preset_operator.reconcile import Config
 
-NS = "corral"
-CM = "corral-presets"
-AGENT_LABELS = {"app.kubernetes.io/name": "corral", "app.kubernetes.io/component": "agent"}
-MP_PATH = "/apis/corral.dev/v1alpha1/modelpresets"
+from tests.chart.rendering import NAMESPACE as CHART_NAMESPACE
+from tests.chart.rendering import render_objects
+from tests.operator.agent_models import model_entry, model_list
+from tests.operator.apiserver import Access, StrictEmulator
+from tests.operator.cluster import (
+    AGENT_LABELS,
+    API_KEY,
+    CM,
+    MP_PATH,
+    NS,
+    cond,
+    cond_message,
+    configmap,
+    event_reasons,
+    eventually,
+    get,
+    node,
+    node_models,
+    operator_running,
+    pod,
+    prepare,
+    preset,
+    send,
+    status,
+)
+
+pytestmark = pytest.mark.kmock(cls=StrictEmulator)
 
 
 @dataclass
 class FakeAgents:
     kmock: Any
     ports: dict[str, int] = field(default_factory=dict)  # pod name → port
-    nodes: dict[str, str] = field(default_factory=dict)  # pod name → node
-    overrides: dict[str, dict[str, dict[str, Any]]] = field(
-        default_factory=dict
-    )  # node → model → status
+    # node → model → model_entry() keyword arguments (value, exit_code, error, memory)
+    overrides: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     down: set[str] = field(default_factory=set)  # nodes whose agent answers 503
     runners: list[aiohttp.web.AppRunner] = field(default_factory=list)
+    operator_liveness: str = ""  # the operator's liveness probe URL, once it runs
 
     async def start(self, pod: str, node: str) -> None:
-        async def models(_: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
+        async def models(request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
+            if request.headers.get("Authorization") != f"Bearer {API_KEY}":
+                error = {"code": 401, "message": "Invalid API Key", "type": "authentication_error"}
+                return aiohttp.web.json_response({"error": error}, status=401)
             if node in self.down:
                 return aiohttp.web.json_response({"error": "down"}, status=503)
             data = await get(self.kmock, f"/api/v1/namespaces/{NS}/configmaps/{CM}")
-            files = (data or {}).get("data") or {}
-            key = json.loads(files.get("nodes.json", "{}")).get(node)
-            names = re.findall(r"^\[(.+)\]$", files.get(key, ""), re.M) if key else []
-            out = []
-            for name in names:
-                status = self.overrides.get(node, {}).get(name, {"value": "loaded"})
-                out.append({"id": name, "object": "model", "status": status, "memory": {"host": 1}})
-            return aiohttp.web.json_response({"object": "list", "data": out})
+            names = node_models((data or {}).get("data") or {}, node)
+            entries = [
+                model_entry(name, **self.overrides.get(node, {}).get(name, {"memory": {"host": 1}}))
+                for name in names
+            ]
+            return aiohttp.web.json_response(model_list(entries))
 
         app = aiohttp.web.Application()
         app.router.add_get("/models", models)
@@ -66,172 +82,45 @@ class FakeAgents:
         await site.start()
         self.runners.append(runner)
         self.ports[pod] = runner.addresses[0][1]
-        self.nodes[pod] = node
 
     def url(self, pod: AgentPod) -> str | None:
         port = self.ports.get(pod.name)
         return f"http://127.0.0.1:{port}" if port else None
 
 
-async def get(kmock: Any, path: str) -> dict[str, Any] | None:
-    async with kmock.get(path) as resp:
-        if resp.status == 404:
-            return None
-        assert resp.status == 200, await resp.text()
-        result: dict[str, Any] = await resp.json()
-        return result
-
-
-async def send(kmock: Any, method: str, path: str, body: Any = None) -> None:
-    async with kmock.request(method, path, json=body) as resp:
-        assert resp.status < 300, await resp.text()
-
-
-async def eventually(check: Callable[[], Awaitable[Any]], within: float = 6.0) -> Any:
-    """Retry an async assertion until it passes (the operator is eventually consistent)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while True:
-        try:
-            return await check()
-        except (AssertionError, KeyError, IndexError):  # a field not written yet counts too
-            if loop.time() > deadline:
-                raise
-            await asyncio.sleep(0.05)
-
-
-def node(name: str, **labels: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}}
-
-
-def pod(name: str, node_name: str, labels: dict[str, str]) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": NS, "labels": dict(labels)},
-        "spec": {"nodeName": node_name, "containers": [{"name": "agent", "image": "corral"}]},
-        "status": {"podIP": "127.0.0.1", "phase": "Running"},
-    }
-
-
-def preset(name: str, generation: int = 1, **spec: Any) -> dict[str, Any]:
-    spec.setdefault("source", {"localPath": {"path": f"/models/{name}.gguf"}})
-    return {
-        "apiVersion": "corral.dev/v1alpha1",
-        "kind": "ModelPreset",
-        "metadata": {
-            "name": name,
-            "uid": f"uid-{name}",
-            "generation": generation,
-            "creationTimestamp": "2026-01-01T00:00:00Z",
-        },
-        "spec": spec,
-    }
+HOST_1 = {"min": {"host": 1}, "max": {"host": 1}, "effective": {"host": 1}, "held": {"host": 1}}
+AGENTS = {"agent-a": "gpu-1", "agent-b": "gpu-2", "agent-c": "cpu-1"}
 
 
 @pytest.fixture
 async def cluster(kmock: Any) -> AsyncIterator[tuple[Any, FakeAgents]]:
-    with warnings.catch_warnings():
-        # kmock 0.8 reads its bundle with importlib.resources.read_binary (deprecated).
-        warnings.simplefilter("ignore", DeprecationWarning)
-        kmock.resources.load_bundled()
-    kmock.resources["corral.dev/v1alpha1/modelpresets"] = kmocklib.ResourceInfo(
-        kind="ModelPreset",
-        namespaced=False,
-        verbs={"list", "watch", "get", "patch", "create", "delete"},
-        subresources={"status"},
-    )
-    agents = FakeAgents(kmock)
     for n in (node("gpu-1", gpu="a100"), node("gpu-2", gpu="a100"), node("cpu-1")):
         await send(kmock, "POST", "/api/v1/nodes", n)
-    for name, node_name in (("agent-a", "gpu-1"), ("agent-b", "gpu-2"), ("agent-c", "cpu-1")):
-        await send(
-            kmock, "POST", f"/api/v1/namespaces/{NS}/pods", pod(name, node_name, AGENT_LABELS)
-        )
-        await agents.start(name, node_name)
+    await prepare(kmock, AGENTS)
     # Not an agent: must never be labelled or polled.
     await send(kmock, "POST", f"/api/v1/namespaces/{NS}/pods", pod("other", "gpu-1", {"app": "x"}))
-    # The chart pre-creates the ConfigMap empty.
-    await send(
-        kmock,
-        "POST",
-        f"/api/v1/namespaces/{NS}/configmaps",
-        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": CM, "namespace": NS}},
-    )
-
-    async def login(**_: Any) -> kopf.ConnectionInfo:
-        return kopf.ConnectionInfo(server=str(kmock.url), insecure=True)
-
-    config = Config(namespace=NS, configmap=CM, poll_interval=0.2, poll_timeout=0.2, debounce=0.05)
-    # kopf runs in a thread with its own event loop: at exit, kopf cancels every task created
-    # after its start in its loop — here that would include pytest-asyncio's teardown task and
-    # kmock's server tasks.
-    stop = threading.Event()
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            asyncio.run(
-                run_operator(
-                    config,
-                    credentials=Credentials(server=str(kmock.url).rstrip("/")),
-                    login=login,
-                    agent_url=agents.url,
-                    stop_flag=stop,
-                )
-            )
-        except BaseException as exc:  # reported by the fixture's teardown
-            failure.append(exc)
-
-    thread = threading.Thread(target=run, name="operator", daemon=True)
-    thread.start()
+    agents = FakeAgents(kmock)
     try:
-        yield kmock, agents
+        for name, node_name in AGENTS.items():
+            await agents.start(name, node_name)
+        async with operator_running(kmock, agents.url) as liveness:
+            agents.operator_liveness = liveness
+            yield kmock, agents
     finally:
-        # Stop the operator before kmock goes away (its watch streams would error otherwise).
-        stop.set()
-        await asyncio.to_thread(thread.join, 15)
         for runner in agents.runners:
             await runner.cleanup()
-    assert not thread.is_alive(), "the operator did not stop"
-    assert not failure, failure
-
-
-async def configmap(kmock: Any) -> tuple[dict[str, str], dict[str, str]]:
-    """(node → the model names in its file, raw data)."""
-    data = ((await get(kmock, f"/api/v1/namespaces/{NS}/configmaps/{CM}")) or {}).get("data") or {}
-    index = json.loads(data.get("nodes.json", "{}"))
-    models = {n: ",".join(re.findall(r"^\[(.+)\]$", data[key], re.M)) for n, key in index.items()}
-    return models, data
+    # Every object the operator sent passed the apiserver's rules.
+    assert kmock.refused == []
 
 
 async def preset_labels(kmock: Any) -> dict[str, set[str]]:
     out = {}
-    for name in ("agent-a", "agent-b", "agent-c", "other"):
+    for name in (*AGENTS, "other"):
         body = await get(kmock, f"/api/v1/namespaces/{NS}/pods/{name}")
         assert body is not None
         labels = body["metadata"].get("labels") or {}
         out[name] = {k.split("/", 1)[1] for k in labels if k.startswith("preset.corral.dev/")}
     return out
-
-
-async def status(kmock: Any, name: str) -> dict[str, Any]:
-    body = await get(kmock, f"{MP_PATH}/{name}")
-    assert body is not None
-    return body.get("status") or {}
-
-
-def cond(st: dict[str, Any], ctype: str) -> tuple[str, str]:
-    # An assertion (not StopIteration) while the status is not written yet, so eventually() retries.
-    found = [c for c in st.get("conditions", []) if c["type"] == ctype]
-    assert found, f"no {ctype} condition yet"
-    return found[0]["status"], found[0]["reason"]
-
-
-async def event_reasons(kmock: Any, name: str) -> list[str]:
-    body = await get(kmock, f"/api/v1/namespaces/{NS}/events")
-    items = (body or {}).get("items") or []
-    return [e["reason"] for e in items if e["involvedObject"]["name"] == name]
 
 
 async def test_presets_nodes_labels_services_and_status(cluster: tuple[Any, FakeAgents]) -> None:
@@ -259,7 +148,7 @@ async def test_presets_nodes_labels_services_and_status(cluster: tuple[Any, Fake
             "gpu-2": "org/big:Q4,small",
             "cpu-1": "small",
         }
-        assert len(data) == 3  # two sets (the A100 nodes share one) + nodes.json
+        assert len(data) == 3  # one file per preset + nodes.json
         assert "hf-repo = org/big-GGUF\nhf-file = big-q4.gguf\nload-on-startup = true" in "".join(
             data.values()
         )
@@ -287,8 +176,8 @@ async def test_presets_nodes_labels_services_and_status(cluster: tuple[Any, Fake
         assert st["modelName"] == "org/big:Q4" and st["observedGeneration"] == 1
         assert (st["matchedNodes"], st["loadedNodes"]) == (2, 2)
         assert [(n["name"], n["state"], n["memory"]) for n in st["nodes"]] == [
-            ("gpu-1", "Loaded", {"host": 1}),
-            ("gpu-2", "Loaded", {"host": 1}),
+            ("gpu-1", "Loaded", HOST_1),
+            ("gpu-2", "Loaded", HOST_1),
         ]
         assert all(n["lastSeen"].endswith("Z") for n in st["nodes"])
         assert cond(st, "Ready") == ("True", "AllNodesReady")
@@ -309,7 +198,7 @@ async def test_presets_nodes_labels_services_and_status(cluster: tuple[Any, Fake
     async def step2() -> None:
         models, data = await configmap(kmock)
         assert models == {"gpu-1": "small", "gpu-2": "small", "cpu-1": "small"}
-        assert len(data) == 2  # one shared set; the old A100 set is gone
+        assert len(data) == 2  # "big" is placed nowhere: its file is gone
         labels = await preset_labels(kmock)
         assert labels["agent-a"] == labels["agent-b"] == {"small"}
         st = await status(kmock, "big")
@@ -332,15 +221,16 @@ async def test_presets_nodes_labels_services_and_status(cluster: tuple[Any, Fake
 
     await eventually(step3)
 
-    # 4. The model crashes on that node: Degraded, with the error, and an event.
+    # 4. The model crashes on that node: Degraded, with the child's own error line, and an event.
+    crash = "llama_model_load: error loading model: tensor 'output.weight' data is not aligned"
     agents.overrides["gpu-2"] = {
-        "org/big:Q4": {"value": "unloaded", "failed": True, "exit_code": 134}
+        "org/big:Q4": {"value": "unloaded", "exit_code": 134, "error": crash}
     }
 
     async def step4() -> None:
         st = await status(kmock, "big")
         assert st["nodes"][0]["state"] == "Failed"
-        assert st["nodes"][0]["lastError"] == "llama-server exited with code 134"
+        assert st["nodes"][0]["lastError"] == crash
         assert cond(st, "Ready") == ("False", "NodesFailed")
         assert cond(st, "Degraded") == ("True", "NodesFailed")
         assert "NodesFailed" in await event_reasons(kmock, "big")
@@ -413,3 +303,125 @@ async def test_missing_configmap_is_created(kmock: Any, cluster: tuple[Any, Fake
         assert models == {"gpu-1": "solo", "gpu-2": "solo"}
 
     await eventually(check)
+
+
+def foreign_service(name: str) -> dict[str, Any]:
+    """A Service the operator did not create (the chart's, a user's)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": NS, "labels": {"app": "theirs"}},
+        "spec": {"selector": {"app": "theirs"}, "ports": [{"port": 9000, "targetPort": 9000}]},
+    }
+
+
+async def test_a_foreign_service_is_never_adopted(
+    kmock: Any, cluster: tuple[Any, FakeAgents]
+) -> None:
+    await send(kmock, "POST", f"/api/v1/namespaces/{NS}/services", foreign_service("taken"))
+    before = await get(kmock, f"/api/v1/namespaces/{NS}/services/taken")
+    await send(kmock, "POST", MP_PATH, preset("taken"))
+
+    async def check() -> None:
+        st = await status(kmock, "taken")
+        assert cond(st, "Degraded") == ("True", "ServiceConflict")
+        assert "Service corral/taken exists and was not created by the corral operator" in (
+            cond_message(st, "Degraded")
+        )
+        # The model itself is served: the conflict is about its Service only.
+        assert cond(st, "Ready") == ("True", "AllNodesReady")
+        assert "ServiceConflict" in await event_reasons(kmock, "taken")
+
+    await eventually(check)
+    assert await get(kmock, f"/api/v1/namespaces/{NS}/services/taken") == before
+
+    # Once the name is free, the preset gets its own Service and the condition clears.
+    await send(kmock, "DELETE", f"/api/v1/namespaces/{NS}/services/taken")
+
+    async def recovered() -> None:
+        svc = await get(kmock, f"/api/v1/namespaces/{NS}/services/taken")
+        assert svc is not None and svc["metadata"]["ownerReferences"][0]["name"] == "taken"
+        assert cond(await status(kmock, "taken"), "Degraded") == ("False", "AsExpected")
+
+    await eventually(recovered)
+
+
+def granted_by_the_chart() -> set[Access]:
+    """The operator's permissions as the chart renders them, in the test's namespace."""
+    objects = render_objects({})
+    bound = {
+        (b["roleRef"]["kind"], b["roleRef"]["name"], b["metadata"].get("namespace"))
+        for b in objects
+        if b["kind"] in {"RoleBinding", "ClusterRoleBinding"}
+    }
+    out: set[Access] = set()
+    for role in objects:
+        if role["kind"] not in {"Role", "ClusterRole"}:
+            continue
+        ns = role["metadata"].get("namespace")
+        assert (role["kind"], role["metadata"]["name"], ns) in bound, f"unbound {role['kind']}"
+        # The chart's release namespace stands for the operator's namespace here.
+        scope = None if ns is None else (NS if ns == CHART_NAMESPACE else ns)
+        for rule in role["rules"]:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    for verb in rule["verbs"]:
+                        out.add(Access(group, resource, verb, scope))
+    return out
+
+
+def covers(grant: Access, used: Access) -> bool:
+    same = (grant.group, grant.resource, grant.verb) == (used.group, used.resource, used.verb)
+    # A ClusterRole grants in every namespace; a Role only in its own.
+    return same and (grant.namespace is None or grant.namespace == used.namespace)
+
+
+async def test_requests_match_the_rendered_rbac(
+    kmock: Any, cluster: tuple[Any, FakeAgents]
+) -> None:
+    # Every kind of write the operator makes: create the missing ConfigMap, patch it, label
+    # pods, create / repair / delete Services, write status, post Events, meet a 409.
+    await send(kmock, "DELETE", f"/api/v1/namespaces/{NS}/configmaps/{CM}")
+    await send(kmock, "POST", f"/api/v1/namespaces/{NS}/services", foreign_service("taken"))
+    await send(kmock, "POST", MP_PATH, preset("taken"))
+    await send(kmock, "POST", MP_PATH, preset("mine", placement={"nodeSelector": {"gpu": "a100"}}))
+
+    async def served() -> None:
+        models, _ = await configmap(kmock)
+        assert models["gpu-1"] == "mine,taken"
+        assert cond(await status(kmock, "mine"), "Ready") == ("True", "AllNodesReady")
+
+    await eventually(served)
+    # Someone edits our Service: the operator puts its ports back.
+    await send(kmock, "PATCH", f"/api/v1/namespaces/{NS}/services/mine", {"spec": {"ports": []}})
+
+    async def repaired() -> None:
+        svc = await get(kmock, f"/api/v1/namespaces/{NS}/services/mine")
+        assert svc is not None and svc["spec"]["ports"][0]["targetPort"] == 8080
+
+    await eventually(repaired)
+    await send(kmock, "DELETE", f"{MP_PATH}/mine")
+
+    async def gone() -> None:
+        assert await get(kmock, f"/api/v1/namespaces/{NS}/services/mine") is None
+
+    await eventually(gone)
+    used = set(kmock.operator_access)
+    granted = granted_by_the_chart()
+    assert sorted(u for u in used if not any(covers(g, u) for g in granted)) == []
+    unused = sorted(g for g in granted if not any(covers(g, u) for u in used))
+    assert unused == [], "\n".join(map(str, unused))
+
+
+async def test_the_liveness_probe_answers(cluster: tuple[Any, FakeAgents]) -> None:
+    _, agents = cluster
+
+    async def alive() -> None:
+        url = agents.operator_liveness
+        try:
+            async with aiohttp.ClientSession() as session, session.get(url) as resp:
+                assert resp.status == 200, await resp.text()
+        except aiohttp.ClientConnectionError as exc:  # kopf is not listening yet
+            raise AssertionError(str(exc)) from exc
+
+    await eventually(alive)

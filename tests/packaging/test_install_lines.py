@@ -98,7 +98,7 @@ class Venv:
         env = {
             k: v
             for k, v in os.environ.items()
-            if k not in ("PYTHONPATH", "VIRTUAL_ENV", "LLAMA_SERVER", "PYTHONSAFEPATH")
+            if k not in ("PYTHONPATH", "VIRTUAL_ENV", "LLAMA_SERVER")
         }
         # No llama-server from the test's own environment: only what the install brought.
         env["PATH"] = f"{self.bin}:/usr/bin:/bin"

@@ -35,7 +35,7 @@ def spec_from(ini: str, name: str = "m") -> ModelSpec:
 
 
 def test_operator_url_source_parses_and_never_reaches_the_child() -> None:
-    # What operator/ini.py renders for a url{url, sha256} source.
+    # What operator/preset_operator/ini.py renders for a url{url, sha256} source.
     spec = spec_from(f"[m]\nmodel-url = https://x.test/m.gguf\nmodel-sha256 = {SHA.upper()}\n")
     assert spec.model_sha256 == SHA  # normalised to hashlib's lower case
     assert spec.get("model-url") == "https://x.test/m.gguf"

@@ -5,12 +5,15 @@ from __future__ import annotations
 import datetime as dt
 import json
 import random
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from preset_operator.ini import render_ini
 from preset_operator.presets import InvalidPreset, parse_args, parse_preset
-from preset_operator.render import NODES_KEY, configmap_patch, render, set_key
+from preset_operator.render import NODES_KEY, configmap_patch, file_key, render
 from preset_operator.status import (
     AgentReport,
     ModelReport,
@@ -19,6 +22,10 @@ from preset_operator.status import (
     parse_models,
     transitions,
 )
+
+from tests.operator.agent_models import model_entry, model_list
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def mp(name: str, created: str = "2026-01-01T00:00:00Z", **spec: Any) -> dict[str, Any]:
@@ -131,7 +138,15 @@ def test_section_carries_aliases_lifecycle_and_args() -> None:
     )
 
 
-def test_placement_dedup_and_index() -> None:
+def sections(ini: str) -> list[str]:
+    return re.findall(r"^\[(.+)\]$", ini, re.M)
+
+
+def node_models(r: Any, node: str) -> list[str]:
+    return [name for key in r.node_sets.get(node, ()) for name in sections(r.files[key])]
+
+
+def test_placement_files_and_index() -> None:
     objs = [
         mp("small"),  # no selector: every agent node
         mp("big", placement={"nodeSelector": {"gpu": "a100"}}),
@@ -145,25 +160,25 @@ def test_placement_dedup_and_index() -> None:
         "huge": ("gpu-h1",),
         "nowhere": (),
     }
-    # Both A100 nodes have {small, big}: one shared file. Three distinct sets in all.
-    assert r.node_sets["gpu-a1"] == r.node_sets["gpu-a2"]
-    assert len(r.files) == 3 == len(set(r.node_sets.values()))
-    a100 = r.files[r.node_sets["gpu-a1"]]
-    assert "[big]" in a100 and "[small]" in a100 and "[huge]" not in a100
-    assert (
-        "[small]" in r.files[r.node_sets["cpu-1"]] and "[big]" not in r.files[r.node_sets["cpu-1"]]
-    )
+    # One file per placed preset (not "nowhere"), each node listing its own, by model name.
+    assert sorted(sections(r.files[k]) for k in r.files) == [["big"], ["huge"], ["small"]]
+    assert node_models(r, "gpu-a1") == node_models(r, "gpu-a2") == ["big", "small"]
+    assert node_models(r, "cpu-1") == ["small"] and node_models(r, "gpu-h1") == ["huge", "small"]
     for key, text in r.files.items():
-        assert key == set_key(text)
+        assert key == file_key(text)
     data = r.configmap_data()
-    assert json.loads(data[NODES_KEY]) == r.node_sets
+    index = json.loads(data[NODES_KEY])
+    assert index["files"] == sorted(r.files)
+    assert {n: [index["files"][i] for i in ix] for n, ix in index["nodes"].items()} == {
+        n: list(keys) for n, keys in r.node_sets.items()
+    }
     assert set(data) == set(r.files) | {NODES_KEY}
 
 
 def test_nodes_without_presets_are_absent_from_the_index() -> None:
     r = render([mp("big", placement={"nodeSelector": {"gpu": "a100"}})], NODES)
     assert set(r.node_sets) == {"gpu-a1", "gpu-a2"}
-    assert render([], NODES).configmap_data() == {NODES_KEY: "{}\n"}
+    assert render([], NODES).configmap_data() == {NODES_KEY: '{"files":[],\n"nodes":{}}\n'}
 
 
 def test_output_is_deterministic_whatever_the_input_order() -> None:
@@ -184,7 +199,7 @@ def test_name_conflicts_keep_the_older_preset() -> None:
     r = render(objs, {"n1": {}})
     assert r.offered("old") == ("n1",) and r.offered("new") == ()
     assert "already served on this node by ModelPreset old" in r.conflicts["new"]["n1"]
-    assert "[new]" not in r.files[r.node_sets["n1"]]
+    assert node_models(r, "n1") == ["shared"]
 
 
 def test_invalid_presets_are_reported_not_rendered() -> None:
@@ -195,7 +210,7 @@ def test_invalid_presets_are_reported_not_rendered() -> None:
     ]
     r = render(objs, {"n1": {}})
     assert set(r.invalid) == {"bad", "dup"}
-    assert "[bad]" not in r.files[r.node_sets["n1"]]
+    assert node_models(r, "n1") == ["ok"]
 
 
 def test_configmap_patch_adds_changes_and_removes() -> None:
@@ -237,6 +252,28 @@ def test_status_ready_when_every_node_serves() -> None:
     }
     assert cond(st, "Ready")["status"] == "True" and cond(st, "Degraded")["status"] == "False"
     assert cond(st, "Ready")["observedGeneration"] == 3
+
+
+def test_status_problems_make_it_degraded_with_an_event() -> None:
+    # What keeps the operator from carrying a preset out (a foreign Service of its name, a
+    # ConfigMap over the limit) is a reason to be Degraded, named first, and an Event.
+    kw: dict[str, Any] = {
+        "model_name": "m",
+        "generation": 1,
+        "matched": ["a"],
+        "reports": {"a": report(m=ModelReport("loaded"))},
+        "now": NOW,
+        "stale_after": STALE,
+    }
+    ok = compute_status(**kw, previous=None)
+    st = compute_status(
+        **kw, previous=ok, problems=[("ConfigMapTooLarge", "the presets ConfigMap would be 2 MB")]
+    )
+    degraded = cond(st, "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "ConfigMapTooLarge")
+    assert degraded["message"] == "the presets ConfigMap would be 2 MB"
+    assert cond(st, "Ready")["status"] == "True"  # what the nodes serve is unchanged
+    assert [(e.type, e.reason) for e in transitions(ok, st)] == [("Warning", "ConfigMapTooLarge")]
 
 
 def test_status_failed_stale_pending() -> None:
@@ -324,18 +361,65 @@ def test_invalid_and_unmatched_status() -> None:
     )
 
 
-def test_parse_models_reads_llama_cpp_shape() -> None:
-    body = {
-        "object": "list",
-        "data": [
-            {"id": "a", "status": {"value": "loaded"}, "memory": {"cuda0": {"effective": 1}}},
-            {"id": "b", "status": {"value": "unloaded", "failed": True, "exit_code": 1}},
-            {"no": "id"},
-        ],
-    }
+def test_parse_models_reads_what_the_agent_serves() -> None:
+    # Corral's figures are under each entry's ``corral`` key (the agent's schema), llama.cpp's
+    # own router sends none, and a malformed entry is skipped without blanking the others.
+    llama_cpp = model_entry("c")
+    del llama_cpp["corral"]
+    body = model_list(
+        [
+            model_entry("a", memory={"CUDA0": 7}),
+            model_entry("b", "unloaded", exit_code=1, error="error: failed to load model"),
+            llama_cpp,
+        ]
+    )
+    body["data"].append({"no": "id"})
     models = parse_models(body)
-    assert set(models) == {"a", "b"}
-    assert models["a"].memory == {"cuda0": {"effective": 1}}
+    assert set(models) == {"a", "b", "c"}
+    assert models["a"].memory == {
+        "min": {"CUDA0": 7},
+        "max": {"CUDA0": 7},
+        "effective": {"CUDA0": 7},
+        "held": {"CUDA0": 7},
+    }
     assert models["b"].failed and models["b"].exit_code == 1
+    assert models["b"].error == "error: failed to load model"
+    assert models["c"].value == "loaded" and models["c"].memory is None
     with pytest.raises(ValueError):
         parse_models({"error": "x"})
+
+
+def test_every_condition_fits_the_crds_condition_schema() -> None:
+    # The CRD validates conditions as metav1.Condition does (type and reason patterns): a
+    # status the operator writes with a reason outside them would be refused whole.
+    crd = yaml.safe_load((REPO / "crds" / "modelpresets.corral.dev.yaml").read_text())
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    item = schema["properties"]["status"]["properties"]["conditions"]["items"]["properties"]
+    patterns = {key: re.compile(item[key]["pattern"]) for key in ("type", "reason")}
+    base: dict[str, Any] = {"model_name": "m", "generation": 1, "now": NOW, "stale_after": STALE}
+    failed = report(m=ModelReport("unloaded", failed=True))
+    statuses = [
+        compute_status(
+            **base, matched=["a"], reports={"a": report(m=ModelReport(state))}, previous=None
+        )
+        for state in ("loaded", "loading", "downloading", "unloaded")
+    ] + [
+        compute_status(**base, matched=[], reports={}, previous=None),
+        compute_status(**base, matched=["a"], reports={}, previous=None),
+        compute_status(**base, matched=["a"], reports={"a": report()}, previous=None),
+        compute_status(**base, matched=["a"], reports={"a": failed}, previous=None),
+        compute_status(**base, matched=["a"], reports={}, previous=None, invalid="bad"),
+        compute_status(**base, matched=["a"], reports={}, previous=None, conflicts={"a": "x"}),
+        compute_status(
+            **base, matched=["a"], reports={}, previous=None, problems=[("ServiceConflict", "x")]
+        ),
+        compute_status(
+            **base, matched=["a"], reports={}, previous=None, problems=[("ConfigMapTooLarge", "x")]
+        ),
+    ]
+    reasons = set()
+    for st in statuses:
+        for c in st["conditions"]:
+            assert patterns["type"].match(c["type"]) and patterns["reason"].match(c["reason"]), c
+            reasons.add(c["reason"])
+    assert len(reasons) >= 10  # the scenarios above reach most of them

@@ -112,7 +112,7 @@ Names.
 {{/*
 Where agent.pvcMounts are mounted, each claim read-only at <root>/<claimName>: a contract with
 the operator, which renders source.pvc as `model = <root>/<claimName>/<subPath>`
-(operator/presets.py PVC_MOUNT_ROOT; the chart tests check the two agree). Not a value, since
+(operator/preset_operator/presets.py PVC_MOUNT_ROOT; the chart tests check the two agree). Not a value, since
 the operator cannot follow a change, and outside /models, the agent's --models-dir, whose
 scanner takes every subfolder for a model.
 */}}
@@ -137,24 +137,62 @@ scanner takes every subfolder for a model.
 {{- end }}
 
 {{/*
-An image reference. Input: (dict "image" .Values.x.image "tag" "<default tag>" "global" .Values.global)
+An image reference. Input: (dict "image" .Values.x.image "tag" "<default tag>" "global" .Values.global
+"value" "<the values path of image, for the error>")
 */}}
 {{- define "corral.image" -}}
+{{- $repository := required (printf "%s.repository is required: no Corral image is published yet; build and push them with `make images REGISTRY=<registry> TAG=<tag>` and set %s.repository (charts/corral/README.md, Images)" .value .value) .image.repository }}
 {{- $registry := default .image.registry .global.imageRegistry }}
+{{- $name := ternary (printf "%s/%s" $registry $repository) $repository (ne $registry "") }}
 {{- $tag := default .tag .image.tag }}
 {{- if .image.digest }}
-{{- printf "%s/%s:%s@%s" $registry .image.repository $tag .image.digest }}
+{{- printf "%s:%s@%s" $name $tag .image.digest }}
 {{- else }}
-{{- printf "%s/%s:%s" $registry .image.repository $tag }}
+{{- printf "%s:%s" $name $tag }}
 {{- end }}
 {{- end }}
 
 {{- define "corral.agent.image" -}}
-{{- include "corral.image" (dict "image" .Values.agent.image "tag" (printf "%s-%s" .Chart.AppVersion .Values.agent.image.variant) "global" .Values.global) }}
+{{- include "corral.image" (dict "image" .Values.agent.image "tag" (printf "%s-%s" .Chart.AppVersion .Values.agent.image.variant) "global" .Values.global "value" "agent.image") }}
 {{- end }}
 
 {{- define "corral.operator.image" -}}
-{{- include "corral.image" (dict "image" .Values.operator.image "tag" .Chart.AppVersion "global" .Values.global) }}
+{{- include "corral.image" (dict "image" .Values.operator.image "tag" .Chart.AppVersion "global" .Values.global "value" "operator.image") }}
+{{- end }}
+
+{{/*
+The memory ledger's margin in MiB, or "" when the ledger is off: null means 1024 whenever the
+agent gets GPUs (eviction by count alone runs GPUs out of memory), off without; -1 is off.
+*/}}
+{{- define "corral.agent.memoryMargin" -}}
+{{- $margin := .Values.agent.modelsMemoryMarginMiB }}
+{{- if kindIs "invalid" $margin }}
+{{- if ne .Values.agent.gpu.mode "none" }}1024{{ end }}
+{{- else if ge (int $margin) 0 }}
+{{- $margin }}
+{{- end }}
+{{- end }}
+
+{{/*
+A volume source for one of the agent's caches. Input: agent.modelCache or agent.downloadCache.
+*/}}
+{{- define "corral.cacheVolume" -}}
+{{- if eq .type "hostPath" }}
+hostPath:
+  path: {{ .hostPath.path }}
+  type: {{ .hostPath.type }}
+{{- else if eq .type "persistentVolumeClaim" }}
+persistentVolumeClaim:
+  claimName: {{ .persistentVolumeClaim.claimName }}
+  {{- if .persistentVolumeClaim.readOnly }}
+  readOnly: true
+  {{- end }}
+{{- else if .emptyDir.sizeLimit }}
+emptyDir:
+  sizeLimit: {{ .emptyDir.sizeLimit }}
+{{- else }}
+emptyDir: {}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -178,11 +216,12 @@ The namespace of the ServiceMonitor.
 {{- end }}
 
 {{/*
-The API key environment variable, shared by the agent and the helm test pod.
+The API key environment variable, shared by the agent, the operator (which polls the agents)
+and the helm test pod. LLAMA_API_KEY is the name llama-server and the agent read.
 */}}
 {{- define "corral.apiKeyEnv" -}}
 {{- with .Values.agent.apiKey.existingSecret }}
-- name: LLAMA_ARG_API_KEY
+- name: LLAMA_API_KEY
   valueFrom:
     secretKeyRef:
       name: {{ . }}

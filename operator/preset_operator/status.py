@@ -8,15 +8,22 @@ standard shape (type, status, observedGeneration, lastTransitionTime, reason, me
 - ``Ready``: every matched node offers the model and can serve it now (loaded or sleeping; or
   unloaded-and-healthy for a model loaded on first request).
 - ``Degraded``: something needs a human: a node failed to run it, an agent is not answering, its
-  name collides with another preset on a node, or the spec cannot be rendered.
+  name collides with another preset on a node, the spec cannot be rendered, a Service of its
+  name exists that the operator did not create (it is never adopted), or the presets would not
+  fit in the ConfigMap.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from node_agent.models_schema import dump, parse_entries
+
+log = logging.getLogger("corral.operator")
 
 # Agent (llama.cpp) state value → the state shown in the status.
 _STATES = {
@@ -64,28 +71,25 @@ class AgentReport:
 
 
 def parse_models(body: object) -> dict[str, ModelReport]:
-    """llama.cpp's ``{"object":"list","data":[{"id", "status":{"value",…}}]}`` → reports.
+    """An agent's ``GET /models`` body → reports, through the schema the agent builds it from.
 
-    Unknown fields are ignored (Corral adds some, e.g. ``memory``); malformed entries are skipped
-    rather than failing the whole node, since one odd model must not blank the others' status.
+    Corral keeps its figures under each entry's ``corral`` key (``corral.memory``, and
+    ``corral.error``: the child's own last error line); llama.cpp's router sends neither.
+    Malformed entries are skipped, since one odd model must not blank the others' status.
     """
-    if not isinstance(body, Mapping) or not isinstance(body.get("data"), list):
-        raise ValueError("not a model list (expected {'object': 'list', 'data': [...]})")
+    entries, skipped = parse_entries(body)
+    for why in skipped:
+        log.warning("agent's GET /models: skipped %s", why)
     out: dict[str, ModelReport] = {}
-    for entry in body["data"]:
-        if not isinstance(entry, Mapping) or not isinstance(entry.get("id"), str):
-            continue
-        st = entry.get("status")
-        st = st if isinstance(st, Mapping) else {}
-        memory = entry.get("memory", st.get("memory"))
-        error = st.get("error", entry.get("error"))
-        exit_code = st.get("exit_code")
-        out[entry["id"]] = ModelReport(
-            value=str(st.get("value", "unknown")),
-            failed=bool(st.get("failed", False)),
-            exit_code=exit_code if isinstance(exit_code, int) else None,
-            memory=memory if isinstance(memory, Mapping) else None,
-            error=error if isinstance(error, str) else None,
+    for name, entry in entries.items():
+        corral = entry.corral
+        memory = corral.memory if corral is not None else None
+        out[name] = ModelReport(
+            value=entry.status.value,
+            failed=bool(entry.status.failed),
+            exit_code=entry.status.exit_code,
+            memory=dump(memory) if memory is not None else None,
+            error=corral.error if corral is not None else None,
         )
     return out
 
@@ -175,7 +179,11 @@ def compute_status(
     conflicts: Mapping[str, str] | None = None,
     invalid: str | None = None,
     load_on_startup: bool = False,
+    problems: Sequence[tuple[str, str]] = (),
 ) -> dict[str, Any]:
+    """The whole status of one preset. ``problems``: (reason, message) of what keeps the
+    operator from carrying it out (a foreign Service of its name, a ConfigMap too large), each
+    a reason to be Degraded."""
     prev = previous or {}
     prev_nodes = {n.get("name"): n for n in prev.get("nodes") or [] if isinstance(n, Mapping)}
     prev_conds = {c.get("type"): c for c in prev.get("conditions") or [] if isinstance(c, Mapping)}
@@ -233,6 +241,10 @@ def compute_status(
             degraded = (True, reason, detail[:32768])
         else:
             degraded = (False, "AsExpected", "all matched nodes are healthy")
+    if problems and invalid is None:
+        messages = [message for _, message in problems]
+        detail = "; ".join([*messages, degraded[2]] if degraded[0] else messages)
+        degraded = (True, problems[0][0], detail[:32768])
     return {
         "observedGeneration": generation,
         "modelName": model_name,

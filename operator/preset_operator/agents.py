@@ -42,12 +42,18 @@ def pod_url(port: int) -> AgentUrl:
 
 
 async def _poll_one(
-    session: aiohttp.ClientSession, base: str, limit_s: float
+    session: aiohttp.ClientSession, base: str, limit_s: float, api_key: str | None
 ) -> tuple[bool, object]:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         async with session.get(
-            f"{base}/models", timeout=aiohttp.ClientTimeout(total=limit_s)
+            f"{base}/models", headers=headers, timeout=aiohttp.ClientTimeout(total=limit_s)
         ) as resp:
+            if resp.status == 401:
+                return False, (
+                    "GET /models answered HTTP 401: the agent wants an API key "
+                    "(give the operator the agents' key in $LLAMA_API_KEY)"
+                )
             if resp.status != 200:
                 return False, f"GET /models answered HTTP {resp.status}"
             return True, parse_models(await resp.json(content_type=None))
@@ -62,6 +68,7 @@ async def poll_agents(
     previous: Mapping[str, AgentReport],
     now: dt.datetime,
     limit_s: float,
+    api_key: str | None = None,
 ) -> dict[str, AgentReport]:
     """Poll every scheduled agent; one report per node.
 
@@ -79,7 +86,7 @@ async def poll_agents(
             for pod in sorted(node_pods, key=lambda p: p.name):
                 base = url_for(pod)
                 if base is not None:
-                    jobs.append((node, tg.create_task(_poll_one(session, base, limit_s))))
+                    jobs.append((node, tg.create_task(_poll_one(session, base, limit_s, api_key))))
     reports: dict[str, AgentReport] = {}
     for node, task in jobs:
         ok, result = task.result()

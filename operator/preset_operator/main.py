@@ -23,7 +23,8 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     env = os.environ
     p = argparse.ArgumentParser(
         prog="corral operator",
-        description="Turn ModelPresets into the presets of the Corral agents on matching nodes.",
+        description="Turn ModelPresets into the presets of the Corral agents on matching nodes. "
+        "When the agents have an API key, give it in $LLAMA_API_KEY.",
     )
     p.add_argument(
         "--namespace",
@@ -47,6 +48,12 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     p.add_argument(
         "--poll-interval", type=float, default=10.0, help="seconds between agent polls (10)"
     )
+    p.add_argument(
+        "--liveness",
+        metavar="URL",
+        default=None,
+        help="serve kopf's liveness probe, e.g. http://0.0.0.0:8081/healthz (none by default)",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     ns = p.parse_args(list(argv) if argv is not None else None)
     try:
@@ -57,6 +64,10 @@ def parse_args(argv: Sequence[str] | None) -> Config:
         p.error("--agent-selector may not be empty (it would select every pod)")
     if ns.poll_interval <= 0:
         p.error("--poll-interval must be positive")
+    # The agents' own variable (the chart sets both from one Secret); a key list like the
+    # agent's --api-key "k1,k2" authenticates with its first key. Never a flag: a command
+    # line is visible to everyone on the node.
+    keys = [k.strip() for k in env.get("LLAMA_API_KEY", "").split(",") if k.strip()]
     return Config(
         namespace=ns.namespace,
         configmap=ns.presets_configmap,
@@ -65,6 +76,8 @@ def parse_args(argv: Sequence[str] | None) -> Config:
         poll_interval=ns.poll_interval,
         poll_timeout=min(3.0, ns.poll_interval),
         verbose=ns.verbose,
+        agent_api_key=keys[0] if keys else None,
+        liveness=ns.liveness,
     )
 
 
@@ -100,6 +113,8 @@ async def run_operator(
                     clusterwide=False,
                     namespaces=[config.namespace],
                     stop_flag=stop_flag,
+                    # kopf answers 200 while its watchers and the event loop are alive.
+                    liveness_endpoint=config.liveness,
                 )
             finally:
                 loop.cancel()

@@ -29,7 +29,6 @@ class KubeError(Exception):
 class Cluster(Protocol):
     """What the reconciler needs from the API (a seam for tests of the glue)."""
 
-    async def get(self, path: str) -> dict[str, Any] | None: ...
     async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]: ...
     async def patch(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]: ...
     async def delete(self, path: str) -> None: ...
@@ -127,9 +126,6 @@ class HttpCluster:
                 raise KubeError(resp.status, text[:500])
             data = await resp.json(content_type=None)
             return data if isinstance(data, dict) else {}
-
-    async def get(self, path: str) -> dict[str, Any] | None:
-        return await self._call("GET", path)
 
     async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
         return await self._call("POST", path, body, "application/json") or {}

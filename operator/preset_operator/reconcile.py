@@ -23,7 +23,7 @@ import aiohttp
 
 from .agents import AgentPod, AgentUrl, poll_agents
 from .kube import Cluster, KubeError, ns_path, preset_status_path
-from .render import Rendering, configmap_patch, render
+from .render import CONFIGMAP_LIMIT, Rendering, configmap_patch, configmap_size, render
 from .status import AgentReport, compute_status, needs_write, transitions
 
 log = logging.getLogger("corral.operator")
@@ -32,6 +32,9 @@ GROUP, VERSION = "corral.dev", "v1alpha1"
 PRESET_LABEL_PREFIX = "preset.corral.dev/"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "corral-operator"}
 PRESET_NAME_LABEL = "corral.dev/modelpreset"
+# An Event about a cluster-scoped object (a ModelPreset) must live in `default`: the apiserver
+# refuses one whose namespace differs from its involvedObject's ("" here) unless it is default.
+EVENTS_NAMESPACE = "default"
 _LABEL_KEY = re.compile(r"^([a-z0-9.-]{1,253}/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 
@@ -68,6 +71,9 @@ class Config:
     poll_timeout: float = 3.0
     debounce: float = 0.2  # coalesce a burst of watch events into one pass
     verbose: bool = False
+    # The agents' API key (they guard GET /models with it); never shown in a repr or a log.
+    agent_api_key: str | None = field(default=None, repr=False)
+    liveness: str | None = None  # kopf's liveness endpoint URL
 
     @property
     def stale_after(self) -> dt.timedelta:
@@ -134,6 +140,11 @@ class Reconciler:
         self._armed = asyncio.Event()
         self._wake = asyncio.Event()
         self._last_poll: dt.datetime | None = None
+        # preset name → why its Service could not be created (a Service of that name exists
+        # that is not ours); recomputed by every pass, so it clears once the name is free.
+        self.service_conflicts: dict[str, str] = {}
+        # Why the last pass could not write the presets ConfigMap (too large), if it could not.
+        self.configmap_problem: str | None = None
         self.passes = 0
 
     # --- called from kopf handlers -------------------------------------------------------
@@ -183,7 +194,13 @@ class Reconciler:
             (now - self._last_poll).total_seconds() >= self.config.poll_interval
         ):
             self.reports = await poll_agents(
-                self.session, pods, self.agent_url, self.reports, now, self.config.poll_timeout
+                self.session,
+                pods,
+                self.agent_url,
+                self.reports,
+                now,
+                self.config.poll_timeout,
+                self.config.agent_api_key,
             )
             self._last_poll = now
         agent_nodes = {
@@ -210,6 +227,21 @@ class Reconciler:
         current = _first(self._indexes.configmaps, cfg.configmap)
         desired = rendering.configmap_data()
         path = ns_path(cfg.namespace, "configmaps", cfg.configmap)
+        size = configmap_size(desired)
+        if size > CONFIGMAP_LIMIT:
+            # The apiserver would refuse the write: keep what the nodes have, and say why in
+            # every preset's status (Degraded, with an Event) instead of a log line only.
+            problem = (
+                f"the presets ConfigMap {cfg.namespace}/{cfg.configmap} would be {size} bytes, "
+                f"over the {CONFIGMAP_LIMIT}-byte limit of a ConfigMap "
+                f"({len(rendering.node_sets)} nodes, {len(rendering.files)} presets): it is not "
+                "updated; shorten the presets (args, aliases) or run fewer of them"
+            )
+            if problem != self.configmap_problem:
+                log.warning("%s", problem)
+            self.configmap_problem = problem
+            return
+        self.configmap_problem = None
         if current is None:
             body = {
                 "apiVersion": "v1",
@@ -219,7 +251,9 @@ class Reconciler:
             }
             try:
                 await self.cluster.create(ns_path(cfg.namespace, "configmaps"), body)
-                log.info("created ConfigMap %s with %d set(s)", cfg.configmap, len(rendering.files))
+                log.info(
+                    "created ConfigMap %s with %d preset(s)", cfg.configmap, len(rendering.files)
+                )
                 return
             except KubeError as exc:
                 if exc.status != 409:  # exists but not indexed yet: fall through to patch
@@ -229,7 +263,7 @@ class Reconciler:
         patch = configmap_patch(current, desired)
         if patch:
             log.info(
-                "ConfigMap %s: %d node(s), %d set(s), %d key(s) changed",
+                "ConfigMap %s: %d node(s), %d preset(s), %d key(s) changed",
                 cfg.configmap,
                 len(rendering.node_sets),
                 len(rendering.files),
@@ -245,7 +279,12 @@ class Reconciler:
             if not pod.node or pod.deleting:
                 continue
             report = self.reports.get(pod.node)
-            listed = report.models if report is not None else {}
+            if report is None or report.last_seen is None:
+                # Never heard from this agent (a fresh operator whose first poll failed, or a
+                # pod without an IP yet): what it serves is unknown, so its labels stay as the
+                # previous operator left them rather than taking its Services' traffic away.
+                continue
+            listed = report.models
             want = {
                 preset_label(name): "true"
                 for name, preset in rendering.presets.items()
@@ -309,18 +348,28 @@ class Reconciler:
         assert self._indexes is not None
         ns = self.config.namespace
         wanted = {o["metadata"]["name"]: self.desired_service(o) for o in presets}
+        conflicts: dict[str, str] = {}
         for name, want in wanted.items():
             have = _first(self._indexes.services, name)
             if have is None:
                 try:
                     await self.cluster.create(ns_path(ns, "services"), want)
                     log.info("created Service %s", name)
-                    continue
                 except KubeError as exc:
-                    if exc.status != 409:
+                    if exc.status == 409:
+                        # Not in our index, so not ours (the chart's, a user's): never adopt
+                        # it — patching its selector would hijack its traffic, and our owner
+                        # reference would let the garbage collector delete it with the preset.
+                        conflicts[name] = (
+                            f"Service {ns}/{name} exists and was not created by the corral "
+                            "operator: it is left alone; rename the ModelPreset or delete that "
+                            "Service"
+                        )
+                        if name not in self.service_conflicts:
+                            log.warning("%s", conflicts[name])
+                    else:
                         log.warning("creating Service %s failed: %s", name, exc)
-                        continue
-                    have = {}
+                continue
             patch = _service_patch(have, want)
             if patch:
                 log.info("updating Service %s", name)
@@ -334,6 +383,7 @@ class Reconciler:
                 await self._guard(
                     f"deleting Service {name}", self.cluster.delete(ns_path(ns, "services", name))
                 )
+        self.service_conflicts = conflicts
 
     async def _write_statuses(
         self, presets: list[dict[str, Any]], rendering: Rendering, now: dt.datetime
@@ -356,6 +406,18 @@ class Reconciler:
                 conflicts=rendering.conflicts.get(name),
                 invalid=rendering.invalid.get(name),
                 load_on_startup=bool(preset and preset.lifecycle.load_on_startup),
+                problems=[
+                    *(
+                        [("ServiceConflict", self.service_conflicts[name])]
+                        if name in self.service_conflicts
+                        else []
+                    ),
+                    *(
+                        [("ConfigMapTooLarge", self.configmap_problem)]
+                        if self.configmap_problem
+                        else []
+                    ),
+                ],
             )
             if not needs_write(old, new, self.config.seen_refresh):
                 continue
@@ -376,8 +438,9 @@ class Reconciler:
             "metadata": {
                 # Explicit unique names (not generateName): simpler to emulate and to grep.
                 "name": f"{meta['name']}.{secrets.token_hex(8)}",
-                "namespace": self.config.namespace,
+                "namespace": EVENTS_NAMESPACE,
             },
+            # No involvedObject.namespace: the ModelPreset is cluster-scoped.
             "involvedObject": {
                 "apiVersion": f"{GROUP}/{VERSION}",
                 "kind": "ModelPreset",
@@ -400,7 +463,7 @@ class Reconciler:
             meta["name"],
             event.message,
         )
-        await self.cluster.create(ns_path(self.config.namespace, "events"), body)
+        await self.cluster.create(ns_path(EVENTS_NAMESPACE, "events"), body)
 
 
 def _service_patch(have: Mapping[str, Any], want: Mapping[str, Any]) -> dict[str, Any]:

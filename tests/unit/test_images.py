@@ -1,0 +1,54 @@
+"""``make images``: what it builds and pushes, with a recording stand-in for docker."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def make_images(tmp_path: Path, **variables: str) -> tuple[subprocess.CompletedProcess[str], str]:
+    log = tmp_path / "calls"
+    fake = tmp_path / "docker"
+    fake.write_text(f'#!/bin/sh\necho "$*" >> {log}\n')
+    fake.chmod(0o755)
+    args = [f"{k}={v}" for k, v in {"CONTAINER": str(fake), **variables}.items()]
+    run = subprocess.run(
+        ["make", "--no-print-directory", "images", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k not in {"REGISTRY", "TAG", "PUSH"}},
+    )
+    return run, log.read_text() if log.exists() else ""
+
+
+def test_builds_and_pushes_both_images(tmp_path: Path) -> None:
+    run, calls = make_images(tmp_path, REGISTRY="registry.example.com/team/", TAG="9.9", PUSH="1")
+    assert run.returncode == 0, run.stderr
+    assert calls.splitlines() == [
+        "build -f Dockerfile.agent --build-arg VARIANT=cuda"
+        " -t registry.example.com/team/corral-agent:9.9-cuda .",
+        "build -f Dockerfile.agent --build-arg VARIANT=cpu"
+        " -t registry.example.com/team/corral-agent:9.9-cpu .",
+        "build -f Dockerfile.operator -t registry.example.com/team/corral-operator:9.9 .",
+        "push registry.example.com/team/corral-agent:9.9-cuda",
+        "push registry.example.com/team/corral-agent:9.9-cpu",
+        "push registry.example.com/team/corral-operator:9.9",
+    ]
+    assert "agent.image.repository=registry.example.com/team/corral-agent" in run.stdout
+
+
+def test_tag_defaults_to_the_charts_app_version_and_push_is_opt_in(tmp_path: Path) -> None:
+    run, calls = make_images(tmp_path, REGISTRY="r.example")
+    assert run.returncode == 0, run.stderr
+    assert "-t r.example/corral-operator:0.1.0 ." in calls
+    assert "push" not in calls
+
+
+def test_registry_is_required(tmp_path: Path) -> None:
+    run, calls = make_images(tmp_path)
+    assert run.returncode != 0 and calls == ""
+    assert "set REGISTRY" in run.stderr
