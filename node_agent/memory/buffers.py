@@ -34,9 +34,17 @@ class BufferLine:
         return buffer_device(self.buffer)
 
 
+# ggml-cpu's extra buffer types: weights repacked for the CPU's matrix units, in host memory.
+_HOST_EXTRA = ("AMX", "KLEIDIAI", "SPACEMIT")
+
+
 def buffer_device(buffer: str) -> str:
     """The ledger's device for a ggml buffer type: host memory for CPU and pinned buffers."""
-    if buffer.startswith("CPU") or buffer.endswith("_Host") or buffer == "Metal_Mapped":
+    if (
+        buffer.startswith(("CPU", *_HOST_EXTRA))
+        or buffer.endswith("_Host")
+        or buffer == "Metal_Mapped"
+    ):
         return "host"
     return buffer.removesuffix("_Mapped").removesuffix("_Split")
 
@@ -56,8 +64,11 @@ class LoggedBuffers:
     """Buffers seen in a child's log so far, by (buffer type, kind).
 
     Model buffers add up (one per buffer type: mapped file and repacked weights are two).
-    Context buffers are replaced when logged again: a context that reserves its graph twice
-    (``--fit``, a retry with a smaller ubatch) holds only the last one.
+    So do the KV and RS lines of one context: a sliding-window model logs one KV buffer for
+    its full layers and one for its sliding ones, a hybrid one KV and one RS. A context logs
+    its output buffer first, so an output line starts a new context's figures. Compute
+    buffers are replaced when logged again: a context that reserves its graph twice (a retry
+    with a smaller ubatch) holds only the last one.
     """
 
     sizes: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -66,7 +77,9 @@ class LoggedBuffers:
         found = parse_buffer_line(line)
         if found is not None:
             key = (found.buffer, found.kind)
-            if found.kind == "model":
+            if found.kind == "output":
+                self.sizes = {k: v for k, v in self.sizes.items() if k[1] == "model"}
+            if found.kind in ("model", "KV", "RS"):
                 self.sizes[key] = self.sizes.get(key, 0) + found.size
             else:
                 self.sizes[key] = found.size

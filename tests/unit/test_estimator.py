@@ -210,3 +210,28 @@ def test_parse_buffer_lines() -> None:
     assert parse_buffer_line("no buffer here") is None
     assert buffer_device("Vulkan0") == "Vulkan0"
     assert buffer_device("CPU_REPACK") == "host"
+    assert buffer_device("AMX") == "host"
+
+
+def test_logged_kv_buffers_of_one_context_add_up() -> None:
+    # gemma3 (iSWA) logs its full and its sliding layers' caches apart; a second context
+    # (its output line first) replaces the first one's figures, the weights stay.
+    lines = [
+        "load_tensors:          AMX model buffer size =     0.41 MiB",
+        "load_tensors:   CPU_Mapped model buffer size =     0.49 MiB",
+        "llama_context:        CPU  output buffer size =     0.02 MiB",
+        "llama_kv_cache:        CPU KV buffer size =     0.06 MiB",
+        "llama_kv_cache:        CPU KV buffer size =     0.31 MiB",
+        "llama_memory_recurrent:        CPU RS buffer size =     0.12 MiB",
+        "sched_reserve:        CPU compute buffer size =     2.14 MiB",
+    ]
+    logged = LoggedBuffers().feed_all(lines)
+    assert logged.by_kind("host") == {
+        "model": round(0.41 * MIB) + round(0.49 * MIB),
+        "KV": round(0.06 * MIB) + round(0.31 * MIB) + round(0.12 * MIB),
+        "output": round(0.02 * MIB),
+        "compute": round(2.14 * MIB),
+    }
+    logged.feed_all(lines[2:4])
+    assert logged.by_kind("host")["KV"] == round(0.06 * MIB)
+    assert logged.by_kind("host")["model"] == round(0.90 * MIB)
