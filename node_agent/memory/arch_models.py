@@ -23,6 +23,7 @@ from pathlib import Path
 
 import gguf
 import numpy as np
+import numpy.typing as npt
 from gguf.constants import MODEL_ARCH, MODEL_ARCH_NAMES, MODEL_TENSOR, MODEL_TENSORS, TENSOR_NAMES
 
 from node_agent.demo_models import CHATML_TEMPLATE, CONTROL_TOKENS, PIECES
@@ -57,8 +58,9 @@ class ArchModel:
     arch: str  # gguf's architecture name (general.architecture)
     n_layer: int = 4
     n_embd: int = 64
-    n_head: int = 4
-    n_head_kv: int = 2
+    # Heads of 32: a q8_0 KV cache needs head sizes that its 32-wide blocks divide.
+    n_head: int = 2
+    n_head_kv: int = 1
     n_ff: int = 128
     n_vocab: int = 1024
     n_ctx: int = 8192
@@ -156,7 +158,11 @@ def _experts(m: ArchModel, il: int, shared: int = 0) -> Iterator[Spec]:
 
 def _mamba2_mixer(m: ArchModel, il: int) -> Iterator[Spec]:
     d_conv, d_inner = m.key("ssm.conv_kernel"), m.key("ssm.inner_size")
-    d_state, n_group, heads = m.key("ssm.state_size"), m.key("ssm.group_count"), m.key("ssm.time_step_rank")
+    d_state, n_group, heads = (
+        m.key("ssm.state_size"),
+        m.key("ssm.group_count"),
+        m.key("ssm.time_step_rank"),
+    )
     conv_dim = d_inner + 2 * n_group * d_state
     yield _w(T.SSM_IN, il, m.n_embd, d_inner + conv_dim + heads)
     yield _w(T.SSM_CONV1D, il, d_conv, conv_dim)
@@ -310,7 +316,11 @@ def _granitehybrid(m: ArchModel) -> Iterator[Spec]:
 
 def _qwen3next(m: ArchModel) -> Iterator[Spec]:
     yield from _io(m)
-    head_dim, n_k, n_v = m.key("ssm.state_size"), m.key("ssm.group_count"), m.key("ssm.time_step_rank")
+    head_dim, n_k, n_v = (
+        m.key("ssm.state_size"),
+        m.key("ssm.group_count"),
+        m.key("ssm.time_step_rank"),
+    )
     key_dim, value_dim = head_dim * n_k, head_dim * n_v
     interval = m.key("full_attention_interval")
     for il in range(m.n_layer):
@@ -378,19 +388,19 @@ ARCH_MODELS: tuple[ArchModel, ...] = (
     # MLA as DeepSeek-V3 ships it: one latent KV head of kv_lora_rank + rope wide.
     ArchModel("arch-deepseek2", "deepseek2", n_head_kv=1, seed=18,
               keys=(*_EXPERT_KEYS, ("expert_shared_count", 1), ("leading_dense_block_count", 1),
-                    ("attention.q_lora_rank", 32), ("attention.kv_lora_rank", 32),
-                    ("attention.key_length", 40), ("attention.value_length", 32),
-                    ("attention.key_length_mla", 24), ("attention.value_length_mla", 16),
-                    ("rope.dimension_count", 8))),
+                    ("attention.q_lora_rank", 32), ("attention.kv_lora_rank", 64),
+                    ("attention.key_length", 96), ("attention.value_length", 64),
+                    ("attention.key_length_mla", 64), ("attention.value_length_mla", 32),
+                    ("rope.dimension_count", 32))),
     ArchModel("arch-mamba2", "mamba2", n_head=0, n_head_kv=0, seed=19, keys=_SSM_KEYS),
-    ArchModel("arch-granitehybrid", "granitehybrid", seed=20, layer_kv=(0, 0, 0, 2),
+    ArchModel("arch-granitehybrid", "granitehybrid", seed=20, layer_kv=(0, 0, 0, 1),
               keys=_SSM_KEYS),
     ArchModel("arch-qwen3next", "qwen3next", seed=21,
               keys=(*_EXPERT_KEYS, ("expert_shared_feed_forward_length", 32),
                     ("full_attention_interval", 4), ("ssm.conv_kernel", 4),
                     ("ssm.inner_size", 64), ("ssm.state_size", 16), ("ssm.group_count", 2),
                     ("ssm.time_step_rank", 4))),
-    ArchModel("arch-lfm2", "lfm2", seed=22, layer_kv=(0, 0, 2, 0),
+    ArchModel("arch-lfm2", "lfm2", seed=22, layer_kv=(0, 0, 1, 0),
               keys=(("shortconv.l_cache", 3),)),
 )
 # fmt: on
@@ -492,14 +502,17 @@ def _put(writer: gguf.GGUFWriter, key: str, value: MetaValue) -> None:
         writer.add_array(key, list(value))
 
 
-def _values(name: str, dims: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+def _values(
+    name: str, dims: tuple[int, ...], rng: np.random.Generator
+) -> npt.NDArray[np.float32] | npt.NDArray[np.float16]:
     shape = tuple(reversed(dims))
-    if name.endswith(("norm.weight", "ssm_d")) or "norm" in name.rsplit(".", 2)[-2]:
+    stem = name.rsplit(".", 1)[0] if name.endswith((".weight", ".bias")) else name
+    if "norm" in stem.rsplit(".", 1)[-1] or stem.endswith("ssm_d"):
         return np.ones(shape, dtype=np.float32)
     values = rng.standard_normal(shape, dtype=np.float32) * np.float32(0.5 / np.sqrt(dims[0]))
-    if name.endswith("ssm_a"):
-        return -np.abs(values) - np.float32(0.5)  # decay rates must be negative
-    stem = name.rsplit(".", 1)[0] if name.endswith((".weight", ".bias")) else name
+    if stem.endswith("ssm_a"):
+        decay: npt.NDArray[np.float32] = -np.abs(values) - np.float32(0.5)  # must be negative
+        return decay
     if len(dims) == 1 or name.endswith(".bias") or stem.endswith(_F32_SUFFIXES):
         return values
     return values.astype(np.float16)

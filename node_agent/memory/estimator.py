@@ -9,7 +9,13 @@ How each buffer is sized (checked against the pinned binary, see
 
 * **Weights**: every tensor's bytes by its ggml type. Token embeddings stay on the host;
   with ``-ngl N`` the last N of the ``n_layer + 1`` "layers" (the output head counts as the
-  last one) go to the GPUs, split by ``--tensor-split`` (equal shares when absent).
+  last one) go to the GPUs, split by ``--tensor-split`` (equal shares when absent). On a
+  CPU with AMX (and ``--repack`` on, the default), the host's matmul weights are copied
+  into the AMX buffer besides the mapped file: they count twice (``AMX model buffer``),
+  except the leading and trailing runs of such tensors, whose file range llama.cpp unmaps
+  (``CPU_Mapped`` is the span of the tensors left mapped).
+* **Recurrent state** (mamba2, the recurrent layers of hybrids): per layer and sequence a
+  conv and an SSM state in f32, logged as ``RS``; counted with the KV cache.
 * **KV cache**: cells x (K width x K type bytes + V width x V type bytes) per layer, widths =
   KV heads x head dim. Cells: ``-c`` (0 = trained context) padded to 256. With ``-np N`` and
   a non-unified cache each of the N streams gets ``ctx / N`` cells, padded to 256 again (so
@@ -21,14 +27,17 @@ How each buffer is sized (checked against the pinned binary, see
   attention mask (T x KV cells per stream, f16 with flash attention) plus the live
   activations at the FFN peak, ``4 x T x (4 n_embd + 2 n_ff)`` bytes, plus one more
   ``n_ff`` row when ``n_ff > 2 n_embd`` (the allocator cannot fit it in freed embedding-sized
-  holes any more), else one more ``n_embd`` row past two layers (fragmentation, measured).
-  Without flash attention the full KQ matrix (T x cells x heads, f32) lives too. GPU
+  holes any more), else one more ``n_embd`` row past two layers (fragmentation, measured);
+  SSM layers add 1.25 input projections. Sliding-window models have a second mask for their
+  window. Without flash attention the peak is the larger of that and the attention's: the
+  KQ matrix (T x cells x heads, f32), the masks and six embedding rows. GPU
   backends build the same graph; where layers are offloaded the host keeps only the input
   rows (calibrated on CPU only: no GPU on our machines).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +71,7 @@ _ALIASES = {
     "mg": "main-gpu",
     "fitc": "fit-ctx",
     "embedding": "embeddings",
+    "nr": "no-repack",
 }
 
 
@@ -118,6 +128,7 @@ class _Config:
     swa_full: bool
     kv_offload: bool
     embeddings: bool
+    repack: bool
     ngl: int | None  # None = all layers
     split: tuple[float, ...] | None
     split_none: bool
@@ -198,7 +209,9 @@ def estimate_shape(
     devices: Sequence[str],
     *,
     context: int | None = None,
+    amx: bool | None = None,
 ) -> MemoryEstimate:
+    """``amx``: whether the host CPU has AMX (None: read it from /proc/cpuinfo)."""
     cfg = _config(options)
     gpus = [d for d in devices if d != HOST]
     place = _placement(shape, cfg, gpus)
@@ -215,11 +228,18 @@ def estimate_shape(
     kv: dict[str, int] = {}
     slope: dict[str, int] = {}
     row_k = [_row_bytes(cfg.type_k, heads * shape.head_dim_k) for heads in shape.kv_heads]
-    row_v = [_row_bytes(cfg.type_v, heads * shape.head_dim_v) for heads in shape.kv_heads]
+    # MLA caches one latent row per cell: its V is a view of K (llama-kv-cache.cpp).
+    v_dim = 0 if shape.mla else shape.head_dim_v
+    row_v = [_row_bytes(cfg.type_v, heads * v_dim) for heads in shape.kv_heads]
+    amx = cfg.repack and (host_has_amx() if amx is None else amx)
     for il in range(shape.n_layer):
         dev = place[il]
         weights[dev] = weights.get(dev, 0) + shape.layer_bytes[il]
+        if amx and dev == HOST and shape.amx_layer_bytes:
+            weights[HOST] += shape.amx_layer_bytes[il]
         kv_dev = dev if cfg.kv_offload else HOST
+        if shape.recurrent_bytes:  # one state per sequence, whatever the context
+            kv[kv_dev] = kv.get(kv_dev, 0) + shape.recurrent_bytes[il] * max(1, cfg.n_seq)
         per_cell = row_k[il] + row_v[il]
         swa = shape.swa_layers[il] and not cfg.swa_full
         kv[kv_dev] = kv.get(kv_dev, 0) + per_cell * (swa_stream if swa else cells_stream) * streams
@@ -227,6 +247,10 @@ def estimate_shape(
             slope[kv_dev] = slope.get(kv_dev, 0) + per_cell
     out_dev = place[shape.n_layer]
     weights[out_dev] = weights.get(out_dev, 0) + shape.output_bytes
+    if amx and out_dev == HOST:
+        weights[HOST] += shape.amx_output_bytes
+    if amx and set(place) == {HOST}:
+        weights[HOST] -= shape.amx_unmapped_bytes
 
     compute = _compute(shape, cfg, place, cells_stream, swa_stream, min(cfg.ubatch, _pad(ctx)))
     output = cfg.n_seq * 4 * (shape.n_vocab + (shape.n_embd if cfg.embeddings else 0))
@@ -240,7 +264,8 @@ def estimate_shape(
         )
         for name in names
     }
-    mask_per_token = cfg.ubatch * (2 if cfg.flash_attn else 4 + 4 * shape.n_head)
+    attends = any(shape.kv_heads)
+    mask_per_token = cfg.ubatch * (2 if cfg.flash_attn else 4 + 4 * shape.n_head) * attends
     for dev in compute:
         if dev in slope or dev == out_dev:
             slope[dev] = slope.get(dev, 0) + mask_per_token
@@ -256,16 +281,31 @@ def _compute(
     tokens: int,
 ) -> dict[str, int]:
     """Compute buffers per device (the formula in the module docstring)."""
-    per_token = 4 * (4 * shape.n_embd + 2 * shape.n_ff)
+    ffn = 4 * (4 * shape.n_embd + 2 * shape.n_ff)
     if shape.n_ff > 2 * shape.n_embd:
-        per_token += 4 * shape.n_ff
+        ffn += 4 * shape.n_ff
     elif shape.n_layer > 2:
         # Measured: past two layers the allocator's holes cost one more embedding row.
-        per_token += 4 * shape.n_embd
-    attn = 2 if cfg.flash_attn else 4 + 4 * shape.n_head
-    per_token += attn * cells
-    if any(shape.swa_layers) and not cfg.swa_full:
-        per_token += attn * swa_cells  # the sliding layers get a mask of their own
+        ffn += 4 * shape.n_embd
+    # Measured on mamba2, granitehybrid and qwen3next: the scan keeps about 1.25 input
+    # projections per token alive besides the FFN's rows.
+    ffn += 5 * shape.ssm_in_width
+    mask = 2 if cfg.flash_attn else 4  # f16 with flash attention, else f32
+    masks = mask * cells if any(shape.kv_heads) else 0
+    if any(shape.swa_layers):
+        # The sliding layers have a cache and a mask of their own, --swa-full or not (the
+        # cache is still split, only sized in full).
+        masks += mask * swa_cells
+    per_token = ffn + masks  # the masks are graph inputs: alive from start to end
+    if any(shape.kv_heads):
+        # The attention's peak: Q, K, V and the residual rows (six embedding rows, measured),
+        # with flash attention off one layer's KQ matrix (f32, per head) too. The FFN's rows
+        # come later and reuse that space, so the peak is the larger of the two.
+        rows = 6 * shape.n_embd
+        if shape.mla:  # absorbed MLA: Q and the output per head in the latent's width
+            rows += shape.n_head * (shape.head_dim_k + shape.head_dim_v)
+        kq = 0 if cfg.flash_attn else 4 * shape.n_head * cells
+        per_token = max(per_token, 4 * rows + kq + masks)
     full = tokens * per_token
     devices = set(place)
     if devices == {HOST}:
@@ -332,11 +372,27 @@ def _config(options: Mapping[str, str | None]) -> _Config:
         swa_full="swa-full" in opts and _flag(opts["swa-full"]),
         kv_offload=not ("no-kv-offload" in opts and _flag(opts["no-kv-offload"])),
         embeddings="embeddings" in opts and _flag(opts["embeddings"]),
+        repack=("repack" not in opts or _flag(opts["repack"]))
+        and not ("no-repack" in opts and _flag(opts["no-repack"])),
         ngl=ngl,
         split=split,
         split_none=(opts.get("split-mode") or "").lower() == "none",
         main_gpu=_int_opt(opts, "main-gpu", 0),
     )
+
+
+@functools.cache
+def host_has_amx() -> bool:
+    """Whether this host's CPU has AMX, where llama.cpp copies the weights it can repack.
+
+    ggml-cpu registers its AMX buffer where the kernel reports ``amx_int8`` (and lets the
+    process use the tiles); Linux lists the flag in /proc/cpuinfo.
+    """
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            return any(line.startswith("flags") and " amx_int8" in line for line in info)
+    except OSError:
+        return False
 
 
 def _normalise(options: Mapping[str, str | None]) -> dict[str, str | None]:

@@ -235,3 +235,33 @@ def test_logged_kv_buffers_of_one_context_add_up() -> None:
     logged.feed_all(lines[2:4])
     assert logged.by_kind("host")["KV"] == round(0.06 * MIB)
     assert logged.by_kind("host")["model"] == round(0.90 * MIB)
+
+
+def test_amx_copies_count_unless_repacking_is_off(tmp_path: Path) -> None:
+    # llama.cpp copies f16 matmul weights into the AMX buffer on CPUs that have it; the
+    # mapped file stays. --no-repack turns the copies off.
+    from node_agent.memory.arch_models import ARCH_MODELS, write_arch_model
+
+    model = next(m for m in ARCH_MODELS if m.arch == "qwen3")
+    shape = read_shape(write_arch_model(tmp_path / model.file_name, model))
+    plain = estimate_shape(shape, {"c": "512"}, ["host"], amx=False).devices["host"].weights
+    amx = estimate_shape(shape, {"c": "512"}, ["host"], amx=True).devices["host"].weights
+    off = estimate_shape(shape, {"c": "512", "nr": None}, ["host"], amx=True)
+    copies = sum(shape.amx_layer_bytes) + shape.amx_output_bytes
+    assert plain == shape.weight_bytes
+    assert amx == plain + copies - shape.amx_unmapped_bytes
+    assert off.devices["host"].weights == plain
+
+
+def test_recurrent_state_and_mla_cache(tmp_path: Path) -> None:
+    from node_agent.memory.arch_models import ARCH_MODELS, write_arch_model
+
+    by_arch = {m.arch: m for m in ARCH_MODELS}
+    mamba = read_shape(write_arch_model(tmp_path / "m.gguf", by_arch["mamba2"]))
+    # (d_conv - 1) x (d_inner + 2 groups x d_state) + d_state x d_inner floats per sequence
+    assert mamba.recurrent_bytes == (4 * (3 * (128 + 2 * 16) + 16 * 128),) * 4
+    est = estimate_shape(mamba, {"c": "4096", "np": "2"}, ["host"], amx=False)
+    assert est.devices["host"].kv == 2 * sum(mamba.recurrent_bytes)  # no KV cells at all
+    mla = read_shape(write_arch_model(tmp_path / "d.gguf", by_arch["deepseek2"]))
+    est = estimate_shape(mla, {"c": "512", "np": "1"}, ["host"], amx=False)
+    assert est.devices["host"].kv == 4 * 512 * 96 * 2  # K rows of the latent only, f16
