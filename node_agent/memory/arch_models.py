@@ -523,3 +523,90 @@ def _arch(name: str) -> MODEL_ARCH:
         if arch_name == name:
             return arch
     raise ValueError(f"gguf knows no architecture {name!r}")
+
+
+@dataclass(frozen=True)
+class VisionProjector:
+    """A LLaVA-style vision projector (``mmproj``, projector type ``mlp``) for a text model.
+
+    llama.cpp's ``tools/mtmd/clip.cpp`` loads it: a ViT of ``n_layer`` blocks over
+    ``(image_size / patch_size)^2`` patches, then two dense layers into the text model's
+    embedding width.
+    """
+
+    name: str
+    text_embd: int  # the text model's n_embd: the projector's output width
+    image_size: int = 224
+    patch_size: int = 14
+    n_embd: int = 64
+    n_head: int = 2
+    n_ff: int = 128
+    n_layer: int = 2
+    seed: int = 0
+
+    @property
+    def file_name(self) -> str:
+        return f"{self.name}.gguf"
+
+    @property
+    def n_patches(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+
+def vision_specs(p: VisionProjector) -> list[tuple[str, tuple[int, ...]]]:
+    """(GGUF name, ggml dims) of the projector's tensors, checked against gguf's MMPROJ list."""
+    allowed = {TENSOR_NAMES[kind] for kind in MODEL_TENSORS[MODEL_ARCH.MMPROJ]}
+    specs: list[Spec] = [
+        _w(T.V_ENC_EMBD_PATCH, None, p.patch_size, p.patch_size, 3, p.n_embd),
+        _b(T.V_ENC_EMBD_PATCH, None, p.n_embd),
+        _w(T.V_ENC_EMBD_POS, None, p.n_embd, p.n_patches),
+        _w(T.V_PRE_NORM, None, p.n_embd),
+        _b(T.V_PRE_NORM, None, p.n_embd),
+    ]
+    for il in range(p.n_layer):
+        for kind in (T.V_ENC_ATTN_Q, T.V_ENC_ATTN_K, T.V_ENC_ATTN_V, T.V_ENC_ATTN_O):
+            specs += [_w(kind, il, p.n_embd, p.n_embd), _b(kind, il, p.n_embd)]
+        for kind in (T.V_ENC_INPUT_NORM, T.V_ENC_POST_ATTN_NORM):
+            specs += [_w(kind, il, p.n_embd), _b(kind, il, p.n_embd)]
+        specs += [_w(T.V_ENC_FFN_UP, il, p.n_embd, p.n_ff), _b(T.V_ENC_FFN_UP, il, p.n_ff)]
+        specs += [_w(T.V_ENC_FFN_DOWN, il, p.n_ff, p.n_embd), _b(T.V_ENC_FFN_DOWN, il, p.n_embd)]
+    specs += [_w(T.V_MMPROJ, 0, p.n_embd, p.text_embd), _b(T.V_MMPROJ, 0, p.text_embd)]
+    specs += [_w(T.V_MMPROJ, 2, p.text_embd, p.text_embd), _b(T.V_MMPROJ, 2, p.text_embd)]
+    out = []
+    for kind, il, suffix, dims in specs:
+        if TENSOR_NAMES[kind] not in allowed:
+            raise ValueError(f"{p.name}: {kind.name} is not an mmproj tensor in gguf")
+        out.append((f"{TENSOR_NAMES[kind].format(bid=il)}.{suffix}", dims))
+    return out
+
+
+def write_vision_projector(path: Path, p: VisionProjector) -> Path:
+    """Write the projector to ``path`` (overwriting): deterministic bytes for a configuration."""
+    rng = np.random.default_rng(p.seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = gguf.GGUFWriter(path, "clip")
+    writer.add_name(p.name)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    writer.add_bool("clip.has_vision_encoder", True)
+    writer.add_string("clip.projector_type", "mlp")
+    writer.add_bool("clip.use_gelu", True)
+    for key, value in {
+        "embedding_length": p.n_embd,
+        "feed_forward_length": p.n_ff,
+        "block_count": p.n_layer,
+        "projection_dim": p.text_embd,
+        "attention.head_count": p.n_head,
+        "image_size": p.image_size,
+        "patch_size": p.patch_size,
+    }.items():
+        writer.add_uint32(f"clip.vision.{key}", value)
+    writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
+    writer.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
+    writer.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+    for name, dims in vision_specs(p):
+        writer.add_tensor(name, _values(name, dims, rng))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

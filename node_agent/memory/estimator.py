@@ -45,12 +45,16 @@ from pathlib import Path
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from node_agent.errors import ConfigError
-from node_agent.memory.shape import ModelShape, read_shape
+from node_agent.memory.shape import ModelShape, VisionShape, read_shape, read_vision_shape
 
 HOST = "host"
 KV_PAD = 256  # llama.cpp pads the KV cache (and each stream of it) to 256 cells
 DEFAULT_SLOTS = 4  # llama-server's "-np auto"
 FIT_CTX = 4096  # llama-server's --fit-ctx default: the smallest context --fit may choose
+# Host memory a loaded projector takes beside its buffers (clip context, its thread pool):
+# measured as a child's private dirty pages with and without --mmproj, 3.6-3.8 MiB whatever
+# the image size.
+MMPROJ_HEAP = 15 << 18  # 3.75 MiB
 
 # Short and alternative option names → the long names read here (llama-server --help).
 _ALIASES = {
@@ -72,6 +76,8 @@ _ALIASES = {
     "fitc": "fit-ctx",
     "embedding": "embeddings",
     "nr": "no-repack",
+    "mm": "mmproj",
+    "no-mmproj-offload": "no-mmproj-offload",
 }
 
 
@@ -83,10 +89,11 @@ class DeviceEstimate:
     kv: int = 0
     output: int = 0
     compute: int = 0
+    mmproj: int = 0  # the vision projector's weights and graph (llama.cpp's router omits it)
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv + self.output + self.compute
+        return self.weights + self.kv + self.output + self.compute + self.mmproj
 
 
 @dataclass(frozen=True)
@@ -129,6 +136,7 @@ class _Config:
     kv_offload: bool
     embeddings: bool
     repack: bool
+    mmproj_offload: bool
     ngl: int | None  # None = all layers
     split: tuple[float, ...] | None
     split_none: bool
@@ -148,7 +156,8 @@ def estimate(
     a flag); ``devices`` the ledger's device names (``host``, ``CUDA0``…). ``context``
     overrides ``-c``.
     """
-    return estimate_shape(read_shape(path), options, devices, context=context)
+    vision = _vision(options)
+    return estimate_shape(read_shape(path), options, devices, context=context, vision=vision)
 
 
 def estimate_range(
@@ -158,7 +167,7 @@ def estimate_range(
     budget: Mapping[str, int] | None = None,
 ) -> MemoryRange:
     """``min`` and ``max`` as the spec defines them; ``budget``: bytes available per device now."""
-    return range_for_shape(read_shape(path), options, devices, budget)
+    return range_for_shape(read_shape(path), options, devices, budget, vision=_vision(options))
 
 
 def range_for_shape(
@@ -166,18 +175,24 @@ def range_for_shape(
     options: Mapping[str, str | None],
     devices: Sequence[str],
     budget: Mapping[str, int] | None = None,
+    *,
+    vision: VisionShape | None = None,
 ) -> MemoryRange:
     cfg = _config(options)
     low = min_context(shape, options)
-    smallest = estimate_shape(shape, options, devices, context=low)
+    smallest = estimate_shape(shape, options, devices, context=low, vision=vision)
     if cfg.ctx > 0 or budget is None:
         # A pinned -c leaves --fit nothing to choose: max is min. Without a budget the best
         # we can say is the trained context.
-        top = smallest if cfg.ctx > 0 else estimate_shape(shape, options, devices, context=0)
+        top = (
+            smallest
+            if cfg.ctx > 0
+            else estimate_shape(shape, options, devices, context=0, vision=vision)
+        )
         return MemoryRange(smallest, top)
 
     def fits(ctx: int) -> bool:
-        est = estimate_shape(shape, options, devices, context=ctx)
+        est = estimate_shape(shape, options, devices, context=ctx, vision=vision)
         return all(d.total <= budget.get(name, d.total) for name, d in est.devices.items())
 
     best, lo, hi = low, low // KV_PAD, max(low, shape.n_ctx_train) // KV_PAD
@@ -187,7 +202,9 @@ def range_for_shape(
             best, lo = mid * KV_PAD, mid + 1
         else:
             hi = mid - 1
-    return MemoryRange(smallest, estimate_shape(shape, options, devices, context=best))
+    return MemoryRange(
+        smallest, estimate_shape(shape, options, devices, context=best, vision=vision)
+    )
 
 
 def min_context(shape: ModelShape, options: Mapping[str, str | None]) -> int:
@@ -210,8 +227,10 @@ def estimate_shape(
     *,
     context: int | None = None,
     amx: bool | None = None,
+    vision: VisionShape | None = None,
 ) -> MemoryEstimate:
-    """``amx``: whether the host CPU has AMX (None: read it from /proc/cpuinfo)."""
+    """``amx``: whether the host CPU has AMX (None: read it from /proc/cpuinfo); ``vision``:
+    the ``--mmproj`` projector's shape."""
     cfg = _config(options)
     gpus = [d for d in devices if d != HOST]
     place = _placement(shape, cfg, gpus)
@@ -255,12 +274,15 @@ def estimate_shape(
     compute = _compute(shape, cfg, place, cells_stream, swa_stream, min(cfg.ubatch, _pad(ctx)))
     output = cfg.n_seq * 4 * (shape.n_vocab + (shape.n_embd if cfg.embeddings else 0))
     names = dict.fromkeys([HOST, *gpus])
+    # The projector runs on the main GPU unless --no-mmproj-offload (clip.cpp's backend).
+    mm_dev = gpus[min(cfg.main_gpu, len(gpus) - 1)] if gpus and cfg.mmproj_offload else HOST
     result = {
         name: DeviceEstimate(
             weights=weights.get(name, 0),
             kv=kv.get(name, 0),
             output=output if name == HOST else 0,
             compute=compute.get(name, 0),
+            mmproj=_vision_bytes(vision) if vision is not None and name == mm_dev else 0,
         )
         for name in names
     }
@@ -290,6 +312,12 @@ def _compute(
     # Measured on mamba2, granitehybrid and qwen3next: the scan keeps about 1.25 input
     # projections per token alive besides the FFN's rows.
     ffn += 5 * shape.ssm_in_width
+    recurrent = 0
+    if any(shape.recurrent_bytes):
+        # The state's rows per token: b11434 keeps two more embedding rows than the pinned
+        # build (measured on mamba2, granitehybrid and lfm2): one row splits the difference.
+        recurrent = 4 * shape.n_embd
+    ffn += recurrent
     mask = 2 if cfg.flash_attn else 4  # f16 with flash attention, else f32
     masks = mask * cells if any(shape.kv_heads) else 0
     if any(shape.swa_layers):
@@ -305,7 +333,7 @@ def _compute(
         if shape.mla:  # absorbed MLA: Q and the output per head in the latent's width
             rows += shape.n_head * (shape.head_dim_k + shape.head_dim_v)
         kq = 0 if cfg.flash_attn else 4 * shape.n_head * cells
-        per_token = max(per_token, 4 * rows + kq + masks)
+        per_token = max(per_token, 4 * rows + kq + masks + recurrent)
     full = tokens * per_token
     devices = set(place)
     if devices == {HOST}:
@@ -374,11 +402,29 @@ def _config(options: Mapping[str, str | None]) -> _Config:
         embeddings="embeddings" in opts and _flag(opts["embeddings"]),
         repack=("repack" not in opts or _flag(opts["repack"]))
         and not ("no-repack" in opts and _flag(opts["no-repack"])),
+        mmproj_offload=not ("no-mmproj-offload" in opts and _flag(opts["no-mmproj-offload"])),
         ngl=ngl,
         split=split,
         split_none=(opts.get("split-mode") or "").lower() == "none",
         main_gpu=_int_opt(opts, "main-gpu", 0),
     )
+
+
+def _vision(options: Mapping[str, str | None]) -> VisionShape | None:
+    path = _normalise(options).get("mmproj")
+    return read_vision_shape(Path(path)) if path else None
+
+
+def _vision_bytes(vision: VisionShape) -> int:
+    """The projector's weights (loaded, not mapped) and its graph for the largest image.
+
+    The graph (clip.cpp reserves it with a worst-case image at load) holds the image as f32
+    RGB (patch^2 x 3 floats per patch) and the ViT block's live rows, about 5 embedding and 2
+    FFN rows per patch (measured: 4.6 KB per patch on a 64-wide projector, linear from 256 to
+    4096 patches: the CPU graph runs flash attention, no patch x patch matrix).
+    """
+    per_patch = 12 * vision.patch_size**2 + 4 * (5 * vision.n_embd + 2 * vision.n_ff)
+    return vision.weight_bytes + vision.n_patches * per_patch + MMPROJ_HEAP
 
 
 @functools.cache

@@ -92,6 +92,37 @@ class ModelShape:
         return self.input_bytes + self.output_bytes + sum(self.layer_bytes)
 
 
+@dataclass(frozen=True)
+class VisionShape:
+    """A vision projector (``--mmproj``) as the estimator needs it."""
+
+    weight_bytes: int
+    n_patches: int  # of the largest image: (image_size / patch_size)^2
+    patch_size: int
+    n_embd: int
+    n_ff: int
+
+
+def read_vision_shape(path: Path) -> VisionShape:
+    """Read a projector's header (``general.architecture`` clip); raises :class:`GgufError`."""
+    header = read_header(path)
+    meta, where = header.metadata, str(path)
+    if meta.get("general.architecture") != "clip":
+        raise GgufError(f"{where}: not a vision projector (general.architecture is not clip)")
+
+    def key(name: str) -> int:
+        return _int(meta.get(f"clip.vision.{name}"), f"clip.vision.{name}", where)
+
+    patch = key("patch_size")
+    return VisionShape(
+        weight_bytes=sum(t.nbytes for t in header.tensors),
+        n_patches=(key("image_size") // patch) ** 2 if patch else 0,
+        patch_size=patch,
+        n_embd=key("embedding_length"),
+        n_ff=key("feed_forward_length"),
+    )
+
+
 def read_shape(path: Path) -> ModelShape:
     """Read ``path``'s header into a :class:`ModelShape`; raises :class:`GgufError`."""
     return shape_from_header(read_header(path), str(path))

@@ -204,6 +204,7 @@ def test_parse_buffer_lines() -> None:
         "KV": 64 * MIB,
         "output": 0,
         "compute": 12 * MIB,
+        "mmproj": 0,
     }
     assert logged.by_kind("host")["compute"] == MIB
     assert logged.per_device()["host"] == round(5.74 * MIB) + round(0.02 * MIB) + MIB
@@ -231,6 +232,7 @@ def test_logged_kv_buffers_of_one_context_add_up() -> None:
         "KV": round(0.06 * MIB) + round(0.31 * MIB) + round(0.12 * MIB),
         "output": round(0.02 * MIB),
         "compute": round(2.14 * MIB),
+        "mmproj": 0,
     }
     logged.feed_all(lines[2:4])
     assert logged.by_kind("host")["KV"] == round(0.06 * MIB)
@@ -265,3 +267,16 @@ def test_recurrent_state_and_mla_cache(tmp_path: Path) -> None:
     mla = read_shape(write_arch_model(tmp_path / "d.gguf", by_arch["deepseek2"]))
     est = estimate_shape(mla, {"c": "512", "np": "1"}, ["host"], amx=False)
     assert est.devices["host"].kv == 4 * 512 * 96 * 2  # K rows of the latent only, f16
+
+
+def test_logged_vision_projector_is_its_own_kind() -> None:
+    # clip.cpp's graph line looks like the text model's: it must not replace that one.
+    lines = [
+        "sched_reserve:        CPU compute buffer size =     1.64 MiB",
+        "clip_ctx: CLIP using CPU backend",
+        "load_hparams: model size:         0.34 MiB",
+        "reserve_compute_meta:        CPU compute buffer size =     4.50 MiB",
+    ]
+    host = LoggedBuffers().feed_all(lines).by_kind("host")
+    assert host["compute"] == round(1.64 * MIB)
+    assert host["mmproj"] == round(0.34 * MIB) + round(4.5 * MIB)
