@@ -17,7 +17,7 @@ head samples then decodes to valid UTF-8 (a lone byte >= 0x80 would make llama-s
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -421,15 +421,18 @@ def vocabulary(n_vocab: int) -> tuple[list[str], list[int]]:
 
 def tensor_specs(model: ArchModel) -> list[tuple[str, tuple[int, ...]]]:
     """(GGUF name, ggml dims) of every tensor, each kind checked against gguf's list."""
-    arch = _arch(model.arch)
+    return _named(_TENSORS[model.arch](model), _arch(model.arch), model.name)
+
+
+def _named(specs: Iterable[Spec], arch: MODEL_ARCH, what: str) -> list[tuple[str, tuple[int, ...]]]:
     # By name: gguf and llama.cpp sometimes give one name two kinds (ffn_norm is gemma's
     # FFN_PRE_NORM).
     allowed = {TENSOR_NAMES[kind] for kind in MODEL_TENSORS[arch]}
     out = []
-    for kind, il, suffix, dims in _TENSORS[model.arch](model):
+    for kind, layer, suffix, dims in specs:
         if TENSOR_NAMES[kind] not in allowed:
-            raise ValueError(f"{model.name}: {kind.name} is not a {model.arch} tensor in gguf")
-        base = TENSOR_NAMES[kind].format(bid=il)
+            raise ValueError(f"{what}: {kind.name} is not a {arch.name.lower()} tensor in gguf")
+        base = TENSOR_NAMES[kind].format(bid=layer)
         out.append((f"{base}.{suffix}" if suffix else base, dims))
     return out
 
@@ -555,7 +558,6 @@ class VisionProjector:
 
 def vision_specs(p: VisionProjector) -> list[tuple[str, tuple[int, ...]]]:
     """(GGUF name, ggml dims) of the projector's tensors, checked against gguf's MMPROJ list."""
-    allowed = {TENSOR_NAMES[kind] for kind in MODEL_TENSORS[MODEL_ARCH.MMPROJ]}
     specs: list[Spec] = [
         _w(T.V_ENC_EMBD_PATCH, None, p.patch_size, p.patch_size, 3, p.n_embd),
         _b(T.V_ENC_EMBD_PATCH, None, p.n_embd),
@@ -572,12 +574,7 @@ def vision_specs(p: VisionProjector) -> list[tuple[str, tuple[int, ...]]]:
         specs += [_w(T.V_ENC_FFN_DOWN, il, p.n_ff, p.n_embd), _b(T.V_ENC_FFN_DOWN, il, p.n_embd)]
     specs += [_w(T.V_MMPROJ, 0, p.n_embd, p.text_embd), _b(T.V_MMPROJ, 0, p.text_embd)]
     specs += [_w(T.V_MMPROJ, 2, p.text_embd, p.text_embd), _b(T.V_MMPROJ, 2, p.text_embd)]
-    out = []
-    for kind, il, suffix, dims in specs:
-        if TENSOR_NAMES[kind] not in allowed:
-            raise ValueError(f"{p.name}: {kind.name} is not an mmproj tensor in gguf")
-        out.append((f"{TENSOR_NAMES[kind].format(bid=il)}.{suffix}", dims))
-    return out
+    return _named(specs, MODEL_ARCH.MMPROJ, p.name)
 
 
 def write_vision_projector(path: Path, p: VisionProjector) -> Path:
