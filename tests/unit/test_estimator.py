@@ -204,9 +204,79 @@ def test_parse_buffer_lines() -> None:
         "KV": 64 * MIB,
         "output": 0,
         "compute": 12 * MIB,
+        "mmproj": 0,
     }
     assert logged.by_kind("host")["compute"] == MIB
     assert logged.per_device()["host"] == round(5.74 * MIB) + round(0.02 * MIB) + MIB
     assert parse_buffer_line("no buffer here") is None
     assert buffer_device("Vulkan0") == "Vulkan0"
     assert buffer_device("CPU_REPACK") == "host"
+    assert buffer_device("AMX") == "host"
+
+
+def test_logged_kv_buffers_of_one_context_add_up() -> None:
+    # gemma3 (iSWA) logs its full and its sliding layers' caches apart; a second context
+    # (its output line first) replaces the first one's figures, the weights stay.
+    lines = [
+        "load_tensors:          AMX model buffer size =     0.41 MiB",
+        "load_tensors:   CPU_Mapped model buffer size =     0.49 MiB",
+        "llama_context:        CPU  output buffer size =     0.02 MiB",
+        "llama_kv_cache:        CPU KV buffer size =     0.06 MiB",
+        "llama_kv_cache:        CPU KV buffer size =     0.31 MiB",
+        "llama_memory_recurrent:        CPU RS buffer size =     0.12 MiB",
+        "sched_reserve:        CPU compute buffer size =     2.14 MiB",
+    ]
+    logged = LoggedBuffers().feed_all(lines)
+    assert logged.by_kind("host") == {
+        "model": round(0.41 * MIB) + round(0.49 * MIB),
+        "KV": round(0.06 * MIB) + round(0.31 * MIB) + round(0.12 * MIB),
+        "output": round(0.02 * MIB),
+        "compute": round(2.14 * MIB),
+        "mmproj": 0,
+    }
+    logged.feed_all(lines[2:4])
+    assert logged.by_kind("host")["KV"] == round(0.06 * MIB)
+    assert logged.by_kind("host")["model"] == round(0.90 * MIB)
+
+
+def test_amx_copies_count_unless_repacking_is_off(tmp_path: Path) -> None:
+    # llama.cpp copies f16 matmul weights into the AMX buffer on CPUs that have it; the
+    # mapped file stays. --no-repack turns the copies off.
+    from node_agent.memory.arch_models import ARCH_MODELS, write_arch_model
+
+    model = next(m for m in ARCH_MODELS if m.arch == "qwen3")
+    shape = read_shape(write_arch_model(tmp_path / model.file_name, model))
+    plain = estimate_shape(shape, {"c": "512"}, ["host"], amx=False).devices["host"].weights
+    amx = estimate_shape(shape, {"c": "512"}, ["host"], amx=True).devices["host"].weights
+    off = estimate_shape(shape, {"c": "512", "nr": None}, ["host"], amx=True)
+    copies = sum(shape.amx_layer_bytes) + shape.amx_output_bytes
+    assert plain == shape.weight_bytes
+    assert amx == plain + copies - shape.amx_unmapped_bytes
+    assert off.devices["host"].weights == plain
+
+
+def test_recurrent_state_and_mla_cache(tmp_path: Path) -> None:
+    from node_agent.memory.arch_models import ARCH_MODELS, write_arch_model
+
+    by_arch = {m.arch: m for m in ARCH_MODELS}
+    mamba = read_shape(write_arch_model(tmp_path / "m.gguf", by_arch["mamba2"]))
+    # (d_conv - 1) x (d_inner + 2 groups x d_state) + d_state x d_inner floats per sequence
+    assert mamba.recurrent_bytes == (4 * (3 * (128 + 2 * 16) + 16 * 128),) * 4
+    est = estimate_shape(mamba, {"c": "4096", "np": "2"}, ["host"], amx=False)
+    assert est.devices["host"].kv == 2 * sum(mamba.recurrent_bytes)  # no KV cells at all
+    mla = read_shape(write_arch_model(tmp_path / "d.gguf", by_arch["deepseek2"]))
+    est = estimate_shape(mla, {"c": "512", "np": "1"}, ["host"], amx=False)
+    assert est.devices["host"].kv == 4 * 512 * 96 * 2  # K rows of the latent only, f16
+
+
+def test_logged_vision_projector_is_its_own_kind() -> None:
+    # clip.cpp's graph line looks like the text model's: it must not replace that one.
+    lines = [
+        "sched_reserve:        CPU compute buffer size =     1.64 MiB",
+        "clip_ctx: CLIP using CPU backend",
+        "load_hparams: model size:         0.34 MiB",
+        "reserve_compute_meta:        CPU compute buffer size =     4.50 MiB",
+    ]
+    host = LoggedBuffers().feed_all(lines).by_kind("host")
+    assert host["compute"] == round(1.64 * MIB)
+    assert host["mmproj"] == round(0.34 * MIB) + round(4.5 * MIB)
