@@ -31,12 +31,16 @@ FREED_POLL_SECONDS = 0.05
 
 
 def _estimator_options(spec: ModelSpec) -> dict[str, str | None]:
-    """The estimator's view of a spec's options: flags on are None, flags off are left out."""
+    """The estimator's view of a spec's options: a flag on is ``name: None``, a flag off its
+    negative form ``no-name: None`` (``--no-repack``, ``--no-kv-offload`` turn off what is on
+    by default: leaving them out would estimate the default)."""
     options: dict[str, str | None] = {}
     for key, value in spec.options:
         if value is True:
             options[key] = None
-        elif isinstance(value, str):
+        elif value is False:
+            options[f"no-{key}"] = None
+        else:
             options[key] = value
     return options
 

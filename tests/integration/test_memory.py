@@ -126,3 +126,23 @@ def test_a_model_larger_than_the_limit_loads_anyway_when_alone(
     # With m1 running and idle, m2 does not fit: m1 is evicted first, then m2 loads anyway.
     assert agent.post("/v1/chat/completions", chat("m2"))[0] == 200
     assert running(agent) == {"m2"}
+
+
+def test_flags_turned_off_reach_the_estimate(
+    start_agent: Any, demo_dir: Path, tmp_path: Path
+) -> None:
+    # --no-repack (on the command line) and --no-kv-offload (in a preset) turn off what is on
+    # by default; the estimate must see them, not llama-server's defaults.
+    folder = tmp_path / "models"
+    folder.mkdir()
+    shutil.copyfile(demo_dir / "demo-medium.gguf", folder / "m.gguf")
+    ini = tmp_path / "presets.ini"
+    ini.write_text("[m]\nno-kv-offload = true\n")
+    common = ("--models-dir", str(folder), "-c", "4096", "--memory-limit", "host=10GiB")
+    off = start_agent(*common, "--no-repack", "--models-preset", str(ini))
+    entry = off.models()["m"]
+    assert "--no-repack" in entry["status"]["args"] and "--no-kv-offload" in entry["status"]["args"]
+    from node_agent.memory.estimator import estimate
+
+    expected = estimate(folder / "m.gguf", {"c": "4096", "no-repack": None}, ["host"])
+    assert entry["corral"]["memory"]["min"] == {"host": expected.devices["host"].total}
