@@ -153,11 +153,6 @@ class Agent:
             f"host={config.memory_limit}",
             "-c",
             str(config.ctx_size),
-            # The limit is sized for the models' own buffers. On a CPU with AMX each child
-            # also keeps repacked copies of its weights (+42 MiB for demo-medium, estimated:
-            # memory/shape.py), and its measured private memory then exceeds the limit
-            # alone; the soak is about admission and drains, not about that machine's sizes.
-            "--no-repack",
         ]
         if config.binary:
             args += ["--llama-server", config.binary]
