@@ -4,7 +4,8 @@ Behind the :class:`DeviceProbe` protocol so the registry and tests see one seam:
 
 * :class:`HostProbe`: the host's RAM from ``/proc/meminfo`` (``MemTotal``,
   ``MemAvailable``, which counts reclaimable page cache as free the way the kernel would
-  hand it out) and a child's private memory from ``/proc/PID/smaps_rollup``.
+  hand it out), capped by the agent's cgroup limit (``cgroup.py``: a pod's memory limit), and
+  a child's private memory from ``/proc/PID/smaps_rollup``.
 * :class:`NvmlProbe`: NVIDIA GPUs through NVML (``pynvml``, the optional ``nvidia`` extra),
   named ``CUDA0``… in NVML's order, which is PCI bus order; children must run with
   ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (:data:`CHILD_ENV`) so CUDA numbers them the same way.
@@ -26,6 +27,7 @@ from typing import Any, Protocol
 
 from node_agent.core.ledger import DeviceReading
 from node_agent.errors import ConfigError
+from node_agent.memory.cgroup import cgroup_memory
 
 log = logging.getLogger(__name__)
 
@@ -48,13 +50,20 @@ class DeviceProbe(Protocol):
 
 
 class HostProbe:
-    def __init__(self, proc: Path = Path("/proc")) -> None:
+    def __init__(self, proc: Path = Path("/proc"), cgroups: Path = Path("/sys/fs/cgroup")) -> None:
         self.proc = proc
+        self.cgroups = cgroups
 
     def read(self) -> list[DeviceReading]:
         fields = _kib_fields(self.proc / "meminfo", ("MemTotal", "MemAvailable"))
-        total = fields.get("MemTotal", 0)
-        return [DeviceReading(HOST, total, fields.get("MemAvailable", 0))] if total else []
+        total, free = fields.get("MemTotal", 0), fields.get("MemAvailable", 0)
+        if not total:
+            return []
+        # A container sees the node's meminfo: its cgroup's limit is what it may use.
+        limited = cgroup_memory(self.proc, self.cgroups)
+        if limited is not None and limited.limit < total:
+            total, free = limited.limit, min(free, limited.free)
+        return [DeviceReading(HOST, total, free)]
 
     def process_usage(self, pids: Collection[int]) -> dict[str, int]:
         # Private memory only: shared pages (libc, and the weights of a file two children
