@@ -123,7 +123,7 @@ def mp(name: str = "good", **spec: Any) -> dict[str, Any]:
 # --- the CRD object itself ------------------------------------------------------------------
 def test_crd_is_a_valid_apiextensions_object() -> None:
     kubernetes_validate.validate(CRD, "1.35", strict=True)
-    assert CRD["spec"]["scope"] == "Cluster" and CRD["spec"]["names"]["shortNames"] == ["mp"]
+    assert CRD["spec"]["scope"] == "Cluster" and CRD["spec"]["names"]["shortNames"] == ["cmp"]
     assert VERSION["subresources"] == {"status": {}}
     columns = [c["name"] for c in VERSION["additionalPrinterColumns"]]
     assert columns == ["MODEL", "NODES", "LOADED", "READY", "REASON", "AGE"]
