@@ -151,7 +151,7 @@ def parse_agent_args(argv: Sequence[str], env: Mapping[str, str]) -> AgentOption
             if opt.is_flag:
                 values[field] = not match.negated
             elif name == "api-key":
-                api_keys[:] = _split_keys(value(what))
+                api_keys[:] = _split_keys(value(what), flag)
             elif name == "api-key-file":
                 api_key_files[:] = [value(what)]
             else:
@@ -335,8 +335,14 @@ def _memory_limit(raw: str) -> tuple[str, int]:
         raise ConfigError(f"--memory-limit {raw!r}: expected {e}") from None
 
 
-def _split_keys(raw: str) -> list[str]:
-    return [k.strip() for k in raw.split(",") if k.strip()]
+def _split_keys(raw: str, where: str) -> list[str]:
+    keys = [k.strip() for k in raw.split(",") if k.strip()]
+    if not keys:  # "--api-key ," would otherwise leave every endpoint open, silently
+        raise ConfigError(
+            f"{where} {raw!r} holds no key: give one or more keys, comma-separated, or leave "
+            "it out to run without one"
+        )
+    return keys
 
 
 def _read_key_file(path: str) -> list[str]:
@@ -345,7 +351,10 @@ def _read_key_file(path: str) -> list[str]:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except OSError as e:
         raise ConfigError(f"--api-key-file {path!r} cannot be read: {e.strerror}") from e
-    return [ln.strip() for ln in lines if ln.strip() and not ln.strip().startswith("#")]
+    keys = [ln.strip() for ln in lines if ln.strip() and not ln.strip().startswith("#")]
+    if not keys:
+        raise ConfigError(f"--api-key-file {path!r} holds no key (one a line; '#' comments)")
+    return keys
 
 
 # --- flag tables ------------------------------------------------------------------------
@@ -396,8 +405,10 @@ def _apply_env(
         if var is None or var not in env:
             continue
         raw = env[var]
+        if name in ("api-key", "api-key-file") and not raw:
+            continue  # an empty variable is an unset one (a template that filled in nothing)
         if name == "api-key":
-            keys[:] = _split_keys(raw)
+            keys[:] = _split_keys(raw, f"${var}")
         elif name == "api-key-file":
             key_files[:] = [raw]
         else:

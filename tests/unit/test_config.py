@@ -63,6 +63,20 @@ def test_api_keys_comma_separated_and_from_file(tmp_path: Path) -> None:
         parse("--api-key-file", str(tmp_path / "nope"))
 
 
+@pytest.mark.parametrize("raw", [",", " ", " , ,"])
+def test_an_api_key_list_with_no_key_is_an_error(raw: str, tmp_path: Path) -> None:
+    # It would leave every endpoint open while the user believes it guarded (issue 16, row 11).
+    with pytest.raises(ConfigError, match=r"--api-key '.*' holds no key"):
+        parse("--api-key", raw)
+    with pytest.raises(ConfigError, match=r"\$LLAMA_API_KEY '.*' holds no key"):
+        parse_agent_args([], {"LLAMA_API_KEY": raw})
+    empty = tmp_path / "keys"
+    empty.write_text("# keys, one a line\n\n")
+    with pytest.raises(ConfigError, match=r"--api-key-file '.*keys' holds no key"):
+        parse("--api-key-file", str(empty))
+    assert parse_agent_args([], {"LLAMA_API_KEY": ""}).api_keys == ()  # empty = unset
+
+
 def test_corral_flags() -> None:
     o = parse(
         "--llama-server", "/bin/ls",

@@ -30,7 +30,11 @@ def test_keep_alive_values(value: object, seconds: float | None) -> None:
     assert parse_keep_alive(value) == seconds
 
 
-@pytest.mark.parametrize("value", ["soon", "5x", "", None, True, [1], {"s": 1}])
+@pytest.mark.parametrize(
+    "value",
+    # NaN, Infinity and 1e400 are what Python's JSON reader makes of those body values
+    ["soon", "5x", "", None, True, [1], {"s": 1}, float("nan"), float("inf"), 1e400, "-", "-x"],
+)
 def test_bad_keep_alive_is_a_clear_400(value: object) -> None:
     with pytest.raises(ApiError) as caught:
         parse_keep_alive(value)
