@@ -82,6 +82,7 @@ _U64 = struct.Struct("<Q")
 # Numeric arrays up to this length are kept (per-layer head counts, SWA patterns); longer ones
 # (token scores, types, merges) are skipped by length without decoding.
 _KEEP_ARRAY = 4096
+MAX_DIMS = 4  # ggml's GGML_MAX_DIMS
 
 
 class _Cursor:
@@ -109,6 +110,19 @@ class _Cursor:
             raise GgufError("string runs past the end of the file")
         return bytes(self.buf[start : self.pos]).decode("utf-8", errors="replace")
 
+    def count(self, what: str, min_bytes: int) -> int:
+        """A u64 count of items of at least ``min_bytes`` each (see :meth:`room_for`)."""
+        return self.room_for(self.u64(), what, min_bytes)
+
+    def room_for(self, count: int, what: str, min_bytes: int) -> int:
+        """``count``, refused when the rest of the file cannot hold that many items: a crafted
+        header must not make us loop or allocate by the billions before the end of the file
+        would stop us."""
+        room = (len(self.buf) - self.pos) // min_bytes
+        if count > room:
+            raise GgufError(f"the header claims {count} {what}; the file has room for {room}")
+        return count
+
     def skip_strings(self, count: int) -> None:
         buf, pos, unpack = self.buf, self.pos, _U64.unpack_from
         for _ in range(count):
@@ -129,11 +143,11 @@ class _Cursor:
 
     def array(self) -> MetaValue:
         itype = self.u32()
-        count = self.u64()
+        fmt = _SCALARS.get(itype)
+        count = self.count("array items", 8 if itype == _STRING else fmt.size if fmt else 1)
         if itype == _STRING:
             self.skip_strings(count)
             return SkippedArray(count)
-        fmt = _SCALARS.get(itype)
         if fmt is None:
             raise GgufError(f"unsupported array item type {itype}")
         if count > _KEEP_ARRAY:
@@ -165,15 +179,20 @@ def _parse(buf: mmap.mmap | bytes) -> GgufHeader:
     if version not in (2, 3):
         raise GgufError(f"unsupported GGUF version {version}")
     n_tensors = cur.u64()
-    n_kv = cur.u64()
+    # a key-value pair takes at least a key length, a type and a 1-byte value
+    n_kv = cur.count("metadata keys", 8 + 4 + 1)
     metadata: dict[str, MetaValue] = {}
     for _ in range(n_kv):
         key = cur.string()
         metadata[key] = cur.value(cur.u32())
+    # a tensor's info takes at least a name length, n_dims, a type and an offset
+    cur.room_for(n_tensors, "tensors", 8 + 4 + 4 + 8)
     tensors = []
     for _ in range(n_tensors):
         name = cur.string()
         n_dims = cur.u32()
+        if n_dims > MAX_DIMS:
+            raise GgufError(f"tensor {name!r} has {n_dims} dimensions (GGUF allows {MAX_DIMS})")
         shape = tuple(cur.u64() for _ in range(n_dims))
         ggml_type = cur.u32()
         cur.pos += 8  # data offset: the estimator never reads tensor data
