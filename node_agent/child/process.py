@@ -239,6 +239,15 @@ class ChildProcess:
             self._inbox.put_nowait(_Stop())
         return await self.wait_exited()
 
+    def kill(self) -> None:
+        """SIGKILL the child's process group now, without waiting (a forced shutdown); the
+        owner still reaps it and settles every waiter."""
+        if self._pid is None or self._exited.done():
+            return
+        self._killed = True
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._pid, signal.SIGKILL)
+
     async def wait_exited(self) -> int:
         """Wait until the child has exited and been reaped; its exit code.
 
@@ -311,6 +320,7 @@ class ChildProcess:
         argv = shlex.join(child_argv(self.config, port))
         self.logs.append(f"{_OWN_PREFIX}spawned pid {proc.pid}: {argv}")
         log.info("model=%s pid=%d port=%d: spawned", self.name, proc.pid, port)
+        self._emit(EventKind.SPAWNED)
         return proc
 
     async def _supervise(self, proc: asyncio.subprocess.Process, deadline: float) -> None:

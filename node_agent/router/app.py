@@ -29,8 +29,9 @@ from aiohttp import web
 from node_agent.errors import ApiError
 from node_agent.router.exchange import begin_exchange
 from node_agent.router.metrics import setup_metrics
+from node_agent.router.model_run import FAKE_TIMING_SECONDS
 from node_agent.router.proxy import Proxy
-from node_agent.router.registry import FAKE_TIMING_SECONDS, Registry
+from node_agent.router.registry import Registry
 from node_agent.router.ui import setup_ui
 from node_agent.router.views import model_entry, router_props
 
@@ -332,7 +333,7 @@ async def unload_model(request: web.Request) -> web.StreamResponse:
     canonical = registry.resolve(model) if model is not None else None
     if canonical is None:
         raise ApiError(400, "model is not found")
-    await registry.unload(canonical)
+    registry.unload(canonical)
     return _json({"success": True})
 
 

@@ -1,0 +1,118 @@
+"""The registry, the proxy and the HTTP app together, with fake children (milliseconds each).
+
+What needs a real llama-server (its protocol, its exit, its faults) is in tests/integration;
+these cover the async layer's own decisions: drains, stops and shutdown during a stream,
+admission while closing, and that no state is reported before it is true.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+import pytest
+
+from node_agent.core.scheduler import ModelState
+from tests.unit.fake_child import Agent, Plan, chat, fake_agent, spec
+
+pytestmark = pytest.mark.timeout(20)
+
+STREAM = 1_000_000  # tokens: a stream that runs until something ends it
+
+
+async def open_stream(agent: Agent, model: str) -> aiohttp.ClientResponse:
+    response = await agent.client.post(
+        f"{agent.url}/v1/chat/completions", json=chat(model, STREAM, stream=True)
+    )
+    assert response.status == 200
+    assert (await response.content.readline()).startswith(b"data: ")  # tokens are flowing
+    return response
+
+
+async def read_to_end(response: aiohttp.ClientResponse) -> tuple[bytes, float]:
+    """The rest of a stream and the monotonic time it ended (fails after 10 s)."""
+    rest = b""
+    async with asyncio.timeout(10):
+        try:
+            async for chunk in response.content.iter_any():
+                rest += chunk
+        except aiohttp.ClientPayloadError:
+            pass  # a stream cut without its last chunk: ended too
+    return rest, time.monotonic()
+
+
+def last_event(rest: bytes) -> bytes:
+    events = [line for line in rest.split(b"\n") if line.startswith(b"data: ")]
+    assert events, rest
+    return events[-1]
+
+
+@pytest.mark.parametrize("how", ["unload", "reload", "shutdown"])
+async def test_a_stream_cut_by_a_stop_gets_the_error_event_at_the_childs_exit(how: str) -> None:
+    """Bug 1: the drain times out, the child exits, and the client hears of it at once (it
+    used to stay open and silent until its own timeout)."""
+    plan = Plan()
+    async with fake_agent(plan, [spec("m", stop_timeout=0.2)]) as agent:
+        stream = await open_stream(agent, "m")
+        if how == "unload":
+            async with agent.client.post(f"{agent.url}/models/unload", json={"model": "m"}) as r:
+                assert r.status == 200
+        elif how == "reload":
+            await agent.registry.reload(agent.catalog, {"m"})
+        else:
+            closing = asyncio.create_task(agent.registry.close())
+        rest, ended = await read_to_end(stream)
+        assert "m" in plan.exited, "the child never exited"
+        assert ended - plan.exited["m"] < 1.0, ended - plan.exited["m"]
+        assert b"stopped mid-response" in last_event(rest), rest[-300:]
+        if how == "shutdown":
+            await closing
+
+
+async def test_shutdown_admits_no_new_work() -> None:
+    """Bug 2: a request that arrives while the agent closes is refused with 503 + Retry-After
+    and spawns nothing (it used to spawn a child that nobody stopped)."""
+    plan = Plan()
+    async with fake_agent(plan, [spec("a", stop_timeout=1.0), spec("b")]) as agent:
+        stream = await open_stream(agent, "a")
+        closing = asyncio.create_task(agent.registry.close())
+        await asyncio.sleep(0.05)
+        async with agent.client.post(f"{agent.url}/v1/chat/completions", json=chat("b")) as late:
+            status, body = late.status, await late.json()
+            retry_after = late.headers.get("Retry-After")
+        assert plan.spawned == ["a"], plan.spawned
+        assert status == 503, body
+        assert retry_after is not None
+        assert "shutting down" in body["error"]["message"]
+        await read_to_end(stream)
+        await closing
+
+
+async def test_loading_is_reported_only_once_the_child_is_spawned() -> None:
+    """Bug 3: ``loading`` (state and event) only once a process exists."""
+    plan = Plan(spawn_after=0.2, ready_after=0.1)
+    async with fake_agent(plan, [spec("m")]) as agent:
+        events = agent.registry.events()
+        request = asyncio.create_task(
+            agent.client.post(f"{agent.url}/v1/chat/completions", json=chat("m"))
+        )
+
+        async def first_event() -> tuple[object, list[str]]:
+            event = await anext(events)
+            return event.data, list(plan.spawned)  # what existed when it was published
+
+        first = asyncio.create_task(first_event())
+        seen_loading = None
+        while not request.done():
+            if agent.registry.state("m") is ModelState.LOADING and seen_loading is None:
+                seen_loading = list(plan.spawned)
+            await asyncio.sleep(0.001)
+        response = await request
+        assert response.status == 200
+        assert seen_loading == ["m"], f"loading reported while spawned was {seen_loading}"
+        data, spawned = await first
+        assert data == {"status": "loading"}
+        assert spawned == ["m"], "the loading event came before the spawn"
+        assert plan.spawned == ["m"]
+        await events.aclose()
