@@ -63,7 +63,7 @@ __all__ = [
     "EventKind",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("corral.child")
 
 HEALTH_FIRST_DELAY: Final = 0.005
 HEALTH_MAX_DELAY: Final = 0.25

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 from node_agent.core.ledger import DeviceReading
 from node_agent.errors import ConfigError
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("corral.devices")
 
 HOST = "host"
 # Environment for every child: CUDA's default order is "fastest first", NVML's is PCI bus

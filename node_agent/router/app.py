@@ -35,7 +35,7 @@ from node_agent.router.registry import Registry
 from node_agent.router.ui import setup_ui
 from node_agent.router.views import model_entry, router_props
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("corral.http")
 
 # Endpoints whose POST body names the model (llama.cpp's proxy_post routes).
 PROXIED_POST = (

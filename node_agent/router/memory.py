@@ -21,7 +21,7 @@ from node_agent.errors import CorralError
 from node_agent.memory.devices import CompositeProbe
 from node_agent.sources.spec import ModelSpec
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("corral.ledger")
 
 MIB = 1 << 20
 # How long a victim's memory may take to show free after its exit (Ollama waits up to a few

@@ -29,7 +29,7 @@ from node_agent.router.exchange import EXCHANGE, Exchange
 from node_agent.router.metrics_families import Families, LifecycleTracker, SnapshotCollector
 from node_agent.router.registry import Registry
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("corral.metrics")
 # Its own logger, so the per-request lines can be turned down alone.
 request_log = logging.getLogger("corral.requests")
 

@@ -30,7 +30,7 @@ from node_agent.sources.spec import ModelSpec
 if TYPE_CHECKING:
     from node_agent.router.memory import MemoryWatch
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("corral.model_run")
 
 FAKE_TIMING_SECONDS = 2.0
 SHUTTING_DOWN = "the agent is shutting down"

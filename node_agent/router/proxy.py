@@ -20,7 +20,7 @@ from node_agent.core.links import LinkBook
 from node_agent.errors import ApiError
 from node_agent.router.exchange import Exchange
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("corral.proxy")
 
 CHILD_HOST = "127.0.0.1"
 MAX_LINKS = 64

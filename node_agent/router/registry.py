@@ -44,7 +44,7 @@ from node_agent.sources.spec import ModelSpec
 if TYPE_CHECKING:
     from node_agent.router.memory import MemoryWatch
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("corral.registry")
 
 # llama.cpp's router honours this to make its races reproducible; so do we (SPEC).
 FAKE_TIMING_ENV = "LLAMA_SERVER_DEBUG_FAKE_TIMING"

@@ -8,12 +8,14 @@ admission while closing, and that no state is reported before it is true.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import aiohttp
 import pytest
 
 from node_agent.core.scheduler import ModelState
+from node_agent.sources.catalog import Catalog
 from tests.unit.fake_child import Agent, Plan, chat, fake_agent, spec
 
 pytestmark = pytest.mark.timeout(20)
@@ -116,3 +118,35 @@ async def test_loading_is_reported_only_once_the_child_is_spawned() -> None:
         assert spawned == ["m"], "the loading event came before the spawn"
         assert plan.spawned == ["m"]
         await events.aclose()
+
+
+async def test_a_waiting_request_says_why_in_the_log_and_in_its_503(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 12: the line when a request starts waiting, and the queue timeout's reason."""
+    plan = Plan()
+    async with fake_agent(plan, [spec("a"), spec("b")], models_max=1, queue_timeout=0.3) as agent:
+        stream = await open_stream(agent, "a")
+        with caplog.at_level(logging.INFO, logger="corral"):
+            async with agent.client.post(
+                f"{agent.url}/v1/chat/completions", json=chat("b")
+            ) as late:
+                status, body = late.status, await late.json()
+        why = "all 1 instances busy: a (1 in flight)"
+        assert f"request for model=b waits: {why}" in caplog.text
+        assert status == 503, body
+        assert why in body["error"]["message"]
+        assert "queue timeout (0.3 s)" in body["error"]["message"]
+        stream.close()
+
+
+async def test_a_reload_loads_presets_added_with_load_on_startup() -> None:
+    """Issue 17: a preset added at runtime with load-on-startup loads, as at start-up."""
+    plan = Plan()
+    async with fake_agent(plan, [spec("a")]) as agent:
+        catalog = Catalog({"a": spec("a"), "b": spec("b", load_on_startup=True)})
+        await agent.registry.reload(catalog, set())
+        async with asyncio.timeout(5):
+            while agent.registry.state("b") is not ModelState.LOADED:
+                await asyncio.sleep(0.005)
+        assert plan.spawned == ["b"]
