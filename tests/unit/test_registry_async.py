@@ -145,8 +145,16 @@ async def test_a_reload_loads_presets_added_with_load_on_startup() -> None:
     plan = Plan()
     async with fake_agent(plan, [spec("a")]) as agent:
         catalog = Catalog({"a": spec("a"), "b": spec("b", load_on_startup=True)})
+        events = agent.registry.events()
+        waiting = asyncio.ensure_future(anext(events))
+        await asyncio.sleep(0)  # the subscription starts before the reload
         await agent.registry.reload(catalog, set())
         async with asyncio.timeout(5):
-            while agent.registry.state("b") is not ModelState.LOADED:
-                await asyncio.sleep(0.005)
+            while True:
+                event = await waiting
+                if event.model == "b" and (event.data or {}).get("status") == "loaded":
+                    break
+                waiting = asyncio.ensure_future(anext(events))
         assert plan.spawned == ["b"]
+        assert agent.registry.state("b") is ModelState.LOADED
+        await events.aclose()
