@@ -234,18 +234,6 @@ def body_model(data: Any) -> str | None:
     return model if isinstance(model, str) and model else None
 
 
-def request_model(body: bytes) -> str:
-    """The model a proxied POST names; ApiError (400) when the body is bad or names none.
-
-    Pure (no registry, no filesystem): the name is only ever looked up in the catalog, so names
-    such as ``../x``, ``a/b`` or ones holding NUL are simply not found.
-    """
-    model = body_model(parse_json_body(body))
-    if model is None:
-        raise ApiError(400, MODEL_MISSING)
-    return model
-
-
 def _canonical(registry: Registry, name: str | None) -> str:
     if not name:
         raise ApiError(400, MODEL_MISSING)

@@ -76,7 +76,7 @@ async def test_shutdown_admits_no_new_work() -> None:
     """Bug 2: a request that arrives while the agent closes is refused with 503 + Retry-After
     and spawns nothing (it used to spawn a child that nobody stopped)."""
     plan = Plan()
-    async with fake_agent(plan, [spec("a", stop_timeout=1.0), spec("b")]) as agent:
+    async with fake_agent(plan, [spec("a", stop_timeout=0.3), spec("b")]) as agent:
         stream = await open_stream(agent, "a")
         closing = asyncio.create_task(agent.registry.close())
         await asyncio.sleep(0.05)
