@@ -29,11 +29,11 @@ from node_agent.child.state import ChildEvent
 from node_agent.config import AgentOptions, parse_agent_args
 from node_agent.errors import ApiError, ConfigError, CorralError
 from node_agent.memory.devices import open_probes
-from node_agent.router.app import AgentState, RouterSettings, build_app
-from node_agent.router.logs_api import setup_logs
+from node_agent.router.app import build_app
 from node_agent.router.memory import MemoryWatch
 from node_agent.router.proxy import Proxy
 from node_agent.router.registry import Registry
+from node_agent.router.state import AgentState, RouterSettings
 from node_agent.sources.catalog import Catalog, diff_catalogs, load_catalog
 from node_agent.sources.hf_cache import hub_dir
 from node_agent.sources.preset_dir import directory_version, preset_files
@@ -192,10 +192,10 @@ class Agent:
             build_info="corral",
             max_body_bytes=self.options.max_body_size,
         )
-        app = build_app(
-            AgentState(self.registry, self.proxy, settings, self.reload, str(self.binary))
+        state = AgentState(
+            self.registry, self.proxy, settings, self.reload, str(self.binary), self.logs_for
         )
-        setup_logs(app, self.logs_for)
+        app = build_app(state)
         app.cleanup_ctx.append(self._lifetime)
         # handler_cancellation: a client that goes away cancels its handler, so a queued
         # request leaves the queue and a proxied one closes its connection to the child.

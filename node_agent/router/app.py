@@ -21,46 +21,21 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
 from node_agent.errors import ApiError
 from node_agent.router.exchange import begin_exchange
+from node_agent.router.logs_api import setup_logs
 from node_agent.router.metrics import setup_metrics
 from node_agent.router.model_run import FAKE_TIMING_SECONDS
-from node_agent.router.proxy import Proxy
 from node_agent.router.registry import Registry
+from node_agent.router.state import PROXIED_GET, PROXIED_POST, STATE, AgentState, RouterSettings
 from node_agent.router.ui import setup_ui
 from node_agent.router.views import model_entry, router_props
 
 log = logging.getLogger("corral.http")
-
-# Endpoints whose POST body names the model (llama.cpp's proxy_post routes).
-PROXIED_POST = (
-    "/completion",
-    "/completions",
-    "/v1/completions",
-    "/chat/completions",
-    "/v1/chat/completions",
-    "/v1/responses",
-    "/v1/messages",
-    "/v1/messages/count_tokens",
-    "/infill",
-    "/embedding",
-    "/embeddings",
-    "/v1/embeddings",
-    "/rerank",
-    "/reranking",
-    "/v1/rerank",
-    "/v1/reranking",
-    "/tokenize",
-    "/detokenize",
-    "/apply-template",
-)
-# GET endpoints that name the model in ``?model=`` (they do not make a model younger).
-PROXIED_GET = ("/props", "/metrics", "/slots")
 
 # Routes that answer without an API key (llama.cpp: /health is for load balancers' probes).
 # The status page is static and holds no data (it asks for the key itself).
@@ -79,32 +54,6 @@ PREFLIGHT_HEADERS = {
     "Access-Control-Allow-Methods": "GET, POST, DELETE, OPTIONS",
     "Access-Control-Allow-Headers": "*",
 }
-
-
-@dataclass(frozen=True)
-class RouterSettings:
-    """What the HTTP layer needs of the agent's options."""
-
-    models_max: int
-    models_autoload: bool
-    api_keys: tuple[str, ...]
-    build_info: str
-    max_body_bytes: int = 64 * 1024 * 1024
-
-
-Reloader = Callable[[], Awaitable[None]]
-
-
-@dataclass(frozen=True)
-class AgentState:
-    registry: Registry
-    proxy: Proxy
-    settings: RouterSettings
-    reload: Reloader
-    binary: str
-
-
-STATE: web.AppKey[AgentState] = web.AppKey("corral_state", AgentState)
 
 
 def _json(data: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
@@ -346,6 +295,7 @@ async def ledger(request: web.Request) -> web.StreamResponse:
         raise ApiError(
             404, "the memory ledger is off: start the agent with --models-memory-margin MiB"
         )
+    memory.refresh()  # a fresh reading for the one who asks
     return _json(memory.statistics())
 
 
@@ -378,4 +328,6 @@ def build_app(state: AgentState) -> web.Application:
     app.add_routes(routes)
     setup_metrics(app)
     setup_ui(app)
+    if state.logs_for is not None:
+        setup_logs(app, state.logs_for)
     return app

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from node_agent.core.scheduler import ModelState
 
 if TYPE_CHECKING:
-    from node_agent.router.app import RouterSettings
     from node_agent.router.registry import Registry
+    from node_agent.router.state import RouterSettings
 
 CHILD_HOST = "127.0.0.1"
 

@@ -29,9 +29,9 @@ from node_agent.sources.options import llama_options
 from node_agent.sources.preset_ini import AGENT_KEYS, PRESET_ONLY, ROUTER_KEYS, parse_preset_text
 
 NOT_JSON = "the request body is not valid JSON: "
-# 300 examples each: the paths are few (the explicit examples cover the edges), and the unit
+# 200 examples each: the paths are few (the explicit examples cover the edges), and the unit
 # tier must stay under 10 s on a busy machine.
-FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # -- request bodies ----------------------------------------------------------------------------
 
