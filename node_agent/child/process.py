@@ -39,7 +39,7 @@ import aiohttp
 from node_agent.binary import explain_exit
 from node_agent.child import protocol
 from node_agent.child.logs import LogRing, failure_line
-from node_agent.child.ports import HOST, release_port, reserve_port
+from node_agent.child.ports import CHILD_HOST, release_port, reserve_port
 from node_agent.child.spawn import ChildConfig, child_argv, spawn
 from node_agent.child.state import (
     ALLOWED,
@@ -177,7 +177,7 @@ class ChildProcess:
 
     @property
     def url(self) -> str | None:
-        return None if self._port is None else f"http://{HOST}:{self._port}"
+        return None if self._port is None else f"http://{CHILD_HOST}:{self._port}"
 
     @property
     def exit_code(self) -> int | None:
@@ -597,7 +597,7 @@ class ChildProcess:
         self._poller = asyncio.create_task(
             watch_health(
                 self._health_session(),
-                HOST,
+                CHILD_HOST,
                 self._port,
                 lambda status: self._inbox.put_nowait(_Health(attempt, status)),
                 first_delay=first_delay,

@@ -16,13 +16,13 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
+from node_agent.child.ports import CHILD_HOST
 from node_agent.core.links import LinkBook
 from node_agent.errors import ApiError
 from node_agent.router.exchange import Exchange
 
 log = logging.getLogger("corral.proxy")
 
-CHILD_HOST = "127.0.0.1"
 MAX_LINKS = 64
 # llama-server closes a keep-alive connection idle for 5 s (measured with the pinned binary).
 # A pooled connection reused just as the child closes it fails with "Server disconnected"

@@ -10,13 +10,12 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
+from node_agent.child.ports import CHILD_HOST
 from node_agent.core.scheduler import ModelState
 
 if TYPE_CHECKING:
     from node_agent.router.registry import Registry
     from node_agent.router.state import RouterSettings
-
-CHILD_HOST = "127.0.0.1"
 
 
 class _Listed(Protocol):
