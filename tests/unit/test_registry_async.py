@@ -158,3 +158,35 @@ async def test_a_reload_loads_presets_added_with_load_on_startup() -> None:
         assert plan.spawned == ["b"]
         assert agent.registry.state("b") is ModelState.LOADED
         await events.aclose()
+
+
+async def test_a_drain_ends_as_soon_as_the_last_request_does() -> None:
+    """No stream is cut when it ends within the stop timeout: the child is asked to exit
+    right after it, not at the deadline."""
+    plan = Plan()
+    async with fake_agent(plan, [spec("m", stop_timeout=5.0)]) as agent:
+        response = await agent.client.post(
+            f"{agent.url}/v1/chat/completions", json=chat("m", 40, stream=True)
+        )
+        assert (await response.content.readline()).startswith(b"data: ")
+        started = time.monotonic()
+        agent.registry.unload("m")
+        rest, _ = await read_to_end(response)
+        assert last_event(rest) == b"data: [DONE]"
+        async with asyncio.timeout(5):
+            await agent.registry.close()  # nothing left to stop once the run has ended
+        assert plan.exited["m"] - started < 2.0  # not the 5 s stop timeout
+
+
+async def test_a_crash_during_the_drain_ends_the_stream_and_the_stop() -> None:
+    plan = Plan()
+    async with fake_agent(plan, [spec("m", stop_timeout=30.0)]) as agent:
+        stream = await open_stream(agent, "m")
+        agent.registry.unload("m")
+        plan.children[0].crash()
+        rest, _ = await read_to_end(stream)
+        assert b"stopped mid-response" in last_event(rest)
+        async with asyncio.timeout(5):
+            await agent.registry.close()  # the stop is over too, long before 30 s
+        assert agent.registry.state("m") is ModelState.UNLOADED
+        assert not agent.registry.scheduler.view("m").failed  # it was being stopped
