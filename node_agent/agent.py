@@ -11,7 +11,6 @@ left are killed and the agent exits.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
@@ -21,6 +20,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from node_agent.aio import TaskSet
 from node_agent.binary import check_llama_server, find_llama_server
 from node_agent.child.logs import LogRing
 from node_agent.child.orphans import end_orphans
@@ -104,7 +104,7 @@ class Agent:
         )
         self.logs: dict[str, LogRing] = {}
         self._runner: web.AppRunner | None = None
-        self._watcher: asyncio.Task[None] | None = None
+        self._tasks = TaskSet("agent")
         preset = options.models_preset
         # A directory is the operator's ConfigMap: watched, and reloaded when it changes.
         self._preset_dir = Path(preset) if preset and Path(preset).is_dir() else None
@@ -221,14 +221,9 @@ class Agent:
         """aiohttp's cleanup context: the registry and the proxy live as long as the app."""
         self.registry.start()
         if self._preset_dir is not None:
-            self._watcher = asyncio.create_task(
-                self.watch_presets(self._preset_dir), name="preset-watch"
-            )
+            self._tasks.spawn(self.watch_presets(self._preset_dir), "preset-watch", forever=True)
         yield
-        if self._watcher is not None:
-            self._watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watcher
+        await self._tasks.close()
         await self.registry.close()
         await self.proxy.close()
 
