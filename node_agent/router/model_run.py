@@ -73,6 +73,7 @@ class RunContext:
     hub: EventHub
     changed: Changed
     wake: Callable[[], None]  # the registry's: logs the state changes, then notifies
+    stop: Callable[[str, str], object]  # the registry's: drain and stop a model (a reason)
     fake_timing: bool
 
     def publish(self, model: str, event: str, data: dict[str, Any] | None) -> None:
@@ -143,6 +144,8 @@ class ModelRun:
             self.ctx.memory.spawned(self.name)
         self.ctx.publish(self.name, "model_status", {"status": "loading"})
         self.ctx.wake()
+        if self.ctx.sched.closing:  # spawned as the agent began to close: stop it too
+            self.ctx.stop(self.name, "shutdown")
 
     # -- the owner -------------------------------------------------------------------------
 

@@ -107,7 +107,14 @@ class Registry:
             bool(os.environ.get(FAKE_TIMING_ENV)) if fake_timing is None else fake_timing
         )
         self._ctx = RunContext(
-            self._sched, memory, clock, self._hub, self._changed, self._wake, self.fake_timing
+            self._sched,
+            memory,
+            clock,
+            self._hub,
+            self._changed,
+            self._wake,
+            self._stop,
+            self.fake_timing,
         )
         self._set_specs(catalog.models, catalog.aliases)
 
@@ -161,6 +168,7 @@ class Registry:
         wait in the queue and load it again with its new arguments.
         """
         specs = catalog.models
+        before = dict(self._specs)
         gone = [name for name in self._specs if name not in specs]
         # Gone models stay known until their children have stopped (draining).
         self._set_specs({**{n: self._specs[n] for n in gone}, **specs}, catalog.aliases)
@@ -174,8 +182,9 @@ class Registry:
         self._wake()
         if not self._sched.closing:
             # Presets added (or switched to load-on-startup) at runtime load now, as at start.
-            for name in specs:
-                if specs[name].load_on_startup and not self._sched.view(name).state.running:
+            for name, spec in specs.items():
+                was = before.get(name)
+                if spec.load_on_startup and (was is None or not was.load_on_startup):
                     self._load_on_startup(name)
 
     # -- requests ----------------------------------------------------------------------------
@@ -317,7 +326,8 @@ class Registry:
         finally:
             if self._runs.get(run.name) is run:
                 del self._runs[run.name]
-            if run.name not in self._specs and run.name in self._sched:
+            gone = run.name not in self._specs and run.name in self._sched
+            if gone and not self._sched.view(run.name).state.running:
                 self._sched.remove_model(run.name)
             self._wake()
 

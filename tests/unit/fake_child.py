@@ -9,6 +9,7 @@ drops its streams) and returns an exit code. What each model does is set in a :c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import time
@@ -98,8 +99,11 @@ class FakeChild:
         self._pid = next(_PIDS)
         self.plan.spawned.append(self.spec.name)
         self._emit(EventKind.SPAWNED, ChildState.STARTING)
-        if self.plan.ready_after:
-            await asyncio.sleep(self.plan.ready_after)
+        if self.plan.ready_after:  # loading; a stop meanwhile ends it, as llama-server's kill
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._exited), self.plan.ready_after)
+        if self._exited.done():
+            raise RuntimeError(f"model {self.spec.name}: stopped while loading")
         if self.plan.fail_start is not None:
             await self._exit(1)
             raise RuntimeError(self.plan.fail_start)

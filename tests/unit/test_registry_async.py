@@ -190,3 +190,19 @@ async def test_a_crash_during_the_drain_ends_the_stream_and_the_stop() -> None:
             await agent.registry.close()  # the stop is over too, long before 30 s
         assert agent.registry.state("m") is ModelState.UNLOADED
         assert not agent.registry.scheduler.view("m").failed  # it was being stopped
+
+
+async def test_a_child_spawning_as_the_agent_closes_is_stopped_too() -> None:
+    """The signal lands while a granted load is creating its process: the child that appears
+    is stopped, and the shutdown does not wait for it forever."""
+    plan = Plan(spawn_after=0.2, ready_after=5.0)
+    async with fake_agent(plan, [spec("m")]) as agent:
+        request = asyncio.create_task(
+            agent.client.post(f"{agent.url}/v1/chat/completions", json=chat("m"))
+        )
+        await asyncio.sleep(0.1)  # the run is past may_spawn, inside start()
+        async with asyncio.timeout(3):
+            await agent.registry.close()
+        assert plan.spawned == ["m"] and "m" in plan.exited
+        response = await request
+        assert response.status == 503
