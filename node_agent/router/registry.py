@@ -211,13 +211,24 @@ class Registry:
         return lease
 
     async def load(self, name: str) -> None:
-        """``POST /models/load``: start loading ``name`` (returns once its load is granted)."""
+        """``POST /models/load``: start loading ``name``; returns once its child is spawned
+        (``loading``), like llama.cpp, or raises when it could not be."""
         if self._sched.closing:
             raise closing_error()
         view = self._sched.view(name)
         if (view.state.running or view.claimed) and not view.stopping:
             raise ApiError(400, "model is already running")
         await self._admit(name, inference=True, may_load=True, direct=True)
+        while True:  # granted: wait for the spawn (the run's first step)
+            changed = self._changed.current()
+            view = self._sched.view(name)
+            if not view.claimed:
+                break
+            await changed.wait()
+        if self._sched.closing and not view.state.running:
+            raise closing_error()
+        if view.failed and not view.state.running:
+            raise failed_error(name, view.error or "")
 
     async def _admit(
         self, name: str, *, inference: bool, may_load: bool, direct: bool

@@ -40,7 +40,8 @@ class Plan:
 
     ready_after: float = 0.0  # seconds from spawn to ready
     spawn_after: float = 0.0  # seconds before the "process" exists (a slow fork/exec)
-    fail_start: str | None = None  # start() raises this (a failed load)
+    fail_start: str | None = None  # start() raises this once spawned (a failed load)
+    spawn_fails: str | None = None  # start() raises this before any process exists
     ignore_stop: float = 0.0  # seconds stop() takes before the child exits
     spawned: list[str] = field(default_factory=list)  # model names, in spawn order
     exited: dict[str, float] = field(default_factory=dict)  # model -> monotonic exit time
@@ -88,6 +89,9 @@ class FakeChild:
     async def start(self) -> None:
         if self.plan.spawn_after:
             await asyncio.sleep(self.plan.spawn_after)
+        if self.plan.spawn_fails is not None:
+            self._exited.set_result(127)
+            raise RuntimeError(self.plan.spawn_fails)
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/health", self._health)

@@ -206,3 +206,19 @@ async def test_a_child_spawning_as_the_agent_closes_is_stopped_too() -> None:
         assert plan.spawned == ["m"] and "m" in plan.exited
         response = await request
         assert response.status == 503
+
+
+async def test_load_returns_once_spawned_and_says_when_it_could_not_be() -> None:
+    plan = Plan(spawn_after=0.1, ready_after=0.5)
+    async with fake_agent(plan, [spec("m")]) as agent:
+        async with agent.client.post(f"{agent.url}/models/load", json={"model": "m"}) as r:
+            assert (r.status, await r.json()) == (200, {"success": True})
+        assert plan.spawned == ["m"]
+        assert agent.registry.state("m") is ModelState.LOADING  # true when it is said
+    plan = Plan(spawn_fails="cannot execute llama-server")
+    async with fake_agent(plan, [spec("m")]) as agent:
+        async with agent.client.post(f"{agent.url}/models/load", json={"model": "m"}) as r:
+            status, body = r.status, await r.json()
+        assert status == 500, body
+        assert body["error"]["message"] == "model name=m failed to load"
+        assert agent.registry.scheduler.view("m").error == "cannot execute llama-server"
