@@ -197,8 +197,7 @@ class Registry:
         that waited that long, gets 503 with Retry-After instead of an endless wait; so does
         every request once the agent is closing.
         """
-        if self._sched.closing:
-            raise closing_error()
+        self._refuse_if_closing()
         lease = self._sched.try_lease(name, self._clock(), inference=inference)
         if lease is not None:
             return lease
@@ -213,8 +212,7 @@ class Registry:
     async def load(self, name: str) -> None:
         """``POST /models/load``: start loading ``name``; returns once its child is spawned
         (``loading``), like llama.cpp, or raises when it could not be."""
-        if self._sched.closing:
-            raise closing_error()
+        self._refuse_if_closing()
         view = self._sched.view(name)
         if (view.state.running or view.claimed) and not view.stopping:
             raise ApiError(400, "model is already running")
@@ -229,6 +227,10 @@ class Registry:
             raise closing_error()
         if view.failed and not view.state.running:
             raise failed_error(name, view.error or "")
+
+    def _refuse_if_closing(self) -> None:
+        if self._sched.closing:
+            raise closing_error()
 
     async def _admit(
         self, name: str, *, inference: bool, may_load: bool, direct: bool
