@@ -108,6 +108,11 @@ class ModelRun:
         self.task: asyncio.Task[None] | None = None
         self.stop_task: asyncio.Task[None] | None = None
         self.fetching: asyncio.Task[Path] | None = None
+        if ctx.memory is not None:
+            # The ledger counts a granted load from the grant on (at its estimate), so that
+            # no second load is granted into the same memory before this one has spawned.
+            ctx.memory.warn_if_short(self.name)
+            ctx.memory.spawned(self.name)
 
     # -- the child's events ----------------------------------------------------------------
 
@@ -139,9 +144,6 @@ class ModelRun:
             return
         self.loading = True
         self.ctx.sched.claim_done(self.name, spawned=True)
-        if self.ctx.memory is not None:
-            self.ctx.memory.warn_if_short(self.name)
-            self.ctx.memory.spawned(self.name)
         self.ctx.publish(self.name, "model_status", {"status": "loading"})
         self.ctx.wake()
         if self.ctx.sched.closing:  # spawned as the agent began to close: stop it too
@@ -155,6 +157,8 @@ class ModelRun:
         if ctx.fake_timing:
             await asyncio.sleep(FAKE_TIMING_SECONDS)
         if not ctx.sched.may_spawn(name):  # the agent began closing meanwhile
+            if ctx.memory is not None:
+                ctx.memory.unloaded(name)
             ctx.sched.claim_done(name, spawned=False, reason=SHUTTING_DOWN)
             ctx.wake()
             return
@@ -185,7 +189,7 @@ class ModelRun:
 
     async def _report_exit(self, code: int, reason: str) -> None:
         ctx, name = self.ctx, self.name
-        if ctx.memory is not None and self.loading:
+        if ctx.memory is not None:
             # Still "stopping" to the scheduler meanwhile: nobody loads into memory that does
             # not show free yet.
             check = self.freed_check
