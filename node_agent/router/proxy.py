@@ -112,9 +112,10 @@ class Proxy:
                 self._book.retire_link(old)
                 await self._close(old)
         link_id, replaced = self._book.add(port)
+        # Registered before the next await: a request arriving meanwhile finds it.
+        link = self._links[link_id] = _ChildLink(slots, self._timeout)
         if replaced is not None:
             await self._close(replaced)
-        link = self._links[link_id] = _ChildLink(slots, self._timeout)
         return link_id, link
 
     async def _close(self, link_id: int) -> None:
