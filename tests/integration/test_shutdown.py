@@ -60,6 +60,7 @@ def test_unload_during_a_stream_ends_it_with_an_error_event_within_1s_of_the_chi
     conn.close()
     watcher.join(10)
     assert "exit" in seen, "the child never exited"
+    print(f"the stream ended {ended - seen['exit']:.3f} s after the child's exit")
     assert ended - seen["exit"] < 1.0, f"the stream ended {ended - seen['exit']:.2f}s after"
     assert "[DONE]" not in events
     error = json.loads(events[-1])["error"]
@@ -106,6 +107,7 @@ def test_sigterm_refuses_late_work_and_exits_within_the_bound(
     counter.join(5)
     log = agent.log()
 
+    print(f"late request: {late!r}; exited {took:.2f} s after SIGTERM (bound {bound:g} s)")
     assert isinstance(late, OSError) or late[0] == 503, late
     assert spawned_after == set(), f"spawned after the signal: {spawned_after}\n{log}"
     assert f"model={TINY} pid=" not in log  # never spawned, not even briefly
@@ -129,6 +131,7 @@ def test_a_second_signal_forces_the_shutdown(start_agent: Any, demo_dir: Path) -
     agent.proc.wait(timeout=20)
     took = time.monotonic() - signalled
     conn.close()
+    print(f"exited {took:.2f} s after the second signal")
     assert took < 10, took
     assert not alive(pid)
     assert "forcing the shutdown (a second signal)" in agent.log()
