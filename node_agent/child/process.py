@@ -98,7 +98,7 @@ class _Exited:
 
 @dataclass(frozen=True)
 class _Stop:
-    pass
+    now: bool = False  # SIGKILL at once, without the exit command
 
 
 _Message = _Line | _Health | _Exited | _Stop
@@ -227,8 +227,12 @@ class ChildProcess:
             await asyncio.wait([self._owner])
             raise
 
-    async def stop(self) -> int | None:
+    async def stop(self, *, now: bool = False) -> int | None:
         """Stop the child (see the module docstring) and return its exit code.
+
+        ``now``: SIGKILL at once. For requests in flight whose drain is over: llama-server
+        finishes every generation before it obeys the exit command, so asking would keep them
+        (and the stop) going for up to ``stop_timeout`` more.
 
         Idempotent and safe in any state; None when it never ran. Cancelling stop() does not
         cancel the stop.
@@ -236,7 +240,7 @@ class ChildProcess:
         if self._owner is None:
             return None
         if not self._owner.done():
-            self._inbox.put_nowait(_Stop())
+            self._inbox.put_nowait(_Stop(now))
         return await self.wait_exited()
 
     def kill(self) -> None:
@@ -343,7 +347,7 @@ class ChildProcess:
                     self._on_deadline(proc, deadline)
                     continue
                 if isinstance(message, _Stop):
-                    self._begin_stop(proc)
+                    self._begin_stop(proc, at_once=message.now)
                 elif message.attempt != attempt:
                     continue  # left over from a spawn that lost its port
                 elif isinstance(message, _Exited):
@@ -460,7 +464,9 @@ class ChildProcess:
             self._ready.set_result(None)
         self._emit(EventKind.READY)
 
-    def _begin_stop(self, proc: asyncio.subprocess.Process) -> None:
+    def _begin_stop(self, proc: asyncio.subprocess.Process, *, at_once: bool = False) -> None:
+        if self._state is ChildState.STOPPING and at_once:
+            self._kill(proc)
         if self._state in (ChildState.STOPPING, ChildState.EXITED):
             return
         self._stop_requested = True
@@ -469,6 +475,10 @@ class ChildProcess:
         self._emit(EventKind.STOPPING)
         if not loaded:
             self._failure = "stopped while loading"
+            self._kill(proc)
+            return
+        if at_once:
+            log.info("model=%s pid=%s: its drain is over: SIGKILL", self.name, self._pid)
             self._kill(proc)
             return
         now = asyncio.get_running_loop().time()

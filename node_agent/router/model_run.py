@@ -52,7 +52,9 @@ class Child(Protocol):
         """The model's log ring (it outlives restarts), or None when the child keeps none."""
 
     async def start(self) -> None: ...
-    async def stop(self) -> int | None: ...
+    async def stop(self, *, now: bool = False) -> int | None:
+        """Stop the child; ``now``: kill it at once (its drain is over)."""
+
     async def wait_exited(self) -> int: ...
     def kill(self) -> None:
         """End the child now (SIGKILL), without waiting: a forced shutdown."""
@@ -251,11 +253,16 @@ class ModelRun:
                 await asyncio.wait_for(changed.wait(), ctx.sched.drain_left(name, ctx.clock()))
         if self.fetching is not None:
             self.fetching.cancel()  # a stop during the download ends it (no .part is left)
+        # Requests still in flight: the drain deadline cut them; llama-server would finish
+        # them before it obeys the exit command, so the child is killed now.
+        cut = ctx.sched.view(name).in_flight > 0 if name in ctx.sched else False
         port = self.child.port
         if release_port is not None and port is not None:
             # A child with an idle keep-alive connection open exits 10 ms slower.
             await release_port(port)
-        await self.child.stop()
+        if cut:
+            log.info("model=%s: drain over with requests in flight; they are cut", name)
+        await self.child.stop(now=cut)
         if self.task is not None:
             await asyncio.shield(self.task)
 

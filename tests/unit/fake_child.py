@@ -2,8 +2,9 @@
 
 It goes through the registry's own seam (``ChildFactory``) and answers the way llama-server does
 where the registry and the proxy can tell: a streamed chat sends one SSE chunk every few ms until
-the client has enough or the child exits; ``stop()`` closes every connection (an exiting child
-drops its streams) and returns an exit code. What each model does is set in a :class:`Plan`.
+the client has enough or the child exits; ``stop()`` waits for the streams in flight (up to the
+stop timeout: llama-server finishes its generations before it obeys the exit command) and
+``stop(now=True)`` drops them at once (SIGKILL). What each model does is set in a :class:`Plan`.
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ class Plan:
     spawn_after: float = 0.0  # seconds before the "process" exists (a slow fork/exec)
     fail_start: str | None = None  # start() raises this once spawned (a failed load)
     spawn_fails: str | None = None  # start() raises this before any process exists
-    ignore_stop: float = 0.0  # seconds stop() takes before the child exits
     spawned: list[str] = field(default_factory=list)  # model names, in spawn order
     exited: dict[str, float] = field(default_factory=dict)  # model -> monotonic exit time
     children: list[FakeChild] = field(default_factory=list)
@@ -66,6 +66,8 @@ class FakeChild:
         self._runner: web.AppRunner | None = None
         self._exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._streams: set[web.StreamResponse] = set()
+        self._idle = asyncio.Event()  # no stream in flight
+        self._idle.set()
         self.meta: dict[str, Any] | None = None
 
     @property
@@ -124,6 +126,7 @@ class FakeChild:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         self._streams.add(response)
+        self._idle.clear()
         try:
             for _ in range(tokens):
                 chunk = {"choices": [{"delta": {"content": "x"}}]}
@@ -133,6 +136,8 @@ class FakeChild:
             await response.write_eof()
         finally:
             self._streams.discard(response)
+            if not self._streams:
+                self._idle.set()
         return response
 
     async def _exit(self, code: int) -> None:
@@ -148,13 +153,16 @@ class FakeChild:
             self.plan.exited[self.spec.name] = time.monotonic()
             self._exited.set_result(code)
 
-    async def stop(self) -> int | None:
+    async def stop(self, *, now: bool = False) -> int | None:
         if self._pid is None and self._runner is None:
             if not self._exited.done():
                 self._exited.set_result(0)
             return None
-        if self.plan.ignore_stop:
-            await asyncio.sleep(self.plan.ignore_stop)
+        if not now:
+            # As llama-server does: the exit command waits for the generations in flight
+            # (ChildProcess kills it after its stop timeout).
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), self.spec.stop_timeout)
         await self._exit(0)
         return await self._exited
 

@@ -222,3 +222,19 @@ async def test_load_returns_once_spawned_and_says_when_it_could_not_be() -> None
         assert status == 500, body
         assert body["error"]["message"] == "model name=m failed to load"
         assert agent.registry.scheduler.view("m").error == "cannot execute llama-server"
+
+
+async def test_the_shutdown_bound_cuts_a_stream_whose_child_would_finish_it_first() -> None:
+    """llama-server finishes its generations before it obeys the exit command: once the
+    drain is over, the child is killed, or the stop would last another stop timeout (30 s
+    here) and the shutdown would miss its bound (1 s)."""
+    plan = Plan()
+    async with fake_agent(plan, [spec("m", stop_timeout=30.0)], shutdown_timeout=1.0) as agent:
+        stream = await open_stream(agent, "m")
+        started = time.monotonic()
+        async with asyncio.timeout(5):
+            closing = asyncio.create_task(agent.registry.close())
+            rest, ended = await read_to_end(stream)
+            await closing
+        assert b"stopped mid-response" in last_event(rest)
+        assert ended - started < 5
