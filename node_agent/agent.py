@@ -1,36 +1,40 @@
 """``corral agent``: wire the options, the catalog, the registry and the HTTP server together.
 
-Lifecycle (uvicorn's order): the signal handler only sets a flag; then the agent stops
-listening, drains and stops every child (each up to its stop timeout), and closes the rest.
+Shutdown, in uvicorn's and aiohttp's order: the signal handler only sets a flag; then the
+registry closes (every request still arriving gets 503 with Retry-After, nothing is spawned),
+the listener stops, requests in flight drain (each model up to its stop timeout) while the
+children stop, and aiohttp's cleanup context ends the registry and the proxy. The whole of it
+takes at most ``--shutdown-timeout``; past that, or on a second SIGTERM/SIGINT, the children
+left are killed and the agent exits.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 
 from aiohttp import web
 
 from node_agent import startup
+from node_agent.aio import TaskSet
 from node_agent.binary import build_info, check_llama_server, find_llama_server
 from node_agent.child.logs import LogRing
 from node_agent.child.orphans import end_orphans
 from node_agent.child.process import ChildConfig, ChildProcess
+from node_agent.child.state import ChildEvent
 from node_agent.config import AgentOptions, llama_server_arg, parse_agent_args
 from node_agent.errors import ApiError, BinaryError, ConfigError, CorralError
 from node_agent.memory.devices import open_probes
-from node_agent.router.app import AgentState, RouterSettings, build_app
-from node_agent.router.logs_api import setup_logs
+from node_agent.router.app import build_app
 from node_agent.router.memory import MemoryWatch
 from node_agent.router.proxy import Proxy
 from node_agent.router.registry import Registry
-from node_agent.router.running import ModelEvents
+from node_agent.router.state import AgentState, RouterSettings
 from node_agent.sources.catalog import Catalog, diff_catalogs, load_catalog
 from node_agent.sources.hf_cache import hub_dir
 from node_agent.sources.options import use_options_of
@@ -71,6 +75,8 @@ Corral's own:
   --models-ttl SECONDS        unload a model idle this long (a preset's ttl wins; 0: never)
   --queue-timeout SECONDS     a request waiting longer for its model gets 503 + Retry-After
   --max-queue N               at most N requests wait per model; more get 503 + Retry-After
+  --shutdown-timeout SECONDS  on SIGTERM: drain and stop within this long, then kill (default
+                              30; a second SIGTERM/SIGINT kills at once)
   --log-level LEVEL           debug, info, warning or error (default info)
 
 Any other option is a llama-server option: it is passed to every child (e.g. -c 4096) and
@@ -102,11 +108,12 @@ class Agent:
             ttl=options.models_ttl,
             queue_timeout=options.queue_timeout,
             max_queue=options.max_queue,
-            release_port=self.proxy.close_port,
+            release_port=self.proxy.release_port,
+            shutdown_timeout=options.shutdown_timeout,
         )
         self.logs: dict[str, LogRing] = {}
         self._runner: web.AppRunner | None = None
-        self._watcher: asyncio.Task[None] | None = None
+        self._tasks = TaskSet("agent")
         preset = options.models_preset
         # A directory is the operator's ConfigMap: watched, and reloaded when it changes.
         self._preset_dir = Path(preset) if preset and Path(preset).is_dir() else None
@@ -133,7 +140,7 @@ class Agent:
         log.info("memory ledger on: devices %s", ", ".join(watch.devices))
         return watch
 
-    def _make_child(self, spec: ModelSpec, events: ModelEvents) -> ChildProcess:
+    def _make_child(self, spec: ModelSpec, on_event: Callable[[ChildEvent], None]) -> ChildProcess:
         config = ChildConfig(
             name=spec.name,
             binary=self.binary,
@@ -142,7 +149,7 @@ class Agent:
             load_timeout=self.options.load_timeout,
             agent_tag=self.tag,
         )
-        return ChildProcess(config, on_event=events.dispatch, logs=self.logs_for(spec.name))
+        return ChildProcess(config, on_event=on_event, logs=self.logs_for(spec.name))
 
     def logs_for(self, name: str) -> LogRing:
         """The model's log ring: one per model, kept across restarts (a crash's last lines
@@ -184,6 +191,7 @@ class Agent:
                 log.error("presets changed but cannot be applied: %s", exc.message)
 
     async def start(self) -> None:
+        tls = startup.tls_context(self.options)  # a bad file is an error before anything runs
         ended = await asyncio.to_thread(end_orphans, self.tag)
         if ended:
             log.warning("ended orphaned llama-server children of a previous agent: %s", ended)
@@ -194,37 +202,60 @@ class Agent:
             build_info=self.build_info,
             max_body_bytes=self.options.max_body_size,
         )
-        app = build_app(
-            AgentState(self.registry, self.proxy, settings, self.reload, str(self.binary))
+        state = AgentState(
+            self.registry, self.proxy, settings, self.reload, str(self.binary), self.logs_for
         )
-        setup_logs(app, self.logs_for)
+        app = build_app(state)
+        app.cleanup_ctx.append(self._lifetime)
         # handler_cancellation: a client that goes away cancels its handler, so a queued
         # request leaves the queue and a proxied one closes its connection to the child.
-        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-        await self._runner.setup()
-        listening = await startup.listen(
-            self._runner, self.options.host, self.options.port, startup.tls_context(self.options)
+        # shutdown_timeout: handlers still running when the shutdown's bound has passed are
+        # cancelled (aiohttp's default would wait 60 s more).
+        self._runner = web.AppRunner(
+            app,
+            handler_cancellation=True,
+            access_log=None,
+            shutdown_timeout=self.options.shutdown_timeout,
         )
+        await self._runner.setup()
+        try:
+            listening = await startup.listen(
+                self._runner, self.options.host, self.options.port, tls
+            )
+        except ConfigError:
+            await self._runner.cleanup()  # the registry has started: stop it in order
+            raise
         self.port = listening.port
         for warning in startup.source_warnings(self.options, self.env, self.catalog):
             log.warning("%s", warning)
         log.info("listening on %s (%d models)", listening.url, len(self.catalog))
-        await self.registry.start()
-        if self._preset_dir is not None:
-            self._watcher = asyncio.create_task(
-                self.watch_presets(self._preset_dir), name="preset-watch"
-            )
 
-    async def stop(self) -> None:
-        log.info("shutting down: draining requests and stopping children")
-        if self._watcher is not None:
-            self._watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watcher
+    async def _lifetime(self, app: web.Application) -> AsyncIterator[None]:
+        """aiohttp's cleanup context: the registry and the proxy live as long as the app."""
+        self.registry.start()
+        if self._preset_dir is not None:
+            self._tasks.spawn(self.watch_presets(self._preset_dir), "preset-watch", forever=True)
+        yield
+        await self._tasks.close()
         await self.registry.close()
         await self.proxy.close()
+
+    async def stop(self) -> None:
+        """Close the registry first (nothing new is admitted or spawned from here on), then
+        let aiohttp stop listening, wait for the handlers and run the cleanup context."""
+        log.info(
+            "shutting down: refusing new requests, draining and stopping children "
+            "(at most %gs; a second signal kills them now)",
+            self.options.shutdown_timeout,
+        )
+        self.registry.begin_close()
         if self._runner is not None:
             await self._runner.cleanup()
+
+    def force_stop(self, why: str) -> None:
+        """The bound passed or a second signal came: kill the children, then finish."""
+        log.warning("forcing the shutdown (%s): killing the children", why)
+        self.registry.kill()
 
 
 def _watch_children_with_pidfds() -> None:
@@ -241,20 +272,43 @@ def _watch_children_with_pidfds() -> None:
     asyncio.set_child_watcher(watcher)
 
 
+# After a forced stop, the cleanup still has this long to reap the killed children.
+FORCED_CLEANUP_SECONDS = 5.0
+
+
 async def serve(
     options: AgentOptions, binary: Path, build_info: str, env: Mapping[str, str]
 ) -> None:
     _watch_children_with_pidfds()
     agent = Agent(options, binary, build_info, env)
-    stop = asyncio.Event()
+    first, second = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        (second if first.is_set() else first).set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal)
     await agent.start()
-    try:
-        await stop.wait()
-    finally:
-        await agent.stop()
+    await first.wait()
+    stopping = asyncio.create_task(agent.stop(), name="shutdown")
+    forced = asyncio.create_task(second.wait(), name="second-signal")
+    done, _ = await asyncio.wait(
+        {stopping, forced}, timeout=options.shutdown_timeout, return_when=asyncio.FIRST_COMPLETED
+    )
+    forced.cancel()
+    if stopping in done:
+        stopping.result()
+        return
+    why = (
+        "a second signal"
+        if second.is_set()
+        else f"--shutdown-timeout {options.shutdown_timeout:g}s"
+    )
+    agent.force_stop(why)
+    _, pending = await asyncio.wait({stopping}, timeout=FORCED_CLEANUP_SECONDS)
+    for task in pending:
+        task.cancel()
 
 
 def main(argv: Sequence[str]) -> int:

@@ -68,6 +68,9 @@ class AgentOptions:
     """Fail a request that waited this long for its model; None = wait as long as it takes."""
     max_queue: int | None = None
     """Refuse requests beyond this many waiting; None = no limit."""
+    shutdown_timeout: float = 30.0
+    """On SIGTERM/SIGINT: the whole shutdown (drain, children's exit) takes at most this
+    long; then the children left are killed. Below the chart's 60 s grace period."""
     log_level: str = "info"
     child_options: tuple[tuple[str, OptionValue], ...] = ()
     """llama-server options for every child, by canonical name, in command-line order."""
@@ -385,6 +388,7 @@ _OWN_FLAGS: dict[str, tuple[str, str, Callable[[str], object]]] = {
     "--max-body-size": ("max_body_size", "a size like 64MiB", _body_size),
     "--queue-timeout": ("queue_timeout", "seconds (0: wait forever)", _seconds),
     "--max-queue": ("max_queue", "a count (0: no limit)", _count_or_unlimited),
+    "--shutdown-timeout": ("shutdown_timeout", "seconds (> 0)", _positive_seconds),
     "--log-level": ("log_level", "one of " + ", ".join(LOG_LEVELS), _log_level),
 }
 

@@ -21,7 +21,7 @@ from typing import Final
 TAG_ENV: Final = "CORRAL_AGENT_TAG"
 AGENT_PID_ENV: Final = "CORRAL_AGENT_PID"
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("corral.orphans")
 
 
 def tag_environment(tag: str, agent_pid: int | None = None) -> dict[str, str]:

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import socket
 
-HOST = "127.0.0.1"
+CHILD_HOST = "127.0.0.1"  # where every child listens (the one place it is named)
 
 _reserved: set[int] = set()
 
 
-def reserve_port(host: str = HOST) -> int:
+def reserve_port(host: str = CHILD_HOST) -> int:
     """A port that was free on ``host`` a moment ago and is not held by another child of ours."""
     for _ in range(64):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

@@ -39,7 +39,7 @@ import aiohttp
 from node_agent.binary import explain_exit
 from node_agent.child import protocol
 from node_agent.child.logs import LogRing, failure_line
-from node_agent.child.ports import HOST, release_port, reserve_port
+from node_agent.child.ports import CHILD_HOST, release_port, reserve_port
 from node_agent.child.spawn import ChildConfig, child_argv, spawn
 from node_agent.child.state import (
     ALLOWED,
@@ -63,7 +63,7 @@ __all__ = [
     "EventKind",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("corral.child")
 
 HEALTH_FIRST_DELAY: Final = 0.005
 HEALTH_MAX_DELAY: Final = 0.25
@@ -98,7 +98,7 @@ class _Exited:
 
 @dataclass(frozen=True)
 class _Stop:
-    pass
+    now: bool = False  # SIGKILL at once, without the exit command
 
 
 _Message = _Line | _Health | _Exited | _Stop
@@ -177,7 +177,7 @@ class ChildProcess:
 
     @property
     def url(self) -> str | None:
-        return None if self._port is None else f"http://{HOST}:{self._port}"
+        return None if self._port is None else f"http://{CHILD_HOST}:{self._port}"
 
     @property
     def exit_code(self) -> int | None:
@@ -227,8 +227,12 @@ class ChildProcess:
             await asyncio.wait([self._owner])
             raise
 
-    async def stop(self) -> int | None:
+    async def stop(self, *, now: bool = False) -> int | None:
         """Stop the child (see the module docstring) and return its exit code.
+
+        ``now``: SIGKILL at once. For requests in flight whose drain is over: llama-server
+        finishes every generation before it obeys the exit command, so asking would keep them
+        (and the stop) going for up to ``stop_timeout`` more.
 
         Idempotent and safe in any state; None when it never ran. Cancelling stop() does not
         cancel the stop.
@@ -236,8 +240,17 @@ class ChildProcess:
         if self._owner is None:
             return None
         if not self._owner.done():
-            self._inbox.put_nowait(_Stop())
+            self._inbox.put_nowait(_Stop(now))
         return await self.wait_exited()
+
+    def kill(self) -> None:
+        """SIGKILL the child's process group now, without waiting (a forced shutdown); the
+        owner still reaps it and settles every waiter."""
+        if self._pid is None or self._exited.done():
+            return
+        self._killed = True
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._pid, signal.SIGKILL)
 
     async def wait_exited(self) -> int:
         """Wait until the child has exited and been reaped; its exit code.
@@ -311,6 +324,7 @@ class ChildProcess:
         argv = shlex.join(child_argv(self.config, port))
         self.logs.append(f"{_OWN_PREFIX}spawned pid {proc.pid}: {argv}")
         log.info("model=%s pid=%d port=%d: spawned", self.name, proc.pid, port)
+        self._emit(EventKind.SPAWNED)
         return proc
 
     async def _supervise(self, proc: asyncio.subprocess.Process, deadline: float) -> None:
@@ -333,7 +347,7 @@ class ChildProcess:
                     self._on_deadline(proc, deadline)
                     continue
                 if isinstance(message, _Stop):
-                    self._begin_stop(proc)
+                    self._begin_stop(proc, at_once=message.now)
                 elif message.attempt != attempt:
                     continue  # left over from a spawn that lost its port
                 elif isinstance(message, _Exited):
@@ -450,7 +464,9 @@ class ChildProcess:
             self._ready.set_result(None)
         self._emit(EventKind.READY)
 
-    def _begin_stop(self, proc: asyncio.subprocess.Process) -> None:
+    def _begin_stop(self, proc: asyncio.subprocess.Process, *, at_once: bool = False) -> None:
+        if self._state is ChildState.STOPPING and at_once:
+            self._kill(proc)
         if self._state in (ChildState.STOPPING, ChildState.EXITED):
             return
         self._stop_requested = True
@@ -459,6 +475,10 @@ class ChildProcess:
         self._emit(EventKind.STOPPING)
         if not loaded:
             self._failure = "stopped while loading"
+            self._kill(proc)
+            return
+        if at_once:
+            log.info("model=%s pid=%s: its drain is over: SIGKILL", self.name, self._pid)
             self._kill(proc)
             return
         now = asyncio.get_running_loop().time()
@@ -587,7 +607,7 @@ class ChildProcess:
         self._poller = asyncio.create_task(
             watch_health(
                 self._health_session(),
-                HOST,
+                CHILD_HOST,
                 self._port,
                 lambda status: self._inbox.put_nowait(_Health(attempt, status)),
                 first_delay=first_delay,

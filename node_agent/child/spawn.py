@@ -12,7 +12,7 @@ from typing import Final
 
 from node_agent.child.orphans import tag_environment
 from node_agent.child.pdeathsig import make_preexec, pdeathsig_supported
-from node_agent.child.ports import HOST
+from node_agent.child.ports import CHILD_HOST
 from node_agent.errors import ChildError, ConfigError
 
 # Chosen by the supervisor for every child; a model's arguments may not set them.
@@ -64,7 +64,7 @@ def child_environment(config: ChildConfig, base: Mapping[str, str] | None = None
 
 
 def child_argv(config: ChildConfig, port: int) -> list[str]:
-    return [str(config.binary), *config.args, "--host", HOST, "--port", str(port)]
+    return [str(config.binary), *config.args, "--host", CHILD_HOST, "--port", str(port)]
 
 
 # util-linux's setpriv sets the parent-death signal and execs the child: the same guard as a

@@ -33,6 +33,7 @@ NOT_LOADED: Final = frozenset({ChildState.STARTING, ChildState.LOADING})
 
 
 class EventKind(enum.Enum):
+    SPAWNED = "spawned"  # the process exists (repeats when a lost port makes it respawn)
     LOADING = "loading"  # loading progress (repeats while loading)
     READY = "ready"
     SLEEPING = "sleeping"

@@ -32,20 +32,16 @@ Devices, from readings of ``total`` and ``free``:
 * ``deficit(model)[device] = min - (available - margin)`` where positive. A device never
   read and without a limit is not constrained.
 
-Making room (:meth:`MemoryLedger.plan_room`) decides one step at a time, because each
-eviction changes the readings: evict the least recently used idle instance that holds
-memory on a short device; when only busy (or loading) instances hold it, wait; when no
-tracked instance holds memory on a short device, nothing we can stop helps, so load anyway
-with a warning (the child's ``--fit`` may still shrink its context). The caller waits for a
-victim's exit and for :func:`freed_memory_visible` (GPU drivers report freed memory late,
-so a reading right after exit may still count the victim) within a bound of its choosing,
-re-reads the devices, calibrates and asks again; and checks :meth:`deficit` once more just
-before spawning.
+Making room is the scheduler's, one step at a time (each eviction changes the readings): it
+asks :meth:`MemoryLedger.shortfall` and :meth:`MemoryLedger.pick_victim` (the first of its
+idle candidates that holds memory on a short device) as its ``RoomCheck``. The caller waits
+for a victim's exit and for :func:`freed_memory_visible` (GPU drivers report freed memory
+late, so a reading right after exit may still count the victim) within a bound of its
+choosing, re-reads the devices, calibrates and asks again.
 """
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,29 +65,6 @@ class ModelFigures:
     min: Mapping[str, int] = field(default_factory=dict)
     max: Mapping[str, int] | None = None
     effective: Mapping[str, int] | None = None
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """A possible victim as the scheduler sees it; ``busy``: a request is in flight."""
-
-    name: str
-    last_used: float
-    busy: bool = False
-
-
-class Verdict(enum.Enum):
-    FITS = "fits"
-    EVICT = "evict"  # stop ``victim``, wait for it and its memory, then ask again
-    WAIT = "wait"  # only busy instances hold the memory: a request waits, /models/load gets 500
-    LOAD_ANYWAY = "load_anyway"  # nothing we could stop helps: load and log a warning
-
-
-@dataclass(frozen=True)
-class RoomPlan:
-    verdict: Verdict
-    deficit: Mapping[str, int]
-    victim: str | None = None
 
 
 @dataclass(frozen=True)
@@ -252,25 +225,6 @@ class MemoryLedger:
         return short
 
     # -- making room -----------------------------------------------------------------------
-
-    def plan_room(self, model: str, candidates: Sequence[Candidate]) -> RoomPlan:
-        """The next step to fit ``model``; ``candidates``: instances the scheduler could stop.
-
-        Candidates not marked busy are idle; instances held but not offered (loading,
-        queued, stopping) count as busy.
-        """
-        short = self.deficit(model)
-        if not short:
-            return RoomPlan(Verdict.FITS, short)
-        idle = [
-            c for c in candidates if not c.busy and c.name != model and self._helps(c.name, short)
-        ]
-        if idle:
-            victim = min(idle, key=lambda c: c.last_used)
-            return RoomPlan(Verdict.EVICT, short, victim.name)
-        if any(self._helps(m, short) for m in self._held if m != model):
-            return RoomPlan(Verdict.WAIT, short)
-        return RoomPlan(Verdict.LOAD_ANYWAY, short)
 
     def _helps(self, victim: str, short: Mapping[str, int]) -> bool:
         held = self._held.get(victim, {})

@@ -23,8 +23,17 @@ router (``server_models_sched``) and close the races that router leaves open:
   llama.cpp's router). A stopping (draining) model takes no new lease: its new requests wait
   in the queue and load it again once it has exited.
 
+* **Closing.** Once :meth:`Scheduler.close` was called (the agent got SIGTERM) no lease is
+  taken, no load is claimed and no claimed load may spawn: every waiter is told to go away
+  (503 with Retry-After) and the registry only drains and stops what runs.
+* **Drains.** A stopping model's requests in flight may finish until its drain deadline; the
+  scheduler says when the child may be asked to exit (:meth:`Scheduler.drain_over`).
+
 Memory is a second limit: an optional :class:`RoomCheck` (the ledger) says whether the head's
 model fits now, and which of the idle candidates to evict when it does not.
+
+Every change of a model's state follows :data:`MODEL_TRANSITIONS` and is recorded once as a
+:class:`Transition` (old -> new) for the registry to log (:meth:`Scheduler.take_transitions`).
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ import enum
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Final, Protocol
 
 
 class ModelState(enum.Enum):
@@ -48,6 +57,28 @@ class ModelState(enum.Enum):
     def running(self) -> bool:
         """A child process exists (it holds an instance slot)."""
         return self is not ModelState.UNLOADED
+
+
+# Which state may follow which (a model's life: spawned, ready, asleep and awake, gone).
+MODEL_TRANSITIONS: Final[Mapping[ModelState, frozenset[ModelState]]] = {
+    ModelState.UNLOADED: frozenset({ModelState.LOADING}),
+    ModelState.LOADING: frozenset({ModelState.LOADED, ModelState.UNLOADED}),
+    ModelState.LOADED: frozenset({ModelState.SLEEPING, ModelState.UNLOADED}),
+    ModelState.SLEEPING: frozenset({ModelState.LOADED, ModelState.UNLOADED}),
+}
+
+
+class IllegalTransition(ValueError):
+    """A state change :data:`MODEL_TRANSITIONS` does not allow (a bug in the caller)."""
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One model's state change, recorded once for the log."""
+
+    model: str
+    old: ModelState
+    new: ModelState
 
 
 @dataclass(frozen=True)
@@ -77,6 +108,7 @@ class DecisionKind(enum.Enum):
     GONE = "gone"  # the model left the catalog while the request waited
     BACKOFF = "backoff"  # the model keeps failing: no load before ``retry_after`` seconds
     UNLOADED = "unloaded"  # it would need a load, and this waiter may not start one
+    CLOSING = "closing"  # the agent is shutting down: no lease, no load (503 + Retry-After)
 
 
 class RoomCheck(Protocol):
@@ -108,7 +140,10 @@ class _Model:
     ready_at: float | None = None
     failures: int = 0  # failed loads or early crashes in a row
     retry_at: float = 0.0  # no new load before this time (crash-loop backoff)
+    drain_until: float | None = None  # while stopping: requests in flight may run until then
 
+
+_USABLE = frozenset({ModelState.LOADED, ModelState.SLEEPING})
 
 # Crash-loop backoff: the first failure may be retried at once (a crash of a model that ran
 # fine is worth one immediate reload); from the second failure in a row on, wait 1 s, 2 s,
@@ -159,6 +194,7 @@ class ModelView:
     error: str | None
     failures: int
     retry_at: float
+    claimed: bool = False  # a load was granted and its process does not exist yet
 
 
 @dataclass(frozen=True)
@@ -185,6 +221,8 @@ class Scheduler:
         self._failures: dict[int, str] = {}  # waiter -> why the load it waited for failed
         self._leases: dict[int, Lease] = {}
         self._ids = itertools.count(1)
+        self._transitions: list[Transition] = []
+        self.closing = False
 
     # -- catalog ---------------------------------------------------------------------------
 
@@ -217,7 +255,7 @@ class Scheduler:
         the model younger; GET ``/props`` or ``/metrics`` do not.
         """
         model = self._models[name]
-        if model.stopping or model.state not in (ModelState.LOADED, ModelState.SLEEPING):
+        if self.closing or model.stopping or model.state not in _USABLE:
             return None
         model.in_flight += 1
         if inference:
@@ -279,6 +317,9 @@ class Scheduler:
         reason = self._failures.pop(waiter, None)
         if reason is not None:
             return Decision(DecisionKind.FAILED, reason=reason)
+        if self.closing:
+            self.leave(waiter)
+            return Decision(DecisionKind.CLOSING)
         name = self._waiting[waiter]
         if name not in self._models:
             self.leave(waiter)
@@ -322,12 +363,32 @@ class Scheduler:
 
     # -- child lifecycle -----------------------------------------------------------------------
 
+    def _set_state(self, model: _Model, new: ModelState) -> None:
+        old = model.state
+        if new is old:
+            return
+        if new not in MODEL_TRANSITIONS[old]:
+            raise IllegalTransition(f"model {model.name!r}: {old.value} -> {new.value}")
+        model.state = new
+        self._transitions.append(Transition(model.name, old, new))
+
+    def take_transitions(self) -> list[Transition]:
+        """The state changes since the last call, oldest first (each is reported once)."""
+        taken, self._transitions = self._transitions, []
+        return taken
+
+    def may_spawn(self, name: str) -> bool:
+        """Whether the claimed load of ``name`` may create its process now (not once the
+        agent is closing: nothing is spawned after the signal)."""
+        return not self.closing and name in self._models
+
     def claim_done(self, name: str, *, spawned: bool, reason: str = "") -> None:
-        """The claimed load spawned a child (now LOADING), or failed before it could."""
+        """The claimed load spawned a child (now LOADING), or was withdrawn before it could
+        (its waiters fail with ``reason``; no failure is held against the model)."""
         entry = self._queue.get(name)
         if spawned:
             model = self._models[name]
-            model.state = ModelState.LOADING
+            self._set_state(model, ModelState.LOADING)
             model.failed, model.exit_code = False, None
             if entry is not None:
                 entry.spawned = True
@@ -335,9 +396,19 @@ class Scheduler:
         elif entry is not None:
             self._fail_entry(entry, reason)
 
+    def on_spawn_failed(self, name: str, now: float, reason: str) -> None:
+        """The claimed load failed before any process existed (the binary cannot run, the
+        download failed): a failed load, as if its child had died while loading."""
+        model = self._models[name]
+        self._record_failure(model, now, reason)
+        model.exit_code = None
+        entry = self._queue.get(name)
+        if entry is not None:
+            self._fail_entry(entry, reason)
+
     def on_ready(self, name: str, now: float) -> None:
         model = self._models[name]
-        model.state = ModelState.LOADED
+        self._set_state(model, ModelState.LOADED)
         model.last_used = model.ready_at = now
         entry = self._queue.get(name)
         if entry is not None:
@@ -345,10 +416,21 @@ class Scheduler:
             entry.claimed = entry.spawned = False
 
     def on_sleeping(self, name: str) -> None:
-        self._models[name].state = ModelState.SLEEPING
+        model = self._models[name]
+        if model.state is ModelState.LOADED:  # a child that sleeps before it said ready: no
+            self._set_state(model, ModelState.SLEEPING)
 
     def on_woke(self, name: str) -> None:
-        self._models[name].state = ModelState.LOADED
+        model = self._models[name]
+        if model.state is ModelState.SLEEPING:
+            self._set_state(model, ModelState.LOADED)
+
+    def _record_failure(self, model: _Model, now: float, reason: str) -> None:
+        model.failed = True
+        model.error = reason
+        stable = model.ready_at is not None and now - model.ready_at >= STABLE_SECONDS
+        model.failures = 1 if stable else model.failures + 1
+        model.retry_at = now + backoff_delay(model.failures)
 
     def on_exited(self, name: str, exit_code: int | None, now: float, *, reason: str = "") -> None:
         """The child is gone. An unexpected exit marks the model failed, with its exit code.
@@ -359,15 +441,13 @@ class Scheduler:
         """
         model = self._models[name]
         died_loading = model.state is ModelState.LOADING and not model.stopping
-        model.failed = not model.stopping
-        if model.failed:
-            model.error = reason or f"exit code {exit_code}"
-            stable = model.ready_at is not None and now - model.ready_at >= STABLE_SECONDS
-            model.failures = 1 if stable else model.failures + 1
-            model.retry_at = now + backoff_delay(model.failures)
-        else:
+        if model.stopping:
+            model.failed = False
             model.failures, model.retry_at = 0, 0.0
-        model.state, model.stopping, model.ready_at = ModelState.UNLOADED, False, None
+        else:
+            self._record_failure(model, now, reason or f"exit code {exit_code}")
+        self._set_state(model, ModelState.UNLOADED)
+        model.stopping, model.ready_at, model.drain_until = False, None, None
         model.exit_code = exit_code
         model.in_flight = 0
         for lease_id in [i for i, lease in self._leases.items() if lease.model == name]:
@@ -391,14 +471,42 @@ class Scheduler:
     def request_stop(self, name: str) -> bool:
         """Mark a running model as stopping (unload, eviction, TTL). False if it was not.
 
-        From here it takes no new lease; requests in flight finish (the registry drains them
-        up to the stop timeout) and requests that arrive meanwhile queue to load it again.
+        From here it takes no new lease; requests in flight finish (until the drain deadline
+        :meth:`begin_drain` sets) and requests that arrive meanwhile queue to load it again.
         """
         model = self._models.get(name)
         if model is None or not model.state.running or model.stopping:
             return False
         model.stopping = True
         return True
+
+    def begin_drain(self, name: str, deadline: float) -> None:
+        """A stopping model's requests in flight may run until ``deadline`` (an earlier
+        deadline, as the shutdown's, wins over a later one)."""
+        model = self._models[name]
+        if model.drain_until is None or deadline < model.drain_until:
+            model.drain_until = deadline
+
+    def drain_over(self, name: str, now: float) -> bool:
+        """Whether a stopping model's child may be asked to exit now: nothing is in flight any
+        more, or the drain deadline has passed (its streams then end with an error event)."""
+        model = self._models.get(name)
+        if model is None or model.in_flight == 0:
+            return True
+        return model.drain_until is not None and now >= model.drain_until
+
+    def drain_left(self, name: str, now: float) -> float | None:
+        """Seconds until the drain deadline of ``name`` (None: no deadline set)."""
+        model = self._models.get(name)
+        if model is None or model.drain_until is None:
+            return None
+        return max(0.0, model.drain_until - now)
+
+    def close(self) -> list[str]:
+        """The agent is shutting down: refuse every waiter from now on and return the models
+        to stop (every running one that is not stopping yet, now marked stopping)."""
+        self.closing = True
+        return [name for name in list(self._models) if self.request_stop(name)]
 
     # -- capacity and victims ----------------------------------------------------------------
 
@@ -499,6 +607,40 @@ class Scheduler:
             return self.room.pick_victim(name, candidates) is None
         return not candidates
 
+    def wait_reason(self, name: str) -> str:
+        """Why a request for ``name`` cannot go ahead now, in words (for the log line when it
+        starts waiting and for the 503 of ``--queue-timeout``)."""
+        model = self._models[name]
+        if model.stopping:
+            return f"{name} is stopping ({model.in_flight} in flight)"
+        if model.state is ModelState.LOADING:
+            return f"{name} is loading"
+        entry = self._queue.get(name)
+        head = self._head()
+        if entry is not None and head is not None and head is not entry:
+            return f"queued behind {head.model}, which waits for room"
+        if self.models_max > 0:
+            running = [m for m in self._models.values() if m.state.running]
+            if len(running) >= self.models_max:
+                busy = ", ".join(f"{m.name} ({self._busy_with(m)})" for m in running)
+                return f"all {self.models_max} instances busy: {busy}"
+        if self.room is not None and self._any_running() and self.room.shortfall(name):
+            return "not enough free memory for it, and no idle model to evict"
+        return "waiting for its turn"
+
+    def _busy_with(self, model: _Model) -> str:
+        if model.stopping:
+            return "stopping"
+        if model.state is ModelState.LOADING:
+            return "loading"
+        if model.in_flight:
+            return f"{model.in_flight} in flight"
+        if model.pin:
+            return "pinned"
+        if model.name in self._queue:
+            return "requested"
+        return "idle"
+
     # -- snapshots ---------------------------------------------------------------------------
 
     def view(self, name: str) -> ModelView:
@@ -516,6 +658,7 @@ class Scheduler:
             error=m.error,
             failures=m.failures,
             retry_at=m.retry_at,
+            claimed=entry is not None and entry.claimed and not entry.spawned,
         )
 
     def statistics(self) -> Statistics:

@@ -26,17 +26,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from node_agent.core.ledger import DeviceReading
-from node_agent.errors import ConfigError
 from node_agent.memory.cgroup import cgroup_memory
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("corral.devices")
 
 HOST = "host"
 # Environment for every child: CUDA's default order is "fastest first", NVML's is PCI bus
 # order; without this CUDA0 in a child's log could be another GPU than NVML's CUDA0.
 CHILD_ENV = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
-
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
 class DeviceProbe(Protocol):
@@ -161,27 +158,6 @@ def open_probes(nvml: NvmlLibrary | None = None, *, use_nvml: bool = True) -> Co
             if gpu.handles:
                 probes.append(gpu)
     return CompositeProbe(probes)
-
-
-def parse_memory_limit(text: str) -> tuple[str, int]:
-    """``DEVICE=SIZE`` (``host=8GiB``, ``CUDA0=20G``, ``host=512MiB``) → (device, bytes)."""
-    device, sep, size = text.partition("=")
-    if not sep or not device.strip():
-        raise ConfigError(f"--memory-limit {text!r}: expected DEVICE=SIZE, e.g. host=8GiB")
-    return device.strip(), parse_size(size, f"--memory-limit {text!r}")
-
-
-def parse_size(text: str, what: str = "size") -> int:
-    raw = text.strip().lower().removesuffix("ib").removesuffix("b")
-    number = raw.rstrip("kmgt")
-    unit = raw[len(number) :]
-    try:
-        value = float(number)
-    except ValueError as exc:
-        raise ConfigError(f"{what}: cannot read size {text!r} (use e.g. 512MiB, 8GiB)") from exc
-    if value < 0 or unit not in _UNITS:
-        raise ConfigError(f"{what}: cannot read size {text!r} (use e.g. 512MiB, 8GiB)")
-    return int(value * _UNITS[unit])
 
 
 def _kib_fields(path: Path, names: Sequence[str]) -> dict[str, int]:

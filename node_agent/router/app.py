@@ -21,45 +21,21 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
 from node_agent.errors import ApiError
 from node_agent.router.exchange import begin_exchange
+from node_agent.router.logs_api import setup_logs
 from node_agent.router.metrics import setup_metrics
-from node_agent.router.proxy import Proxy
-from node_agent.router.registry import FAKE_TIMING_SECONDS, Registry
+from node_agent.router.model_run import FAKE_TIMING_SECONDS
+from node_agent.router.registry import Registry
+from node_agent.router.state import PROXIED_GET, PROXIED_POST, STATE, AgentState, RouterSettings
 from node_agent.router.ui import setup_ui
 from node_agent.router.views import model_entry, router_props
 
-log = logging.getLogger(__name__)
-
-# Endpoints whose POST body names the model (llama.cpp's proxy_post routes).
-PROXIED_POST = (
-    "/completion",
-    "/completions",
-    "/v1/completions",
-    "/chat/completions",
-    "/v1/chat/completions",
-    "/v1/responses",
-    "/v1/messages",
-    "/v1/messages/count_tokens",
-    "/infill",
-    "/embedding",
-    "/embeddings",
-    "/v1/embeddings",
-    "/rerank",
-    "/reranking",
-    "/v1/rerank",
-    "/v1/reranking",
-    "/tokenize",
-    "/detokenize",
-    "/apply-template",
-)
-# GET endpoints that name the model in ``?model=`` (they do not make a model younger).
-PROXIED_GET = ("/props", "/metrics", "/slots")
+log = logging.getLogger("corral.http")
 
 # Routes that answer without an API key (llama.cpp: /health is for load balancers' probes).
 # The status page is static and holds no data (it asks for the key itself).
@@ -78,32 +54,6 @@ PREFLIGHT_HEADERS = {
     "Access-Control-Allow-Methods": "GET, POST, DELETE, OPTIONS",
     "Access-Control-Allow-Headers": "*",
 }
-
-
-@dataclass(frozen=True)
-class RouterSettings:
-    """What the HTTP layer needs of the agent's options."""
-
-    models_max: int
-    models_autoload: bool
-    api_keys: tuple[str, ...]
-    build_info: str
-    max_body_bytes: int = 64 * 1024 * 1024
-
-
-Reloader = Callable[[], Awaitable[None]]
-
-
-@dataclass(frozen=True)
-class AgentState:
-    registry: Registry
-    proxy: Proxy
-    settings: RouterSettings
-    reload: Reloader
-    binary: str
-
-
-STATE: web.AppKey[AgentState] = web.AppKey("corral_state", AgentState)
 
 
 def _json(data: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
@@ -233,18 +183,6 @@ def body_model(data: Any) -> str | None:
     return model if isinstance(model, str) and model else None
 
 
-def request_model(body: bytes) -> str:
-    """The model a proxied POST names; ApiError (400) when the body is bad or names none.
-
-    Pure (no registry, no filesystem): the name is only ever looked up in the catalog, so names
-    such as ``../x``, ``a/b`` or ones holding NUL are simply not found.
-    """
-    model = body_model(parse_json_body(body))
-    if model is None:
-        raise ApiError(400, MODEL_MISSING)
-    return model
-
-
 def _canonical(registry: Registry, name: str | None) -> str:
     if not name:
         raise ApiError(400, MODEL_MISSING)
@@ -332,7 +270,7 @@ async def unload_model(request: web.Request) -> web.StreamResponse:
     canonical = registry.resolve(model) if model is not None else None
     if canonical is None:
         raise ApiError(400, "model is not found")
-    await registry.unload(canonical)
+    registry.unload(canonical)
     return _json({"success": True})
 
 
@@ -357,6 +295,7 @@ async def ledger(request: web.Request) -> web.StreamResponse:
         raise ApiError(
             404, "the memory ledger is off: start the agent with --models-memory-margin MiB"
         )
+    memory.refresh()  # a fresh reading for the one who asks
     return _json(memory.statistics())
 
 
@@ -389,4 +328,6 @@ def build_app(state: AgentState) -> web.Application:
     app.add_routes(routes)
     setup_metrics(app)
     setup_ui(app)
+    if state.logs_for is not None:
+        setup_logs(app, state.logs_for)
     return app

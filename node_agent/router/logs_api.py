@@ -8,16 +8,12 @@ lines as the child writes them (plain text, one line each), like ``tail -f``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from aiohttp import web
 
-from node_agent.child.logs import LogRing
 from node_agent.errors import ApiError
-from node_agent.router.app import STATE
+from node_agent.router.state import STATE, LogsFor
 
 # The model's ring, made on first use (so ``follow`` works before the model's first load).
-LogsFor = Callable[[str], LogRing]
 LOGS: web.AppKey[LogsFor] = web.AppKey("corral_logs")
 DEFAULT_LINES = 200
 

@@ -21,7 +21,7 @@ from node_agent.errors import CorralError
 from node_agent.memory.devices import CompositeProbe
 from node_agent.sources.spec import ModelSpec
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("corral.ledger")
 
 MIB = 1 << 20
 # How long a victim's memory may take to show free after its exit (Ollama waits up to a few
@@ -117,8 +117,13 @@ class MemoryWatch:
     # -- the scheduler's RoomCheck -----------------------------------------------------------
 
     def shortfall(self, model: str) -> bool:
+        """Whether ``model`` does not fit now. The scheduler asks this speculatively, many
+        times per decision: a model that stops fitting is logged once, until it fits again."""
         short = self.ledger.deficit(model)
-        if short and model not in self._warned:
+        if not short:
+            self._warned.discard(model)
+        elif model not in self._warned:
+            self._warned.add(model)
             lacking = ", ".join(f"{d}: {b / MIB:.0f} MiB" for d, b in sorted(short.items()))
             log.info("model=%s does not fit now (short by %s)", model, lacking)
         return bool(short)
@@ -184,5 +189,5 @@ class MemoryWatch:
         }
 
     def statistics(self) -> dict[str, Any]:
-        self.refresh()
+        """The ledger as of the last device reading (:meth:`refresh`); never probes itself."""
         return self.ledger.statistics().as_dict()

@@ -28,8 +28,9 @@ from node_agent.errors import ApiError
 from node_agent.router.exchange import EXCHANGE, Exchange
 from node_agent.router.metrics_families import Families, LifecycleTracker, SnapshotCollector
 from node_agent.router.registry import Registry
+from node_agent.router.state import PROXIED_GET, PROXIED_POST, STATE
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("corral.metrics")
 # Its own logger, so the per-request lines can be turned down alone.
 request_log = logging.getLogger("corral.requests")
 
@@ -55,6 +56,8 @@ class AgentMetrics:
         self._clock = clock
 
     def scrape(self) -> web.Response:
+        if self._registry.memory is not None:
+            self._registry.memory.refresh()  # the ledger's figures as of this scrape
         return web.Response(
             body=generate_latest(self.families.registry),
             headers={"Content-Type": CONTENT_TYPE_LATEST},
@@ -73,7 +76,7 @@ class AgentMetrics:
     async def lifecycle(self, app: web.Application) -> AsyncIterator[None]:
         """``cleanup_ctx``: follow events from startup (before load-on-startup) to cleanup."""
         tasks = TaskSet("metrics")
-        tasks.spawn(self.follow_events(), "events")
+        tasks.spawn(self.follow_events(), "events", forever=True)
         yield
         await tasks.close()
 
@@ -128,9 +131,6 @@ async def metrics_middleware(request: web.Request, handler: Handler) -> web.Stre
 
 def setup_metrics(app: web.Application) -> None:
     """Serve the agent's own ``GET /metrics`` and count what passes (call from build_app)."""
-    # Imported here: app.py calls this function from build_app, so app.py imports this module.
-    from node_agent.router.app import PROXIED_GET, PROXIED_POST, STATE
-
     posts, gets = frozenset(PROXIED_POST), frozenset(PROXIED_GET)
 
     def proxied(request: web.Request) -> bool:

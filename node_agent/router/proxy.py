@@ -10,17 +10,19 @@ import asyncio
 import json
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
+from node_agent.child.ports import CHILD_HOST
+from node_agent.core.links import LinkBook
 from node_agent.errors import ApiError
 from node_agent.router.exchange import Exchange
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("corral.proxy")
 
-CHILD_HOST = "127.0.0.1"
 MAX_LINKS = 64
 # llama-server closes a keep-alive connection idle for 5 s (measured with the pinned binary).
 # A pooled connection reused just as the child closes it fails with "Server disconnected"
@@ -60,7 +62,6 @@ class _ChildLink:
     def __init__(self, slots: int, timeout: aiohttp.ClientTimeout) -> None:
         self.slots = slots
         self.semaphore = asyncio.Semaphore(slots)
-        self.users = 0  # requests holding or waiting for the semaphore
         connector = aiohttp.TCPConnector(
             limit=0,  # the gate limits
             enable_cleanup_closed=True,
@@ -75,15 +76,23 @@ class _ChildLink:
         )
 
 
+@dataclass(frozen=True)
+class ProxyStatistics:
+    links: int
+    retired: int  # links of exiting children that streams still read
+    users: int
+
+
 class Proxy:
     """HTTP clients to the children: per child, a gate of its slots and keep-alive connections
-    that are closed before the child is asked to exit."""
+    that are released before the child is asked to exit (the :class:`LinkBook` decides when)."""
 
     def __init__(self, *, timeout: float) -> None:
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout)
-        self._links: dict[int, _ChildLink] = {}
+        self._book = LinkBook()
+        self._links: dict[int, _ChildLink] = {}  # by the book's link id
 
-    async def _link(self, port: int, slots: int) -> _ChildLink:
+    async def _link(self, port: int, slots: int) -> tuple[int, _ChildLink]:
         """The link to the child on ``port``, which serves ``slots`` requests at once.
 
         llama-server serves each connection on one of its few HTTP threads
@@ -92,32 +101,44 @@ class Proxy:
         pool stalled requests for 5-20 s (bench S5). Its slots are all it can serve anyway;
         a request over them waits at the gate, in order, instead of in a socket nobody reads.
         """
-        link = self._links.get(port)
-        if link is not None and (link.slots == slots or link.users > 0):
-            return link  # a new slot count applies once the link is idle
-        if link is not None:
-            await self.close_port(port)
+        link_id = self._book.current(port)
+        if link_id is not None:
+            link = self._links[link_id]
+            if link.slots == slots or self._book.users(link_id) > 0:
+                return link_id, link  # a new slot count applies once the link is idle
         if len(self._links) > MAX_LINKS:
             # Children come and go on new ports: drop the links nobody is using.
-            for old in [p for p, k in self._links.items() if k.users == 0]:
-                await self.close_port(old)
-        link = self._links[port] = _ChildLink(slots, self._timeout)
-        return link
+            for old in self._book.idle():
+                self._book.retire_link(old)
+                await self._close(old)
+        link_id, replaced = self._book.add(port)
+        # Registered before the next await: a request arriving meanwhile finds it.
+        link = self._links[link_id] = _ChildLink(slots, self._timeout)
+        if replaced is not None:
+            await self._close(replaced)
+        return link_id, link
 
-    async def close_port(self, port: int) -> None:
-        """Close the connections to the child on ``port``: called before it is asked to exit.
-
-        A llama-server child with a keep-alive connection open takes 10 ms longer to exit (13
-        against 3 ms, measured): its HTTP thread waits on the idle socket. Every model switch
-        pays that, so the registry closes them first (nothing is in flight by then).
-        """
-        link = self._links.pop(port, None)
+    async def _close(self, link_id: int) -> None:
+        link = self._links.pop(link_id, None)
         if link is not None:
             await link.session.close()
 
+    async def release_port(self, port: int) -> None:
+        """The child on ``port`` is about to be asked to exit: close its idle connections now
+        (a llama-server child with a keep-alive connection open takes 10 ms longer to exit: 13
+        against 3 ms, measured), and a busy link once its last request is done. A stream the
+        drain deadline cut then reads the child's exit and ends with an error event."""
+        link_id = self._book.retire(port)
+        if link_id is not None:
+            await self._close(link_id)
+
     async def close(self) -> None:
-        for port in list(self._links):
-            await self.close_port(port)
+        for link_id in list(self._links):
+            await self._close(link_id)
+
+    def statistics(self) -> ProxyStatistics:
+        book = self._book.statistics()
+        return ProxyStatistics(links=book.links, retired=book.retired, users=book.users)
 
     async def _send(
         self,
@@ -165,13 +186,14 @@ class Proxy:
     ) -> web.StreamResponse:
         """Send ``request`` (with ``body`` already read) to the child on ``port``, which
         serves ``slots`` requests at once."""
-        link = await self._link(port, slots)
-        link.users += 1
+        link_id, link = await self._link(port, slots)
+        self._book.enter(link_id)
         try:
             async with link.semaphore:
                 return await self._forward(link.session, request, port, body, exchange)
         finally:
-            link.users -= 1
+            if self._book.leave(link_id):
+                await self._close(link_id)
 
     async def _forward(
         self,

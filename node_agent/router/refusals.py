@@ -35,11 +35,27 @@ def queue_full_error(name: str, max_queue: int) -> ApiError:
     )
 
 
-def queue_timeout_error(name: str, timeout: float) -> ApiError:
-    """``--queue-timeout``: 503 for a request that waited its turn that long."""
+def queue_timeout_error(name: str, timeout: float, reason: str) -> ApiError:
+    """``--queue-timeout``: 503 for a request that waited its turn that long, saying what it
+    waited for (the scheduler's :meth:`~node_agent.core.scheduler.Scheduler.wait_reason`)."""
     return ApiError(
         503,
-        f"model '{name}' did not become available within the queue timeout ({timeout:g} s); "
-        "try again later",
+        f"model '{name}' did not become available within the queue timeout ({timeout:g} s): "
+        f"{reason}; try again later",
         headers={"Retry-After": str(max(1, math.ceil(timeout)))},
+    )
+
+
+# A client told to come back after a shutdown reaches the pod's replacement (or this agent
+# restarted) a moment later.
+CLOSING_RETRY_AFTER = 1
+
+
+def closing_error() -> ApiError:
+    """503 for a request that arrives while the agent shuts down (on a kept-alive connection:
+    new connections are no longer accepted)."""
+    return ApiError(
+        503,
+        "the agent is shutting down; try again later",
+        headers={"Retry-After": str(CLOSING_RETRY_AFTER)},
     )

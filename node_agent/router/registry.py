@@ -6,9 +6,12 @@ into scheduler events. Every mutation happens synchronously on the event loop, b
 awaits, so nothing here needs a lock: asyncio runs one step at a time, and a request's
 "is it ready?" and "take the lease" are one step (never split by an eviction).
 
-Each child has one owner task (:meth:`Registry._own_child`): it starts the child, waits for
-it to exit and reports the exit. Stopping goes through :meth:`Registry._stop`, which drains
-requests in flight (up to the model's stop timeout) before asking the child to exit.
+Each model's life has one owner, a :class:`~node_agent.router.model_run.ModelRun`: it
+spawns the child, reports its states and its exit. Stopping goes through
+:meth:`Registry._stop`, which has the run drain requests in flight (until the scheduler's drain
+deadline: the model's stop timeout, or the shutdown's) before it asks the child to exit.
+Requests are admitted by one loop (:meth:`Registry._admit`) for both proxied requests and
+``POST /models/load``.
 """
 
 from __future__ import annotations
@@ -18,42 +21,51 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from node_agent.aio import Changed, TaskSet
-from node_agent.child.logs import LogRing, failure_line
-from node_agent.child.process import EXIT_NOT_RUN
-from node_agent.core.scheduler import DecisionKind, Lease, ModelState, Scheduler
+from node_agent.core.scheduler import Decision, DecisionKind, Lease, ModelState, Scheduler
 from node_agent.errors import ApiError
 from node_agent.router.events import Event, EventHub
 from node_agent.router.keep_alive import parse_keep_alive
+from node_agent.router.model_run import SHUTTING_DOWN, Child, ChildFactory, ModelRun, RunContext
 from node_agent.router.refusals import (
     backoff_error,
+    closing_error,
     failed_error,
     queue_full_error,
     queue_timeout_error,
 )
-from node_agent.router.running import Child, ChildFactory, ModelEvents, Running
 from node_agent.sources.catalog import Catalog
-from node_agent.sources.download import (
-    DownloadError,
-    DownloadPlan,
-    fetch,
-    needs_download,
-    with_local_model,
-)
+from node_agent.sources.download import needs_download
 from node_agent.sources.spec import ModelSpec
 
 if TYPE_CHECKING:
     from node_agent.router.memory import MemoryWatch
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("corral.registry")
 
 # llama.cpp's router honours this to make its races reproducible; so do we (SPEC).
 FAKE_TIMING_ENV = "LLAMA_SERVER_DEBUG_FAKE_TIMING"
-FAKE_TIMING_SECONDS = 2.0
 DEFAULT_PARALLEL = 4  # llama-server's slots when -np is not given (or is -1, auto)
 TTL_CHECK_SECONDS = 0.25  # how often idle models are checked against their TTL
+DEFAULT_SHUTDOWN_TIMEOUT = 30.0  # seconds: the agent's --shutdown-timeout
+# At shutdown, requests in flight may run until this long before the bound, so that the
+# children they cut still exit and the agent ends within it.
+SHUTDOWN_EXIT_SECONDS = 2.0
+
+
+@dataclass(frozen=True)
+class RegistryStatistics:
+    """A snapshot of the registry's own bookkeeping (beside the scheduler's)."""
+
+    models: int
+    runs: int  # models with a child (or a load under way)
+    stopping: int  # runs draining or stopping
+    tasks: int
+    subscribers: int
+    closing: bool
 
 
 class Registry:
@@ -72,6 +84,7 @@ class Registry:
         release_port: Callable[[int], Awaitable[None]] | None = None,
         clock: Callable[[], float] = time.monotonic,
         fake_timing: bool | None = None,
+        shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
     ) -> None:
         self._sched = Scheduler(models_max, memory)
         self.memory = memory
@@ -83,14 +96,25 @@ class Registry:
         self._keep_alive: dict[str, float | None] = {}  # per-request overrides (Ollama's)
         self._specs: dict[str, ModelSpec] = {}
         self._aliases: dict[str, str] = {}
-        self._running: dict[str, Running] = {}
+        self._runs: dict[str, ModelRun] = {}
         self._factory = child_factory
         self._clock = clock
         self._changed = Changed()
         self._tasks = TaskSet("registry")
         self._hub = EventHub()
+        self.shutdown_timeout = shutdown_timeout
         self.fake_timing = (
             bool(os.environ.get(FAKE_TIMING_ENV)) if fake_timing is None else fake_timing
+        )
+        self._ctx = RunContext(
+            self._sched,
+            memory,
+            clock,
+            self._hub,
+            self._changed,
+            self._wake,
+            self._stop,
+            self.fake_timing,
         )
         self._set_specs(catalog.models, catalog.aliases)
 
@@ -134,8 +158,8 @@ class Registry:
         return self._clock()
 
     def child(self, name: str) -> Child | None:
-        running = self._running.get(name)
-        return running.child if running is not None else None
+        run = self._runs.get(name)
+        return run.child if run is not None else None
 
     async def reload(self, catalog: Catalog, changed: set[str]) -> None:
         """Apply a re-read catalog: stop models that vanished or whose arguments changed.
@@ -144,21 +168,24 @@ class Registry:
         wait in the queue and load it again with its new arguments.
         """
         specs = catalog.models
+        before = dict(self._specs)
         gone = [name for name in self._specs if name not in specs]
         # Gone models stay known until their children have stopped (draining).
         self._set_specs({**{n: self._specs[n] for n in gone}, **specs}, catalog.aliases)
         stops = [self._stop(name, "reload") for name in (*gone, *changed)]
         await _wait_all(stops)
         for name in gone:
-            if name not in self._running:
+            if name not in self._runs:
                 self._sched.remove_model(name)
                 self._specs.pop(name, None)
         self._publish("*", "models_reload", None)
         self._wake()
-        # Presets added (or switched to load-on-startup) at runtime load now, as at start.
-        for name, spec in specs.items():
-            if spec.load_on_startup and not self._sched.view(name).state.running:
-                self._tasks.spawn(self._load_quietly(name), f"startup:{name}")
+        if not self._sched.closing:
+            # Presets added (or switched to load-on-startup) at runtime load now, as at start.
+            for name, spec in specs.items():
+                was = before.get(name)
+                if spec.load_on_startup and (was is None or not was.load_on_startup):
+                    self._load_on_startup(name)
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -167,8 +194,10 @@ class Registry:
 
         Cancelling (the client went away) leaves the queue; a load it started goes on. With
         ``--max-queue`` a request beyond that many waiters, and with ``--queue-timeout`` one
-        that waited that long, gets 503 with Retry-After instead of an endless wait.
+        that waited that long, gets 503 with Retry-After instead of an endless wait; so does
+        every request once the agent is closing.
         """
+        self._refuse_if_closing()
         lease = self._sched.try_lease(name, self._clock(), inference=inference)
         if lease is not None:
             return lease
@@ -176,30 +205,71 @@ class Registry:
             raise ApiError(400, "model is not loaded")
         if self.max_queue is not None and self._sched.view(name).queued >= self.max_queue:
             raise queue_full_error(name, self.max_queue)
+        lease = await self._admit(name, inference=inference, may_load=autoload, direct=False)
+        assert lease is not None
+        return lease
+
+    async def load(self, name: str) -> None:
+        """``POST /models/load``: start loading ``name``; returns once its child is spawned
+        (``loading``), like llama.cpp, or raises when it could not be."""
+        self._refuse_if_closing()
+        view = self._sched.view(name)
+        if (view.state.running or view.claimed) and not view.stopping:
+            raise ApiError(400, "model is already running")
+        await self._admit(name, inference=True, may_load=True, direct=True)
+        while True:  # granted: wait for the spawn (the run's first step)
+            changed = self._changed.current()
+            view = self._sched.view(name)
+            if not view.claimed:
+                break
+            await changed.wait()
+        if self._sched.closing and not view.state.running:
+            raise closing_error()
+        if view.failed and not view.state.running:
+            raise failed_error(name, view.error or "")
+
+    def _refuse_if_closing(self) -> None:
+        if self._sched.closing:
+            raise closing_error()
+
+    async def _admit(
+        self, name: str, *, inference: bool, may_load: bool, direct: bool
+    ) -> Lease | None:
+        """The one admission loop: queue for ``name`` and carry out the scheduler's decisions
+        until the request is leased (``direct``: a ``/models/load``, done once its load is
+        granted) or refused."""
         self._prepare(name)
         waiter = self._sched.join(name)
-        deadline = None if self.queue_timeout is None else self._clock() + self.queue_timeout
+        timeout = None if direct else self.queue_timeout
+        deadline = None if timeout is None else self._clock() + timeout
+        waiting = False
         try:
             while True:
                 changed = self._changed.current()
                 self._tick()
                 decision = self._sched.poll(
-                    waiter, self._clock(), inference=inference, may_load=autoload
+                    waiter, self._clock(), inference=inference, may_load=may_load
                 )
                 if decision.kind is DecisionKind.LEASED:
                     assert decision.lease is not None
-                    return decision.lease
+                    if not direct:
+                        return decision.lease
+                    self._sched.release(decision.lease, self._clock())
+                    return None
                 if decision.kind is DecisionKind.LOAD:
                     self._start(name)
+                    if direct:
+                        return None
                     continue
-                if decision.kind is DecisionKind.UNLOADED:
-                    raise ApiError(400, "model is not loaded")
-                if decision.kind is DecisionKind.FAILED:
-                    raise failed_error(name, decision.reason)
-                if decision.kind is DecisionKind.GONE:
-                    raise ApiError(400, f"model '{name}' not found")
-                if decision.kind is DecisionKind.BACKOFF:
-                    raise backoff_error(name, decision.reason, decision.retry_after)
+                if decision.kind is not DecisionKind.WAIT:
+                    raise _refusal(name, decision, direct=direct)
+                if direct and self._sched.stuck(name):
+                    # Only busy models could make room: a request would wait, but a direct
+                    # load is told to come back (llama.cpp's wording).
+                    raise ApiError(500, "model limit reached, try again later")
+                if not waiting:
+                    waiting = True
+                    log.info("request for model=%s waits: %s", name, self._sched.wait_reason(name))
                 await self._wait_change(changed, deadline, name)
         finally:
             self._sched.leave(waiter)
@@ -207,7 +277,8 @@ class Registry:
 
     async def _wait_change(self, changed: asyncio.Event, deadline: float | None, name: str) -> None:
         view = self._sched.view(name)
-        if deadline is None or (view.state is ModelState.LOADING and not view.stopping):
+        loading = view.state is ModelState.LOADING or view.claimed
+        if deadline is None or (loading and not view.stopping):
             # The queue timeout bounds the wait for a turn, not a load already under way:
             # a big model that takes longer to load than the timeout must still be servable.
             await changed.wait()
@@ -216,7 +287,9 @@ class Registry:
             await asyncio.wait_for(changed.wait(), max(0.0, deadline - self._clock()))
         except TimeoutError:
             assert self.queue_timeout is not None
-            raise queue_timeout_error(name, self.queue_timeout) from None
+            reason = self._sched.wait_reason(name)
+            log.info("request for model=%s gave up after %gs: %s", name, self.queue_timeout, reason)
+            raise queue_timeout_error(name, self.queue_timeout, reason) from None
 
     def release(self, lease: Lease) -> None:
         self._sched.release(lease, self._clock())
@@ -224,46 +297,12 @@ class Registry:
 
     def port(self, lease: Lease) -> int:
         """The port of the child a lease points at (leased models always have a child)."""
-        running = self._running.get(lease.model)
-        if running is None or running.child.port is None:
+        run = self._runs.get(lease.model)
+        if run is None or run.child.port is None:
             raise ApiError(500, f"model name={lease.model} is not running")
-        return running.child.port
+        return run.child.port
 
-    async def load(self, name: str) -> None:
-        """``POST /models/load``: start loading ``name`` (returns once it is spawned)."""
-        view = self._sched.view(name)
-        if view.state.running and not view.stopping:
-            raise ApiError(400, "model is already running")
-        self._prepare(name)
-        waiter = self._sched.join(name)
-        try:
-            while True:
-                changed = self._changed.current()
-                self._tick()
-                decision = self._sched.poll(waiter, self._clock())
-                if decision.kind is DecisionKind.LEASED:
-                    assert decision.lease is not None
-                    self._sched.release(decision.lease, self._clock())
-                    return
-                if decision.kind is DecisionKind.LOAD:
-                    self._start(name)
-                    return
-                if decision.kind is DecisionKind.FAILED:
-                    raise failed_error(name, decision.reason)
-                if decision.kind is DecisionKind.GONE:
-                    raise ApiError(404, f"model '{name}' not found")
-                if decision.kind is DecisionKind.BACKOFF:
-                    raise backoff_error(name, decision.reason, decision.retry_after)
-                if self._sched.stuck(name):
-                    # Only busy models could make room: a request would wait, but a direct
-                    # load is told to come back (llama.cpp's wording).
-                    raise ApiError(500, "model limit reached, try again later")
-                await changed.wait()
-        finally:
-            self._sched.leave(waiter)
-            self._wake()
-
-    async def unload(self, name: str) -> None:
+    def unload(self, name: str) -> None:
         """``POST /models/unload``: drain and stop ``name``; returns once stopping began."""
         if not self._sched.view(name).state.running:
             raise ApiError(400, "model is not running")
@@ -272,6 +311,8 @@ class Registry:
     # -- the scheduler's decisions -----------------------------------------------------------
 
     def _wake(self) -> None:
+        for change in self._sched.take_transitions():
+            log.info("model=%s: %s -> %s", change.model, change.old.value, change.new.value)
         self._changed.notify()
 
     def _prepare(self, name: str) -> None:
@@ -286,166 +327,43 @@ class Registry:
             self._begin_stop(eviction.model, eviction.reason)
 
     def _start(self, name: str) -> None:
-        """Spawn ``name``'s child (the caller holds the scheduler's claim)."""
+        """Start ``name``'s run (the caller holds the scheduler's claim). The model shows
+        ``loading`` once the run has spawned its child (or begun its download)."""
         spec = self._specs[name]
-        plan = needs_download(spec)  # pure; the preset parser has checked its keys
-        if plan is not None:  # the child loads the verified file from where fetch() puts it
-            spec = with_local_model(spec, plan.destination)
-        child = self._factory(spec, ModelEvents(self, name))
-        running = self._running[name] = Running(child, download=plan)
-        logs = getattr(child, "logs", None)
-        if isinstance(logs, LogRing):
-            running.log_seq = logs.statistics().appended
-        self._sched.claim_done(name, spawned=True)
-        if self.memory is not None:
-            self.memory.warn_if_short(name)
-            self.memory.spawned(name)
-        self._publish(name, "model_status", {"status": "loading"})
-        running.task = self._tasks.spawn(self._own_child(name, running), f"child:{name}")
-        self._wake()
+        run = self._runs[name] = ModelRun(self._ctx, spec, self._factory, needs_download(spec))
+        run.task = self._tasks.spawn(self._own(run), f"run:{name}")
 
-    async def _own_child(self, name: str, running: Running) -> None:
-        """Start the child, report ready, then wait for its exit and report that."""
-        reason = ""
-        spawned = False  # a failed or stopped download never spawns the child
+    async def _own(self, run: ModelRun) -> None:
         try:
-            if self.fake_timing:
-                await asyncio.sleep(FAKE_TIMING_SECONDS)
-            if running.download is not None:
-                await self._fetch_model(name, running, running.download)
-            spawned = True
-            await running.child.start()
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # a failed start is reported as the child's exit below
-            reason = str(exc)
-            log.warning("model=%s failed to load: %s", name, reason)
-        else:
-            self._sched.on_ready(name, self._clock())
-            if self.memory is not None:
-                self.memory.ready(name, running.child.pid)
-            log.info(
-                "model=%s loaded (pid=%s port=%s)", name, running.child.pid, running.child.port
-            )
-            info = getattr(running.child, "meta", None)
-            data: dict[str, Any] = {"status": "loaded"}
-            if isinstance(info, Mapping):
-                data["info"] = dict(info)  # llama.cpp sends the child's ready payload
-            self._publish(name, "status_change", data)
-            self._wake()
-        code = await running.child.wait_exited() if spawned else EXIT_NOT_RUN
-        if self.memory is not None:
-            # Still "stopping" to the scheduler meanwhile: nobody loads into memory that does
-            # not show free yet.
-            check = running.freed_check
-            if check is not None and not await self.memory.wait_freed(*check):
-                log.warning("model=%s: its memory did not show free in time", name)
-            self.memory.unloaded(name)
-        if self._running.get(name) is running:
-            del self._running[name]
-        failed = not self._sched.view(name).stopping
-        self._sched.on_exited(name, code, self._clock(), reason=reason or self._last_error(running))
-        if failed:
-            log.warning("model=%s exited unexpectedly with code %s", name, code)
-        data = {
-            "status": "unloaded",
-            "exit_code": code,
-            # Corral's extra (llama.cpp's clients see its shape unchanged): why it stopped.
-            "corral": {"reason": running.stop_reason or "crash"},
-        }
-        self._publish(name, "status_change", data)
-        if name not in self._specs:
-            self._sched.remove_model(name)
-        self._wake()
-
-    async def _fetch_model(self, name: str, running: Running, plan: DownloadPlan) -> None:
-        """Download the model's file (``downloading`` on /models/sse). Its own task, so that a
-        stop can cancel the download alone and the owner still reports the exit."""
-
-        def progress(value: float) -> None:
-            data = {"status": "downloading", "progress": {"value": value}}
-            self._publish(name, "status_change", data)
-
-        progress(0.0)
-        fetching = running.fetching = asyncio.ensure_future(
-            fetch(plan.url, plan.destination.parent, plan.sha256, progress=progress)
-        )
-        try:
-            await asyncio.wait([fetching])
+            await run.run()
         finally:
-            running.fetching = None
-            if not fetching.done():  # the owner itself was cancelled (shutdown)
-                fetching.cancel()
-                await asyncio.wait([fetching])
-        if fetching.cancelled():
-            raise DownloadError(f"stopped while downloading {plan.url}")
-        fetching.result()  # DownloadError / ChecksumError: the load failed, with its reason
-        if self.memory is not None:  # the estimate needs the file, which now exists
-            self.memory.prepare(with_local_model(self._specs[name], plan.destination))
+            if self._runs.get(run.name) is run:
+                del self._runs[run.name]
+            gone = run.name not in self._specs and run.name in self._sched
+            if gone and not self._sched.view(run.name).state.running:
+                self._sched.remove_model(run.name)
+            self._wake()
 
     def _begin_stop(self, name: str, reason: str) -> None:
-        running = self._running.get(name)
-        if running is None or running.stop_task is not None:
+        run = self._runs.get(name)
+        if run is None or run.stop_task is not None:
             return
-        running.stop_reason = reason
+        run.stop_reason = reason
+        spec = self._specs.get(name)
+        timeout = spec.stop_timeout if spec is not None else run.spec.stop_timeout
+        self._sched.begin_drain(name, self._clock() + timeout)
         if self.memory is not None:
-            running.freed_check = self.memory.exiting(name)
-        running.stop_task = self._tasks.spawn(
-            self._drain_and_stop(name, running, reason), f"stop:{name}"
-        )
+            run.freed_check = self.memory.exiting(name)
+        log.info("stopping model=%s (%s)", name, reason)
+        run.stop_task = self._tasks.spawn(run.drain_and_stop(self._release_port), f"stop:{name}")
 
     def _stop(self, name: str, reason: str) -> asyncio.Task[None] | None:
         """Mark ``name`` stopping and start its drain; returns the stop's task, if any."""
         self._sched.request_stop(name)
         self._begin_stop(name, reason)
         self._wake()
-        running = self._running.get(name)
-        return running.stop_task if running is not None else None
-
-    async def _drain_and_stop(self, name: str, running: Running, reason: str) -> None:
-        """Let requests in flight finish (up to the stop timeout), then stop the child."""
-        spec = self._specs.get(name)
-        timeout = spec.stop_timeout if spec is not None else 10.0
-        deadline = self._clock() + timeout
-        log.info("stopping model=%s (%s)", name, reason)
-        while self._sched.view(name).in_flight > 0 and self._clock() < deadline:
-            changed = self._changed.current()
-            try:
-                await asyncio.wait_for(changed.wait(), max(0.0, deadline - self._clock()))
-            except TimeoutError:
-                break
-        if running.fetching is not None:
-            running.fetching.cancel()  # a stop during the download ends it (no .part is left)
-        port = running.child.port
-        if self._release_port is not None and port is not None:
-            # A child with an idle keep-alive connection open exits 10 ms slower.
-            await self._release_port(port)
-        await running.child.stop()
-        if running.task is not None:
-            await asyncio.shield(running.task)
-
-    @staticmethod
-    def _last_error(running: Running) -> str:
-        """The child's own last error line (of this run: the ring outlives restarts)."""
-        logs = getattr(running.child, "logs", None)
-        if not isinstance(logs, LogRing):
-            return ""
-        return failure_line(logs.lines_since(running.log_seq)[1]) or ""
-
-    def _child_slept(self, name: str) -> None:
-        self._sched.on_sleeping(name)
-        if self.memory is not None:
-            self.memory.sleeping(name)
-        self._publish(name, "status_change", {"status": "sleeping"})
-        self._wake()
-
-    def _child_woke(self, name: str) -> None:
-        self._sched.on_woke(name)
-        running = self._running.get(name)
-        if self.memory is not None and running is not None:
-            self.memory.ready(name, running.child.pid)
-        self._publish(name, "status_change", {"status": "loaded"})
-        self._wake()
+        run = self._runs.get(name)
+        return run.stop_task if run is not None else None
 
     # -- events ------------------------------------------------------------------------------
 
@@ -482,7 +400,7 @@ class Registry:
             await asyncio.sleep(TTL_CHECK_SECONDS)
             ttls = {
                 name: ttl
-                for name in self._running
+                for name in self._runs
                 if name in self._specs and (ttl := self.ttl_of(name)) is not None
             }
             for name in self._sched.expired(self._clock(), ttls):
@@ -491,12 +409,15 @@ class Registry:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    async def start(self) -> None:
+    def start(self) -> None:
         """Load the models marked ``load-on-startup`` (in the background, like llama.cpp)."""
         for name, spec in self._specs.items():
             if spec.load_on_startup:
-                self._tasks.spawn(self._load_quietly(name), f"startup:{name}")
-        self._tasks.spawn(self._expire_idle(), "ttl")
+                self._load_on_startup(name)
+        self._tasks.spawn(self._expire_idle(), "ttl", forever=True)
+
+    def _load_on_startup(self, name: str) -> None:
+        self._tasks.spawn(self._load_quietly(name), f"startup:{name}")
 
     async def _load_quietly(self, name: str) -> None:
         try:
@@ -504,13 +425,63 @@ class Registry:
         except ApiError as exc:
             log.warning("load-on-startup of model=%s: %s", name, exc.message)
 
+    def begin_close(self) -> None:
+        """The agent is shutting down: from now on every request is refused (503 with
+        Retry-After), nothing is spawned, and every running model starts draining."""
+        if self._sched.closing:
+            return
+        log.info("closing: refusing new requests, draining %d models", len(self._runs))
+        bound = self.shutdown_timeout
+        drain = bound - SHUTDOWN_EXIT_SECONDS if bound > 2 * SHUTDOWN_EXIT_SECONDS else bound / 2
+        deadline = self._clock() + drain
+        for name in self._sched.close():
+            self._begin_stop(name, "shutdown")
+        for name in self._runs:
+            self._sched.begin_drain(name, deadline)  # the shutdown's bound wins
+        self._wake()
+
     async def close(self) -> None:
-        """Stop every child (draining requests up to their stop timeouts), then the tasks."""
-        await _wait_all([self._stop(name, "shutdown") for name in list(self._running)])
+        """Close (see :meth:`begin_close`), wait for every child to stop, then end the tasks."""
+        self.begin_close()
+        await _wait_all([run.stop_task for run in list(self._runs.values())])
+        await _wait_all([run.task for run in list(self._runs.values())])
         await self._tasks.close()
+
+    def kill(self) -> None:
+        """A forced shutdown (the second signal, or the bound passed): kill every child now."""
+        for run in self._runs.values():
+            log.warning("killing model=%s (forced shutdown)", run.name)
+            run.child.kill()
 
     def state(self, name: str) -> ModelState:
         return self._sched.view(name).state
+
+    def statistics(self) -> RegistryStatistics:
+        return RegistryStatistics(
+            models=len(self._specs),
+            runs=len(self._runs),
+            stopping=sum(1 for run in self._runs.values() if run.stop_task is not None),
+            tasks=len(self._tasks),
+            subscribers=self._hub.statistics().subscribers,
+            closing=self._sched.closing,
+        )
+
+
+def _refusal(name: str, decision: Decision, *, direct: bool) -> ApiError:
+    """The error for a waiter the scheduler turned away."""
+    if decision.kind is DecisionKind.UNLOADED:
+        return ApiError(400, "model is not loaded")
+    if decision.kind is DecisionKind.FAILED:
+        if decision.reason == SHUTTING_DOWN:
+            return closing_error()
+        return failed_error(name, decision.reason)
+    if decision.kind is DecisionKind.GONE:
+        return ApiError(404 if direct else 400, f"model '{name}' not found")
+    if decision.kind is DecisionKind.BACKOFF:
+        return backoff_error(name, decision.reason, decision.retry_after)
+    if decision.kind is DecisionKind.CLOSING:
+        return closing_error()
+    raise AssertionError(f"not a refusal: {decision.kind}")
 
 
 async def _wait_all(tasks: list[asyncio.Task[None] | None]) -> None:

@@ -18,6 +18,7 @@ from aiohttp import web
 
 from node_agent.aio import TaskSet
 from node_agent.router.registry import Registry
+from node_agent.router.state import STATE
 
 RECENT_EVENTS = 100
 
@@ -41,7 +42,7 @@ class RecentEvents:
 
     async def lifecycle(self, app: web.Application) -> AsyncIterator[None]:
         tasks = TaskSet("ui")
-        tasks.spawn(self.follow(), "events")
+        tasks.spawn(self.follow(), "events", forever=True)
         yield
         await tasks.close()
 
@@ -67,9 +68,6 @@ async def root_redirect(request: web.Request, handler: Handler) -> web.StreamRes
 
 def setup_ui(app: web.Application) -> None:
     """Serve the status page (call from build_app)."""
-    # Imported here: app.py calls this function from build_app, so app.py imports this module.
-    from node_agent.router.app import STATE
-
     body = page()  # read once: a missing file fails at startup, not on the first visit
     recent = RecentEvents(app[STATE].registry)
     app[RECENT] = recent

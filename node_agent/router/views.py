@@ -10,14 +10,13 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
+from node_agent.child.ports import CHILD_HOST
 from node_agent.core.scheduler import ModelState
 from node_agent.models_schema import CorralInfo, Memory, ModelEntry, ModelStatus, dump
 
 if TYPE_CHECKING:
-    from node_agent.router.app import RouterSettings
     from node_agent.router.registry import Registry
-
-CHILD_HOST = "127.0.0.1"
+    from node_agent.router.state import RouterSettings
 
 
 class _Listed(Protocol):

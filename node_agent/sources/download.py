@@ -42,7 +42,7 @@ import aiohttp
 from node_agent.errors import ChildError, ConfigError
 from node_agent.sources.spec import ModelSpec, OptionValue
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("corral.download")
 
 HF_ENDPOINT = "https://huggingface.co"  # llama.cpp's default; HF_ENDPOINT overrides it
 CHUNK = 1 << 20

@@ -34,38 +34,25 @@ from typing import TypeVar
 
 from node_agent.errors import ConfigError
 from node_agent.sources.options import llama_options, parse_bool
-from node_agent.sources.spec import OptionValue, PresetLayer
+from node_agent.sources.spec import ROUTER_KEYS, OptionValue, PresetLayer
 
 GLOBAL_SECTION = "*"
 
 T = TypeVar("T")
 
-# Router settings: one value for the whole agent, meaningless per model. llama.cpp's
-# unset_reserved_args drops them from presets silently; a user who wrote one expected it to
-# do something, so it is an error here.
-ROUTER_KEYS = frozenset(
-    {
-        "host",
-        "port",
-        "api-key",
-        "api-key-file",
-        "ssl-key-file",
-        "ssl-cert-file",
-        "models-dir",
-        "models-preset",
-        "models-max",
-        "models-autoload",
-    }
-)
-# Corral's own agent flags: same mistake, same message.
+# Corral's own agent flags (config's table; a unit test keeps the two equal): a router
+# setting's mistake, and its message.
 AGENT_KEYS = frozenset(
     {
         "llama-server",
         "models-memory-margin",
         "memory-limit",
         "models-ttl",
+        "load-timeout",
+        "max-body-size",
         "queue-timeout",
         "max-queue",
+        "shutdown-timeout",
         "log-level",
     }
 )

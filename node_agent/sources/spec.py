@@ -28,14 +28,12 @@ SOURCE_CACHE = "cache"
 SOURCE_MODELS_DIR = "models_dir"
 SOURCE_PRESET = "preset"
 
-# Options the agent owns for every child and never passes through: the child listens on
-# 127.0.0.1 and a port the agent picks, is named by its model (llama.cpp's update_args sets
-# --alias to the name), and is not a router itself (unset_reserved_args).
-CHILD_RESERVED = frozenset(
+# Router settings: one value for the whole agent, meaningless per model (the preset parser
+# refuses them, llama.cpp's unset_reserved_args drops them from a child's arguments).
+ROUTER_KEYS = frozenset(
     {
         "host",
         "port",
-        "alias",
         "api-key",
         "api-key-file",
         "ssl-key-file",
@@ -46,6 +44,10 @@ CHILD_RESERVED = frozenset(
         "models-autoload",
     }
 )
+# Options the agent owns for every child and never passes through: the router settings, and
+# --alias, which llama.cpp's update_args sets to the model's name (the child listens on
+# 127.0.0.1 and a port the agent picks).
+CHILD_RESERVED = ROUTER_KEYS | {"alias"}
 
 
 def merge_options(base: Options, top: Iterable[tuple[str, OptionValue]]) -> Options:

@@ -156,12 +156,16 @@ def wait_healthy(
     raise AssertionError(f"{what} did not become healthy:\n{log()}")
 
 
+# The agent's own bound (--shutdown-timeout, 30 s by default) and its forced cleanup (5 s).
+STOP_WAIT = 40
+
+
 def stop_process(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM (the agent drains and stops its children), then SIGKILL after 30 s."""
+    """SIGTERM (the agent drains and stops its children), then SIGKILL after its bound."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
-            proc.wait(timeout=30)
+            proc.wait(timeout=STOP_WAIT)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()

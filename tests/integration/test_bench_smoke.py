@@ -35,8 +35,13 @@ def _processes_mentioning(text: str) -> list[int]:
     return found
 
 
+# A hang guard, not a speed check: 45 s was not enough while other processes kept both cores
+# busy (issue 13).
+SMOKE_LIMIT = 180
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(SMOKE_LIMIT + 30)
 def test_smoke_benchmark_reports_every_scenario_and_target(demo_dir: Path, tmp_path: Path) -> None:
     # The run puts its work folder (models dirs, logs) next to the models it is given: give
     # it models inside tmp_path, so that any process left behind can be found by that path.
@@ -57,12 +62,12 @@ def test_smoke_benchmark_reports_every_scenario_and_target(demo_dir: Path, tmp_p
         command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     try:
-        stdout, stderr = run.communicate(timeout=45)
+        stdout, stderr = run.communicate(timeout=SMOKE_LIMIT)
     except subprocess.TimeoutExpired:
         # SIGTERM, not SIGKILL: the run then stops every server it started.
         run.terminate()
         stdout, stderr = run.communicate(timeout=10)
-        pytest.fail(f"the smoke benchmark took over 45 s:\n{stderr[-3000:]}")
+        pytest.fail(f"the smoke benchmark took over {SMOKE_LIMIT} s:\n{stderr[-3000:]}")
     assert run.returncode == 0, stderr[-3000:]
     assert HEADER in stdout
 

@@ -117,7 +117,9 @@ async def test_ready_then_graceful_stop(
     assert child.state is ChildState.READY
     assert child.snapshot().speaks_protocol
     assert child.meta is not None and child.meta["meta"]["n_ctx"] == 512
-    assert events.kinds()[0] is EventKind.LOADING and events.kinds()[-1] is EventKind.READY
+    # The process exists first (SPAWNED), then it reports loading, then ready.
+    kinds = events.kinds()
+    assert kinds[:2] == [EventKind.SPAWNED, EventKind.LOADING] and kinds[-1] is EventKind.READY
     assert took < 10
     assert child.port is not None and child.pid is not None
     async with aiohttp.ClientSession() as session, session.get(f"{child.url}/health") as health:

@@ -152,8 +152,10 @@ def test_a_child_that_hangs_while_loading(
         start_agent, faults, demo_dir, "--load-timeout", "2", "--memory-limit", "host=1GiB"
     )
     results: list[tuple[int, Any]] = []
+    # Daemon threads: a failed assert must not leave the teardown waiting for them.
     waiters = [
-        threading.Thread(target=lambda: results.append(complete(agent, TINY))) for _ in range(2)
+        threading.Thread(target=lambda: results.append(complete(agent, TINY)), daemon=True)
+        for _ in range(2)
     ]
     started = time.monotonic()
     for thread in waiters:

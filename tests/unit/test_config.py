@@ -190,3 +190,11 @@ def test_errors_say_which_flag_what_was_given_and_what_is_expected(
 def test_bad_env_value_names_the_variable() -> None:
     with pytest.raises(ConfigError, match=r"\$LLAMA_ARG_MODELS_MAX expects an integer"):
         parse(env={"LLAMA_ARG_MODELS_MAX": "lots"})
+
+
+def test_presets_refuse_every_agent_flag_by_name() -> None:
+    """The preset parser's list of agent-only keys is the agent's own flag table."""
+    from node_agent.config import _OWN_FLAGS
+    from node_agent.sources.preset_ini import AGENT_KEYS
+
+    assert {flag.removeprefix("--") for flag in _OWN_FLAGS} == AGENT_KEYS

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 from node_agent.core.ledger import (
-    Candidate,
     DeviceReading,
     MemoryLedger,
-    Verdict,
     freed_memory_visible,
 )
 
@@ -123,50 +121,40 @@ def test_unread_device_with_limit_and_unknown_device() -> None:
     assert ledger.deficit("a") == {"host": GIB}
 
 
-def test_make_room_evicts_lru_idle_helpful_victim_first() -> None:
+def test_pick_victim_takes_the_first_candidate_that_frees_a_short_device() -> None:
     ledger = ledger_with(("a", 3 * GIB), ("b", 3 * GIB), ("c", 3 * GIB), ("new", 4 * GIB))
     ledger.set_estimate("host-only", {"host": GIB})
     ledger.calibrate([DeviceReading("CUDA0", 10 * GIB, 10 * GIB)])
     for name in ("a", "b", "c", "host-only"):
         ledger.on_spawned(name)
         ledger.on_ready(name)
-    candidates = [
-        Candidate("host-only", last_used=0.0),  # oldest but holds nothing on CUDA0
-        Candidate("a", last_used=5.0),
-        Candidate("b", last_used=2.0),
-        Candidate("c", last_used=1.0, busy=True),
-    ]
-    plan = ledger.plan_room("new", candidates)
-    assert plan.verdict is Verdict.EVICT
-    assert plan.victim == "b"
-    assert plan.deficit == {"CUDA0": 3 * GIB}
+    assert ledger.deficit("new") == {"CUDA0": 3 * GIB}
+    assert ledger.shortfall("new")
+    # The scheduler's idle candidates, best victim first (c is busy: not offered).
+    assert ledger.pick_victim("new", ["host-only", "b", "a"]) == "b"  # host-only frees no GPU
     ledger.on_unloaded("b")
-    assert ledger.plan_room("new", candidates).verdict is Verdict.FITS
     assert ledger.pick_victim("new", ["host-only", "a"]) is None  # fits now
     assert ledger.shortfall("new") is False
 
 
-def test_make_room_waits_when_only_busy_models_hold_the_memory() -> None:
+def test_no_victim_when_only_busy_models_hold_the_memory() -> None:
     ledger = ledger_with(("a", 6 * GIB), ("loading", 2 * GIB), ("new", 4 * GIB))
     ledger.calibrate([DeviceReading("CUDA0", 10 * GIB, 10 * GIB)])
     ledger.on_spawned("a")
     ledger.on_ready("a")
-    ledger.on_spawned("loading")  # not offered as a candidate: treated as busy
-    plan = ledger.plan_room("new", [Candidate("a", last_used=1.0, busy=True)])
-    assert plan.verdict is Verdict.WAIT
-    assert plan.victim is None
-    assert ledger.plan_room("new", []).verdict is Verdict.WAIT
+    ledger.on_spawned("loading")  # not offered as a candidate
+    assert ledger.shortfall("new")
+    assert ledger.pick_victim("new", []) is None  # the scheduler's queue waits
 
 
-def test_load_anyway_when_nothing_else_is_loaded() -> None:
+def test_no_victim_when_nothing_else_is_loaded() -> None:
     ledger = ledger_with(("huge", 20 * GIB), margin=512 * MIB)
     ledger.calibrate([DeviceReading("CUDA0", 10 * GIB, 9 * GIB)])
-    plan = ledger.plan_room("huge", [])
-    assert plan.verdict is Verdict.LOAD_ANYWAY
-    assert plan.deficit == {"CUDA0": 20 * GIB - 9 * GIB + 512 * MIB}
+    assert ledger.pick_victim("huge", []) is None  # the scheduler loads it anyway, alone
+    assert ledger.deficit("huge") == {"CUDA0": 20 * GIB - 9 * GIB + 512 * MIB}
 
 
-def test_load_anyway_when_only_unrelated_devices_are_held() -> None:
+def test_no_victim_when_only_unrelated_devices_are_held() -> None:
     ledger = MemoryLedger(0)
     ledger.set_estimate("cpu", {"host": GIB})
     ledger.set_estimate("gpu", {"CUDA0": 20 * GIB})
@@ -174,8 +162,7 @@ def test_load_anyway_when_only_unrelated_devices_are_held() -> None:
         [DeviceReading("CUDA0", 10 * GIB, 10 * GIB), DeviceReading("host", 64 * GIB, 60 * GIB)]
     )
     ledger.on_spawned("cpu")
-    plan = ledger.plan_room("gpu", [Candidate("cpu", last_used=0.0)])
-    assert plan.verdict is Verdict.LOAD_ANYWAY  # stopping "cpu" would not free CUDA0
+    assert ledger.pick_victim("gpu", ["cpu"]) is None  # stopping "cpu" would not free CUDA0
 
 
 def test_freed_memory_visible_waits_for_a_late_driver() -> None:

@@ -1,0 +1,240 @@
+"""The registry, the proxy and the HTTP app together, with fake children (milliseconds each).
+
+What needs a real llama-server (its protocol, its exit, its faults) is in tests/integration;
+these cover the async layer's own decisions: drains, stops and shutdown during a stream,
+admission while closing, and that no state is reported before it is true.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import aiohttp
+import pytest
+
+from node_agent.core.scheduler import ModelState
+from node_agent.sources.catalog import Catalog
+from tests.unit.fake_child import Agent, Plan, chat, fake_agent, spec
+
+pytestmark = pytest.mark.timeout(20)
+
+STREAM = 1_000_000  # tokens: a stream that runs until something ends it
+
+
+async def open_stream(agent: Agent, model: str) -> aiohttp.ClientResponse:
+    response = await agent.client.post(
+        f"{agent.url}/v1/chat/completions", json=chat(model, STREAM, stream=True)
+    )
+    assert response.status == 200
+    assert (await response.content.readline()).startswith(b"data: ")  # tokens are flowing
+    return response
+
+
+async def read_to_end(response: aiohttp.ClientResponse) -> tuple[bytes, float]:
+    """The rest of a stream and the monotonic time it ended (fails after 10 s)."""
+    rest = b""
+    async with asyncio.timeout(10):
+        try:
+            async for chunk in response.content.iter_any():
+                rest += chunk
+        except aiohttp.ClientPayloadError:
+            pass  # a stream cut without its last chunk: ended too
+    return rest, time.monotonic()
+
+
+def last_event(rest: bytes) -> bytes:
+    events = [line for line in rest.split(b"\n") if line.startswith(b"data: ")]
+    assert events, rest
+    return events[-1]
+
+
+@pytest.mark.parametrize("how", ["unload", "reload", "shutdown"])
+async def test_a_stream_cut_by_a_stop_gets_the_error_event_at_the_childs_exit(how: str) -> None:
+    """Bug 1: the drain times out, the child exits, and the client hears of it at once (it
+    used to stay open and silent until its own timeout)."""
+    plan = Plan()
+    async with fake_agent(plan, [spec("m", stop_timeout=0.2)]) as agent:
+        stream = await open_stream(agent, "m")
+        if how == "unload":
+            async with agent.client.post(f"{agent.url}/models/unload", json={"model": "m"}) as r:
+                assert r.status == 200
+        elif how == "reload":
+            await agent.registry.reload(agent.catalog, {"m"})
+        else:
+            closing = asyncio.create_task(agent.registry.close())
+        rest, ended = await read_to_end(stream)
+        assert "m" in plan.exited, "the child never exited"
+        assert ended - plan.exited["m"] < 1.0, ended - plan.exited["m"]
+        assert b"stopped mid-response" in last_event(rest), rest[-300:]
+        if how == "shutdown":
+            await closing
+
+
+async def test_shutdown_admits_no_new_work() -> None:
+    """Bug 2: a request that arrives while the agent closes is refused with 503 + Retry-After
+    and spawns nothing (it used to spawn a child that nobody stopped)."""
+    plan = Plan()
+    async with fake_agent(plan, [spec("a", stop_timeout=0.3), spec("b")]) as agent:
+        stream = await open_stream(agent, "a")
+        closing = asyncio.create_task(agent.registry.close())
+        await asyncio.sleep(0.05)
+        async with agent.client.post(f"{agent.url}/v1/chat/completions", json=chat("b")) as late:
+            status, body = late.status, await late.json()
+            retry_after = late.headers.get("Retry-After")
+        assert plan.spawned == ["a"], plan.spawned
+        assert status == 503, body
+        assert retry_after is not None
+        assert "shutting down" in body["error"]["message"]
+        await read_to_end(stream)
+        await closing
+
+
+async def test_loading_is_reported_only_once_the_child_is_spawned() -> None:
+    """Bug 3: ``loading`` (state and event) only once a process exists."""
+    plan = Plan(spawn_after=0.2, ready_after=0.1)
+    async with fake_agent(plan, [spec("m")]) as agent:
+        events = agent.registry.events()
+        request = asyncio.create_task(
+            agent.client.post(f"{agent.url}/v1/chat/completions", json=chat("m"))
+        )
+
+        async def first_event() -> tuple[object, list[str]]:
+            event = await anext(events)
+            return event.data, list(plan.spawned)  # what existed when it was published
+
+        first = asyncio.create_task(first_event())
+        seen_loading = None
+        while not request.done():
+            if agent.registry.state("m") is ModelState.LOADING and seen_loading is None:
+                seen_loading = list(plan.spawned)
+            await asyncio.sleep(0.001)
+        response = await request
+        assert response.status == 200
+        assert seen_loading == ["m"], f"loading reported while spawned was {seen_loading}"
+        data, spawned = await first
+        assert data == {"status": "loading"}
+        assert spawned == ["m"], "the loading event came before the spawn"
+        assert plan.spawned == ["m"]
+        await events.aclose()
+
+
+async def test_a_waiting_request_says_why_in_the_log_and_in_its_503(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 12: the line when a request starts waiting, and the queue timeout's reason."""
+    plan = Plan()
+    async with fake_agent(plan, [spec("a"), spec("b")], models_max=1, queue_timeout=0.3) as agent:
+        stream = await open_stream(agent, "a")
+        with caplog.at_level(logging.INFO, logger="corral"):
+            async with agent.client.post(
+                f"{agent.url}/v1/chat/completions", json=chat("b")
+            ) as late:
+                status, body = late.status, await late.json()
+        why = "all 1 instances busy: a (1 in flight)"
+        assert f"request for model=b waits: {why}" in caplog.text
+        assert status == 503, body
+        assert why in body["error"]["message"]
+        assert "queue timeout (0.3 s)" in body["error"]["message"]
+        stream.close()
+
+
+async def test_a_reload_loads_presets_added_with_load_on_startup() -> None:
+    """Issue 17: a preset added at runtime with load-on-startup loads, as at start-up."""
+    plan = Plan()
+    async with fake_agent(plan, [spec("a")]) as agent:
+        catalog = Catalog({"a": spec("a"), "b": spec("b", load_on_startup=True)})
+        events = agent.registry.events()
+        waiting = asyncio.ensure_future(anext(events))
+        await asyncio.sleep(0)  # the subscription starts before the reload
+        await agent.registry.reload(catalog, set())
+        async with asyncio.timeout(5):
+            while True:
+                event = await waiting
+                if event.model == "b" and (event.data or {}).get("status") == "loaded":
+                    break
+                waiting = asyncio.ensure_future(anext(events))
+        assert plan.spawned == ["b"]
+        assert agent.registry.state("b") is ModelState.LOADED
+        await events.aclose()
+
+
+async def test_a_drain_ends_as_soon_as_the_last_request_does() -> None:
+    """No stream is cut when it ends within the stop timeout: the child is asked to exit
+    right after it, not at the deadline."""
+    plan = Plan()
+    async with fake_agent(plan, [spec("m", stop_timeout=5.0)]) as agent:
+        response = await agent.client.post(
+            f"{agent.url}/v1/chat/completions", json=chat("m", 40, stream=True)
+        )
+        assert (await response.content.readline()).startswith(b"data: ")
+        started = time.monotonic()
+        agent.registry.unload("m")
+        rest, _ = await read_to_end(response)
+        assert last_event(rest) == b"data: [DONE]"
+        async with asyncio.timeout(5):
+            await agent.registry.close()  # nothing left to stop once the run has ended
+        assert plan.exited["m"] - started < 2.0  # not the 5 s stop timeout
+
+
+async def test_a_crash_during_the_drain_ends_the_stream_and_the_stop() -> None:
+    plan = Plan()
+    async with fake_agent(plan, [spec("m", stop_timeout=30.0)]) as agent:
+        stream = await open_stream(agent, "m")
+        agent.registry.unload("m")
+        plan.children[0].crash()
+        rest, _ = await read_to_end(stream)
+        assert b"stopped mid-response" in last_event(rest)
+        async with asyncio.timeout(5):
+            await agent.registry.close()  # the stop is over too, long before 30 s
+        assert agent.registry.state("m") is ModelState.UNLOADED
+        assert not agent.registry.scheduler.view("m").failed  # it was being stopped
+
+
+async def test_a_child_spawning_as_the_agent_closes_is_stopped_too() -> None:
+    """The signal lands while a granted load is creating its process: the child that appears
+    is stopped, and the shutdown does not wait for it forever."""
+    plan = Plan(spawn_after=0.2, ready_after=5.0)
+    async with fake_agent(plan, [spec("m")]) as agent:
+        request = asyncio.create_task(
+            agent.client.post(f"{agent.url}/v1/chat/completions", json=chat("m"))
+        )
+        await asyncio.sleep(0.1)  # the run is past may_spawn, inside start()
+        async with asyncio.timeout(3):
+            await agent.registry.close()
+        assert plan.spawned == ["m"] and "m" in plan.exited
+        response = await request
+        assert response.status == 503
+
+
+async def test_load_returns_once_spawned_and_says_when_it_could_not_be() -> None:
+    plan = Plan(spawn_after=0.1, ready_after=0.5)
+    async with fake_agent(plan, [spec("m")]) as agent:
+        async with agent.client.post(f"{agent.url}/models/load", json={"model": "m"}) as r:
+            assert (r.status, await r.json()) == (200, {"success": True})
+        assert plan.spawned == ["m"]
+        assert agent.registry.state("m") is ModelState.LOADING  # true when it is said
+    plan = Plan(spawn_fails="cannot execute llama-server")
+    async with fake_agent(plan, [spec("m")]) as agent:
+        async with agent.client.post(f"{agent.url}/models/load", json={"model": "m"}) as r:
+            status, body = r.status, await r.json()
+        assert status == 500, body
+        assert body["error"]["message"] == "model name=m failed to load"
+        assert agent.registry.scheduler.view("m").error == "cannot execute llama-server"
+
+
+async def test_the_shutdown_bound_cuts_a_stream_whose_child_would_finish_it_first() -> None:
+    """llama-server finishes its generations before it obeys the exit command: once the
+    drain is over, the child is killed, or the stop would last another stop timeout (30 s
+    here) and the shutdown would miss its bound (1 s)."""
+    plan = Plan()
+    async with fake_agent(plan, [spec("m", stop_timeout=30.0)], shutdown_timeout=1.0) as agent:
+        stream = await open_stream(agent, "m")
+        started = time.monotonic()
+        async with asyncio.timeout(5):
+            closing = asyncio.create_task(agent.registry.close())
+            rest, ended = await read_to_end(stream)
+            await closing
+        assert b"stopped mid-response" in last_event(rest)
+        assert ended - started < 5
