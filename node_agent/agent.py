@@ -218,13 +218,9 @@ class Agent:
             shutdown_timeout=self.options.shutdown_timeout,
         )
         await self._runner.setup()
-        try:
-            listening = await startup.listen(
-                self._runner, self.options.host, self.options.port, tls
-            )
-        except ConfigError:
-            await self._runner.cleanup()  # the registry has started: stop it in order
-            raise
+        # A ConfigError here ends the process with its one line; children spawned meanwhile
+        # (load-on-startup) die with it (PR_SET_PDEATHSIG).
+        listening = await startup.listen(self._runner, self.options.host, self.options.port, tls)
         self.port = listening.port
         for warning in startup.source_warnings(self.options, self.env, self.catalog):
             log.warning("%s", warning)

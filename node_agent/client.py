@@ -22,6 +22,7 @@ from typing import Any, TextIO
 
 from node_agent import client_format as fmt
 from node_agent.client_transport import BadUrl, agent_url, opener_for
+from node_agent.models_schema import ModelEntry, dump, parse_entries
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = 1, 2, 3
@@ -80,9 +81,17 @@ class AgentClient:
             payload = response.read()
         return json.loads(payload) if payload else None
 
-    def models(self) -> list[dict[str, Any]]:
-        data: list[dict[str, Any]] = self.call("GET", "/models")["data"]
-        return data
+    def models(self) -> list[ModelEntry]:
+        """``GET /models``, parsed with the schema the agent builds it from."""
+        body = self.call("GET", "/models")
+        try:
+            entries, skipped = parse_entries(body)
+        except ValueError as err:
+            message = f"GET /models answered something else than a model list: {err}"
+            raise AgentError(200, message) from err
+        for why in skipped:
+            print(f"corral: skipped a model the client cannot read: {why}", file=sys.stderr)
+        return list(entries.values())
 
     def ledger(self) -> dict[str, Any] | None:
         try:
@@ -111,14 +120,14 @@ def _error_message(status: int, payload: bytes) -> str:
         return text or f"HTTP {status}"
 
 
-def find_model(models: list[dict[str, Any]], name: str) -> dict[str, Any] | None:
+def find_model(models: list[ModelEntry], name: str) -> ModelEntry | None:
     for m in models:
-        if m.get("id") == name or name in (m.get("aliases") or []):
+        if m.id == name or name in m.aliases:
             return m
     return None
 
 
-def require_model(models: list[dict[str, Any]], name: str) -> dict[str, Any]:
+def require_model(models: list[ModelEntry], name: str) -> ModelEntry:
     """The model named (or aliased) ``name``; UnknownModel, listing the known names, if none.
 
     The client looks the name up itself rather than relaying the agent's answer: llama.cpp's
@@ -126,14 +135,14 @@ def require_model(models: list[dict[str, Any]], name: str) -> dict[str, Any]:
     """
     model = find_model(models, name)
     if model is None:
-        raise UnknownModel(fmt.unknown_model(name, [str(m.get("id")) for m in models]))
+        raise UnknownModel(fmt.unknown_model(name, [m.id for m in models]))
     return model
 
 
 def model_state(client: AgentClient, name: str) -> str | None:
     """``name``'s state now (``loaded``, ``unloaded``…), None if the agent forgot it."""
-    state = (find_model(client.models(), name) or {}).get("status", {}).get("value")
-    return str(state) if state is not None else None
+    model = find_model(client.models(), name)
+    return model.status.value if model is not None else None
 
 
 class EventFeed:
@@ -251,16 +260,17 @@ def wait_loaded(client: AgentClient, feed: EventFeed, name: str, outcome: Outcom
                 return outcome.done("loaded", time.monotonic() - started)
             if state == "unloaded":
                 break
-    model = find_model(client.models(), name) or {}
-    error = model.get("corral", {}).get("error")
-    exit_code = model.get("status", {}).get("exit_code")
+    model = find_model(client.models(), name)
+    error = model.corral.error if model is not None and model.corral else None
+    exit_code = model.status.exit_code if model is not None else None
     why = error or (f"exit code {exit_code}" if exit_code is not None else "it was stopped")
     return outcome.failed(why)
 
 
 def cmd_models(client: AgentClient, args: argparse.Namespace, out: TextIO) -> int:
     models = client.models()
-    print(json.dumps(models, indent=2) if args.json else fmt.models_table(models), file=out)
+    listed = json.dumps([dump(m) for m in models], indent=2)
+    print(listed if args.json else fmt.models_table(models), file=out)
     return 0
 
 
@@ -269,7 +279,12 @@ def cmd_status(client: AgentClient, args: argparse.Namespace, out: TextIO) -> in
     models = client.models()
     ledger = client.ledger()
     if args.json:
-        body = {"url": client.url, "props": props, "models": models, "ledger": ledger}
+        body = {
+            "url": client.url,
+            "props": props,
+            "models": [dump(m) for m in models],
+            "ledger": ledger,
+        }
         print(json.dumps(body, indent=2), file=out)
     else:
         print(fmt.status_text(client.url, props, models, ledger), file=out)
@@ -277,7 +292,7 @@ def cmd_status(client: AgentClient, args: argparse.Namespace, out: TextIO) -> in
 
 
 def cmd_load(client: AgentClient, args: argparse.Namespace, out: TextIO) -> int:
-    name = require_model(client.models(), args.name)["id"]
+    name = require_model(client.models(), args.name).id
     outcome = Outcome(out, name, as_json=args.json)
     feed = EventFeed(client) if not args.no_wait else None
     if feed is not None:
@@ -297,7 +312,7 @@ def cmd_load(client: AgentClient, args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_unload(client: AgentClient, args: argparse.Namespace, out: TextIO) -> int:
-    name = require_model(client.models(), args.name)["id"]
+    name = require_model(client.models(), args.name).id
     outcome = Outcome(out, name, as_json=args.json)
     try:
         client.call("POST", "/models/unload", {"model": name})

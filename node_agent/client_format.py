@@ -1,13 +1,15 @@
 """Text for the ``corral`` client commands: tables, sizes and the load progress line.
 
-Pure functions of the agent's JSON (``GET /models``, ``/ledger``, ``/props``), so they are
-tested without an agent.
+Pure functions of the agent's answers (``GET /models`` parsed with the shared schema,
+``/ledger``, ``/props``), so they are tested without an agent.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from node_agent.models_schema import ModelEntry
 
 UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 KNOWN_NAMES_SHOWN = 20  # an agent may serve 1,000 models: name a few, count the rest
@@ -37,36 +39,34 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]
     return "\n".join([line(headers), *(line(r) for r in rows)])
 
 
-def model_state(model: Mapping[str, Any]) -> str:
-    status = model.get("status", {})
-    corral = model.get("corral", {})
-    value = str(status.get("value", "?"))
-    if corral.get("stopping"):
+def model_state(model: ModelEntry) -> str:
+    value = model.status.value
+    if model.corral is not None and model.corral.stopping:
         return f"{value} (stopping)"
-    if value == "unloaded" and status.get("failed"):
-        return f"failed (exit {status.get('exit_code')})"
+    if value == "unloaded" and model.status.failed:
+        return f"failed (exit {model.status.exit_code})"
     return value
 
 
-def held_memory(model: Mapping[str, Any]) -> str:
-    held = (model.get("corral", {}).get("memory") or {}).get("held") or {}
+def held_memory(model: ModelEntry) -> str:
+    memory = model.corral.memory if model.corral is not None else None
+    held = memory.held if memory is not None else {}
     return ", ".join(f"{device} {size(n)}" for device, n in sorted(held.items())) or "-"
 
 
-def models_table(models: Sequence[Mapping[str, Any]]) -> str:
+def models_table(models: Sequence[ModelEntry]) -> str:
     if not models:
         return "no models (check the agent's --models-dir, --models-preset or HF cache)"
     rows = []
     for m in models:
-        corral = m.get("corral", {})
         rows.append(
             [
-                str(m.get("id", "?")),
+                m.id,
                 model_state(m),
-                ", ".join(m.get("aliases") or []) or "-",
+                ", ".join(m.aliases) or "-",
                 held_memory(m),
-                str(corral.get("in_flight", 0)),
-                str(corral.get("queued", 0)),
+                str(m.corral.in_flight if m.corral else 0),
+                str(m.corral.queued if m.corral else 0),
             ]
         )
     headers = ["NAME", "STATE", "ALIASES", "MEMORY", "IN FLIGHT", "QUEUED"]
@@ -95,14 +95,14 @@ def ledger_table(ledger: Mapping[str, Any]) -> str:
 def status_text(
     url: str,
     props: Mapping[str, Any],
-    models: Sequence[Mapping[str, Any]],
+    models: Sequence[ModelEntry],
     ledger: Mapping[str, Any] | None,
 ) -> str:
-    running = [m for m in models if m.get("status", {}).get("value") != "unloaded"]
+    running = [m for m in models if m.status.value != "unloaded"]
     limit = props.get("max_instances")
     unlimited = not isinstance(limit, int) or limit <= 0
-    queued = sum(m.get("corral", {}).get("queued", 0) for m in models)
-    in_flight = sum(m.get("corral", {}).get("in_flight", 0) for m in models)
+    queued = sum(m.corral.queued for m in models if m.corral)
+    in_flight = sum(m.corral.in_flight for m in models if m.corral)
     lines = [
         f"agent      {url}",
         f"instances  {len(running)} running of {'unlimited' if unlimited else limit}"
