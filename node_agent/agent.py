@@ -11,6 +11,7 @@ left are killed and the agent exits.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 import os
 import signal
@@ -29,6 +30,7 @@ from node_agent.child.process import ChildConfig, ChildProcess
 from node_agent.child.state import ChildEvent
 from node_agent.config import AgentOptions, llama_server_arg, parse_agent_args
 from node_agent.errors import ApiError, BinaryError, ConfigError, CorralError
+from node_agent.extras import install_hint
 from node_agent.memory.devices import open_probes
 from node_agent.router.app import build_app
 from node_agent.router.memory import MemoryWatch
@@ -132,10 +134,25 @@ class Agent:
         """The ledger is on with ``--models-memory-margin`` or any ``--memory-limit``."""
         if options.models_memory_margin is None and not options.memory_limits:
             return None
+        probe = open_probes()
+        found = [reading.name for reading in probe.read()]
+        unknown = [device for device, _ in options.memory_limits if device not in found]
+        if unknown:  # a cap on a device the ledger cannot see would silently cap nothing
+            gpus = ""
+            if not any(d != "host" for d in found):
+                gpus = (
+                    "; NVML found no NVIDIA GPU (is its driver loaded?)"
+                    if importlib.util.find_spec("pynvml")
+                    else f"; the ledger sees GPUs through NVML: {install_hint('nvidia')}"
+                )
+            raise ConfigError(
+                f"--memory-limit names {', '.join(unknown)}, which this machine does not have "
+                f"(devices: {', '.join(found)}){gpus}"
+            )
         watch = MemoryWatch(
             margin_mib=options.models_memory_margin or 0,
             limits=dict(options.memory_limits),
-            probe=open_probes(),
+            probe=probe,
         )
         log.info("memory ledger on: devices %s", ", ".join(watch.devices))
         return watch

@@ -8,6 +8,8 @@ limit that fits two of them, with ``--models-max 0`` so memory is the only limit
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -146,3 +148,20 @@ def test_flags_turned_off_reach_the_estimate(
 
     expected = estimate(folder / "m.gguf", {"c": "4096", "no-repack": None}, ["host"])
     assert entry["corral"]["memory"]["min"] == {"host": expected.devices["host"].total}
+
+
+def test_a_limit_on_a_device_this_machine_lacks_is_refused(demo_dir: Path) -> None:
+    # It would cap nothing while the user believes the device capped (issue 17, major 11).
+    agent = [sys.executable, "-m", "node_agent.cli", "agent", "--port", "0"]
+    done = subprocess.run(
+        [*agent, "--models-dir", str(demo_dir), "--memory-limit", "CUDA99=20GiB"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert "--memory-limit names CUDA99, which this machine does not have (devices: host" in (
+        done.stderr
+    )
+    assert "Traceback" not in done.stderr
