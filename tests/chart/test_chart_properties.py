@@ -417,7 +417,11 @@ def test_agents_go_to_gpu_nodes_by_default(render: Render) -> None:
     assert pod["tolerations"] == [
         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
     ]
-    assert agent_container(rendered)["resources"] == {"limits": {"nvidia.com/gpu": 1}}
+    # default requests keep the agent out of BestEffort (evicted first when a node runs short)
+    assert agent_container(rendered)["resources"] == {
+        "limits": {"nvidia.com/gpu": 1},
+        "requests": {"cpu": "1", "memory": "4Gi"},
+    }
     assert "runtimeClassName" not in pod
 
 
@@ -447,6 +451,15 @@ def test_runtime_class_mode_requests_no_gpu_resource(render: Render) -> None:
     )
     assert agent_pod(rendered)["runtimeClassName"] == "nvidia"
     assert agent_container(rendered)["resources"] == {"limits": {"memory": "8Gi"}}
+
+
+def test_default_requests_only_where_nothing_is_set(render: Render) -> None:
+    # A user's memory limit alone: no default request above it (requests must not exceed limits)
+    limited = render({"agent": {"resources": {"limits": {"memory": "2Gi"}}}})
+    assert "requests" not in agent_container(limited)["resources"]
+    # and null turns the defaults off (Helm merges a {} into them)
+    off = render({"agent": {"defaultRequests": None}})
+    assert agent_container(off)["resources"] == {"limits": {"nvidia.com/gpu": 1}}
 
 
 def test_gpu_count_merges_with_other_limits(render: Render) -> None:
@@ -696,7 +709,12 @@ def test_notes_render(render: Render) -> None:
 POOLS = {
     "agent": {
         "pools": [
-            {"name": "a100x8", "nodeSelector": {"gpu": "a100"}, "gpuCount": 8},
+            {
+                "name": "a100x8",
+                "nodeSelector": {"gpu": "a100"},
+                "gpuCount": 8,
+                "resources": {"requests": {"memory": "64Gi"}},
+            },
             {"name": "l4", "nodeSelector": {"gpu": "l4"}, "extraArgs": ["-c", "4096"]},
         ]
     }
@@ -719,8 +737,15 @@ def test_gpu_pools_get_a_daemonset_each_under_one_operator(render: Render) -> No
     assert spec["a100"]["affinity"] == spec["l4"]["affinity"] == GPU_AFFINITY
     (a100_agent,) = spec["a100"]["containers"]
     (l4_agent,) = spec["l4"]["containers"]
-    assert a100_agent["resources"] == {"limits": {"nvidia.com/gpu": 8}}
-    assert l4_agent["resources"] == {"limits": {"nvidia.com/gpu": 1}}
+    # a pool's own resources replace the defaults; a pool without them gets the default requests
+    assert a100_agent["resources"] == {
+        "limits": {"nvidia.com/gpu": 8},
+        "requests": {"memory": "64Gi"},
+    }
+    assert l4_agent["resources"] == {
+        "limits": {"nvidia.com/gpu": 1},
+        "requests": {"cpu": "1", "memory": "4Gi"},
+    }
     assert l4_agent["args"][-2:] == ["-c", "4096"] and "4096" not in a100_agent["args"]
     # One operator, one CRD; its agent selector matches every pool's pods.
     assert (
