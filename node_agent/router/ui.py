@@ -8,7 +8,10 @@ and evictions, which a page opened later could not otherwise know.
 
 from __future__ import annotations
 
+import base64
 import collections
+import hashlib
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib import resources
@@ -54,6 +57,32 @@ def page() -> bytes:
     return resources.files("node_agent.router").joinpath("static", "index.html").read_bytes()
 
 
+_SCRIPT = re.compile(rb"<script>(.*?)</script>", re.DOTALL)
+
+
+def page_headers(body: bytes) -> dict[str, str]:
+    """What a browser must enforce for the page: only its own script runs (by hash, so an
+    injected one does not), it talks to this agent only, and no other site may frame it
+    (clickjacking a load or unload button). Inline style attributes stay allowed: the page
+    draws its bars with them, and a style cannot run code."""
+    hashes = " ".join(
+        f"'sha256-{base64.b64encode(hashlib.sha256(script).digest()).decode()}'"
+        for script in _SCRIPT.findall(body)
+    )
+    policy = (
+        f"default-src 'none'; script-src {hashes}; style-src 'unsafe-inline'; "
+        "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'self'; "
+        "frame-ancestors 'none'"
+    )
+    return {
+        "Cache-Control": "no-cache",
+        "Content-Security-Policy": policy,
+        "X-Frame-Options": "DENY",
+        "X-Content-Type-Options": "nosniff",
+        "Referrer-Policy": "no-referrer",
+    }
+
+
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -69,6 +98,7 @@ async def root_redirect(request: web.Request, handler: Handler) -> web.StreamRes
 def setup_ui(app: web.Application) -> None:
     """Serve the status page (call from build_app)."""
     body = page()  # read once: a missing file fails at startup, not on the first visit
+    headers = page_headers(body)
     recent = RecentEvents(app[STATE].registry)
     app[RECENT] = recent
 
@@ -77,7 +107,7 @@ def setup_ui(app: web.Application) -> None:
             body=body,
             content_type="text/html",
             charset="utf-8",
-            headers={"Cache-Control": "no-cache"},
+            headers=headers,
         )
 
     async def recent_events(request: web.Request) -> web.StreamResponse:

@@ -175,3 +175,31 @@ def test_status_page_without_the_ledger(
         assert time.monotonic() < deadline, asked
         page.wait_for_timeout(200)
     assert asked.count("/ledger") == 1, asked
+
+
+def test_status_page_runs_under_its_content_security_policy(
+    start_agent: Any, demo_dir: Path, browser_page: Any
+) -> None:
+    # Issue 16, row 14: the page's own script (by hash) runs, nothing else; no site may frame it.
+    agent = start_agent("--models-dir", str(demo_dir))
+    page = browser_page
+    violations: list[str] = []
+    page.on(
+        "console",
+        lambda msg: violations.append(msg.text) if "Content Security Policy" in msg.text else None,
+    )
+    response = page.goto(agent.url + "/ui")
+    headers = response.headers
+    assert headers["x-frame-options"] == "DENY"
+    assert headers["x-content-type-options"] == "nosniff"
+    policy = headers["content-security-policy"]
+    assert "script-src 'sha256-" in policy and "frame-ancestors 'none'" in policy
+    page.wait_for_selector("#live.on")  # the script ran: the events stream is open
+    assert row(page, TINY).count() == 1
+    # a script the page did not ship is refused
+    page.evaluate(
+        "() => { const s = document.createElement('script');"
+        " s.textContent = 'window.__injected = true'; document.body.appendChild(s); }"
+    )
+    assert page.evaluate("window.__injected === undefined")
+    assert any("script" in v for v in violations), violations
