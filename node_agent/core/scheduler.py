@@ -355,11 +355,15 @@ class Scheduler:
         # With nothing else running, a load that does not fit goes ahead anyway (the ledger
         # warns): llama.cpp's rule, since the estimate is conservative and the child may fit.
         return not (
-            self.room is not None and self._any_running() and self.room.shortfall(entry.model)
+            self.room is not None and self._any_holding() and self.room.shortfall(entry.model)
         )
 
-    def _any_running(self) -> bool:
-        return any(m.state.running for m in self._models.values())
+    def _any_holding(self) -> bool:
+        """Some model holds memory: a child runs, or a granted load has not spawned yet (the
+        ledger reserves its memory from the grant on; it is not "nothing else")."""
+        return any(m.state.running for m in self._models.values()) or any(
+            e.claimed and not e.spawned for e in self._queue.values()
+        )
 
     # -- child lifecycle -----------------------------------------------------------------------
 
@@ -624,7 +628,7 @@ class Scheduler:
             if len(running) >= self.models_max:
                 busy = ", ".join(f"{m.name} ({self._busy_with(m)})" for m in running)
                 return f"all {self.models_max} instances busy: {busy}"
-        if self.room is not None and self._any_running() and self.room.shortfall(name):
+        if self.room is not None and self._any_holding() and self.room.shortfall(name):
             return "not enough free memory for it, and no idle model to evict"
         return "waiting for its turn"
 

@@ -5,7 +5,7 @@ Behind the :class:`DeviceProbe` protocol so the registry and tests see one seam:
 * :class:`HostProbe`: the host's RAM from ``/proc/meminfo`` (``MemTotal``,
   ``MemAvailable``, which counts reclaimable page cache as free the way the kernel would
   hand it out), capped by the agent's cgroup limit (``cgroup.py``: a pod's memory limit), and
-  a child's private memory from ``/proc/PID/smaps_rollup``.
+  what a child holds for its model from ``/proc/PID/smaps`` (:func:`_model_memory`).
 * :class:`NvmlProbe`: NVIDIA GPUs through NVML (``pynvml``, the optional ``nvidia`` extra),
   named ``CUDA0``… in NVML's order, which is PCI bus order; children must run with
   ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (:data:`CHILD_ENV`) so CUDA numbers them the same way.
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -34,6 +35,7 @@ HOST = "host"
 # Environment for every child: CUDA's default order is "fastest first", NVML's is PCI bus
 # order; without this CUDA0 in a child's log could be another GPU than NVML's CUDA0.
 CHILD_ENV = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+_MAPPING = re.compile(r"^[0-9a-f]+-[0-9a-f]+ ")  # a mapping's first line in /proc/PID/smaps
 
 
 class DeviceProbe(Protocol):
@@ -63,15 +65,34 @@ class HostProbe:
         return [DeviceReading(HOST, total, free)]
 
     def process_usage(self, pids: Collection[int]) -> dict[str, int]:
-        # Private memory only: shared pages (libc, and the weights of a file two children
-        # map) would be counted once per child otherwise. Clean private pages include the
-        # model file's mapped pages, which are what a child's weights occupy in RAM.
-        used = 0
-        for pid in pids:
-            rollup = self.proc / str(pid) / "smaps_rollup"
-            fields = _kib_fields(rollup, ("Private_Clean", "Private_Dirty"))
-            used += sum(fields.values())
+        used = sum(_model_memory(self.proc / str(pid) / "smaps") for pid in pids)
         return {HOST: used} if used else {}
+
+
+def _model_memory(smaps: Path) -> int:
+    """What a child holds for its model: its private pages, less the program's own.
+
+    Private memory only: shared pages (libc, and the weights of a file two children map)
+    would be counted once per child otherwise. Clean private pages include the model file's
+    mapped pages, which are what a child's weights occupy in RAM; but also, while no other
+    process maps them, the pages of llama-server and its libraries (25 MiB measured for the
+    pinned binary), which belong to no model and drop out of the count the moment a second
+    child shares them. So clean pages of a file the process maps as code (an ELF object: the
+    binary, its libraries) are left out; dirty pages all count (heap, KV, repacked weights).
+    """
+    try:
+        text = smaps.read_text()
+    except OSError:  # the process exited between listing and reading: it holds nothing
+        return 0
+    mappings: list[list[Any]] = []  # [path, executable, clean bytes, dirty bytes]
+    for line in text.splitlines():
+        if _MAPPING.match(line):  # "start-end perms offset dev inode [path]"
+            parts = line.split(maxsplit=5)
+            mappings.append([parts[5] if len(parts) > 5 else "", "x" in parts[1], 0, 0])
+        elif mappings and line.startswith(("Private_Clean:", "Private_Dirty:")):
+            mappings[-1][2 if line[8] == "C" else 3] = int(line.split()[1]) * 1024
+    code_files = {path for path, code, _, _ in mappings if code and path.startswith("/")}
+    return sum(dirty + (0 if path in code_files else clean) for path, _, clean, dirty in mappings)
 
 
 class NvmlLibrary(Protocol):

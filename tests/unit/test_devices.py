@@ -118,14 +118,29 @@ def test_host_probe_reads_meminfo_and_smaps_rollup(tmp_path: Path) -> None:
         "MemTotal:       24576000 kB\nMemFree:         1000000 kB\nMemAvailable:   20480000 kB\n"
     )
     (tmp_path / "42").mkdir()
-    (tmp_path / "42" / "smaps_rollup").write_text(
-        "Rss:              90000 kB\nShared_Clean:     10000 kB\n"
-        "Private_Clean:    60000 kB\nPrivate_Dirty:    20000 kB\n"
+    # the program's code and read-only data (clean, its own while no other process maps
+    # them), the model file (clean), the heap and anonymous buffers (dirty)
+    (tmp_path / "42" / "smaps").write_text(
+        "5583a000-5583b000 r--p 00000000 fe:00 11 /opt/llama-server\n"
+        "Private_Clean:     3000 kB\nPrivate_Dirty:        0 kB\n"
+        "5583b000-5583c000 r-xp 00001000 fe:00 11 /opt/llama-server\n"
+        "Private_Clean:     7000 kB\nPrivate_Dirty:        0 kB\n"
+        "7f00a000-7f00b000 r-xp 00000000 fe:00 12 /opt/libggml-cpu.so\n"
+        "Private_Clean:     9000 kB\nPrivate_Dirty:        0 kB\n"
+        "7f00b000-7f00c000 rw-p 00010000 fe:00 12 /opt/libggml-cpu.so\n"
+        "Private_Clean:        0 kB\nPrivate_Dirty:      400 kB\n"
+        "7f10a000-7f20b000 r--s 00023000 fe:00 13 /models/m.gguf\n"
+        "Shared_Clean:     10000 kB\nPrivate_Clean:    60000 kB\nPrivate_Dirty:        0 kB\n"
+        "7f30a000-7f40b000 rw-p 00000000 00:00 0 \n"
+        "Private_Clean:        0 kB\nPrivate_Dirty:    20000 kB\n"
+        "7f50a000-7f50b000 rw-p 00000000 00:00 0 [heap]\n"
+        "Private_Clean:        0 kB\nPrivate_Dirty:     1000 kB\n"
     )
     probe: DeviceProbe = HostProbe(tmp_path)
     (reading,) = probe.read()
     assert (reading.name, reading.total, reading.free) == ("host", 24576000 * 1024, 20480000 * 1024)
-    assert probe.process_usage([42]) == {"host": 80000 * 1024}
+    # the model file, the buffers, the heap and the libraries' written data; not their code
+    assert probe.process_usage([42]) == {"host": (60000 + 20000 + 1000 + 400) * 1024}
     assert probe.process_usage([43]) == {}  # exited: holds nothing, no error
 
 

@@ -408,6 +408,24 @@ def test_memory_load_anyway_when_nothing_else_runs() -> None:
     assert sched.poll(w, 0).kind is DecisionKind.LOAD
 
 
+def test_memory_a_granted_load_is_not_nothing_else() -> None:
+    # small's load was granted (its memory reserved) but it has not spawned yet: huge must not
+    # "load anyway as if alone" next to it (the soak saw 136 MiB held under a 120 MiB limit).
+    room = FakeRoom(120, {"small": 16, "huge": 111}, set())
+    sched = Scheduler(0, room)
+    sched.add_model("small")
+    sched.add_model("huge")
+    ws = sched.join("small")
+    assert sched.poll(ws, 0).kind is DecisionKind.LOAD  # granted: reserved, not yet running
+    room.running.add("small")  # the ledger counts it from the grant on
+    wh = sched.join("huge")
+    assert sched.poll(wh, 0).kind is DecisionKind.WAIT
+    sched.claim_done("small", spawned=True)
+    sched.on_exited("small", 0, 1.0)
+    room.running.discard("small")
+    assert sched.poll(wh, 1).kind is DecisionKind.LOAD  # alone now: it goes ahead anyway
+
+
 def test_memory_stuck_when_no_idle_victim_would_help() -> None:
     room = FakeRoom(100, {"a": 60, "b": 10, "c": 70}, {"a", "b"})
 
