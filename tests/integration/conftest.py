@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from node_agent.demo_models import write_demo_models
-from tests.integration.harness import AgentProcess, b11434_path
+from tests.integration.harness import AgentProcess, b11434_path, missing_in_ci_fails
 
 
 @pytest.fixture(scope="session")
@@ -32,9 +32,7 @@ def real_model() -> Path:
 
     path = real_model_path()
     if path is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must have the real model: {HOW_TO_GET}")
-        pytest.skip(HOW_TO_GET)
+        missing_in_ci_fails(HOW_TO_GET)
     return path
 
 
@@ -43,10 +41,7 @@ def b11434() -> Path:
     """llama-server b11434 built from source (hack/build-b11434.sh; CI builds it once)."""
     path = b11434_path()
     if not os.access(path, os.X_OK):
-        how = f"{path} is missing: build it with hack/build-b11434.sh"
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must have llama-server b11434: {how}")
-        pytest.skip(how)
+        missing_in_ci_fails(f"llama-server b11434: {path} is missing (hack/build-b11434.sh)")
     return path
 
 

@@ -14,9 +14,18 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from http.client import HTTPConnection
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def missing_in_ci_fails(reason: str) -> NoReturn:
+    """Skip a test whose counterpart this machine lacks; under CI, where it must be, fail."""
+    import pytest
+
+    if os.environ.get("CI"):
+        pytest.fail(f"CI must have it: {reason}")
+    pytest.skip(reason)
 
 
 def b11434_path() -> Path:

