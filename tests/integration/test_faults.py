@@ -27,7 +27,7 @@ import aiohttp
 import pytest
 
 from node_agent.child.orphans import tag_environment
-from tests.integration.harness import AgentProcess, chat, free_port, open_stream
+from tests.integration.harness import AgentProcess, alive, chat, free_port, open_stream
 from tests.integration.harness import http as http_call
 
 FAULT_SERVER = Path(__file__).with_name("fault_server.py")
@@ -36,15 +36,6 @@ TINY, SMALL, MEDIUM = "demo-tiny", "demo-small", "demo-medium"
 pytestmark = pytest.mark.timeout(90)
 
 StartAgent = Callable[..., AgentProcess]
-
-
-def alive(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie (a zombie holds no memory or port)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[0] != "Z"
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> float:

@@ -11,19 +11,11 @@ from typing import Any
 
 import pytest
 
-from tests.integration.harness import AgentProcess, chat, http, open_stream
+from tests.integration.harness import AgentProcess, alive, chat, http, open_stream
 
 MEDIUM, TINY = "demo-medium", "demo-tiny"
 
 pytestmark = pytest.mark.timeout(90)
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[0] != "Z"
 
 
 def watch_exit(pid: int, seen: dict[str, float]) -> threading.Thread:
