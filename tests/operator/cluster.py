@@ -70,7 +70,10 @@ def pod(name: str, node_name: str, labels: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def preset(name: str, generation: int = 1, **spec: Any) -> dict[str, Any]:
+def preset(
+    name: str, generation: int = 1, created: str = "2026-01-01T00:00:00Z", **spec: Any
+) -> dict[str, Any]:
+    """A ModelPreset object as the apiserver holds it (a localPath source unless given)."""
     spec.setdefault("source", {"localPath": {"path": f"/models/{name}.gguf"}})
     return {
         "apiVersion": "corral.dev/v1alpha1",
@@ -79,7 +82,7 @@ def preset(name: str, generation: int = 1, **spec: Any) -> dict[str, Any]:
             "name": name,
             "uid": f"uid-{name}",
             "generation": generation,
-            "creationTimestamp": "2026-01-01T00:00:00Z",
+            "creationTimestamp": created,
         },
         "spec": spec,
     }

@@ -24,23 +24,9 @@ from preset_operator.status import (
 )
 
 from tests.operator.agent_models import model_entry, model_list
+from tests.operator.cluster import preset
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def mp(name: str, created: str = "2026-01-01T00:00:00Z", **spec: Any) -> dict[str, Any]:
-    spec.setdefault("source", {"localPath": {"path": f"/models/{name}.gguf"}})
-    return {
-        "apiVersion": "corral.dev/v1alpha1",
-        "kind": "ModelPreset",
-        "metadata": {
-            "name": name,
-            "uid": f"uid-{name}",
-            "generation": 1,
-            "creationTimestamp": created,
-        },
-        "spec": spec,
-    }
 
 
 NODES = {
@@ -90,22 +76,22 @@ def test_bad_args_are_refused(args: list[str], why: str) -> None:
 
 def test_sources_become_model_arguments() -> None:
     hf = parse_preset(
-        mp(
+        preset(
             "qwen",
             source={
                 "huggingFace": {"repo": "Qwen/Qwen3-GGUF", "file": "q4.gguf", "revision": "v1"}
             },
         )
     )
-    url = parse_preset(mp("u", source={"url": {"url": "https://x/y.gguf", "sha256": "a" * 64}}))
-    pvc = parse_preset(mp("p", source={"pvc": {"claimName": "models", "subPath": "a/b.gguf"}}))
+    url = parse_preset(preset("u", source={"url": {"url": "https://x/y.gguf", "sha256": "a" * 64}}))
+    pvc = parse_preset(preset("p", source={"pvc": {"claimName": "models", "subPath": "a/b.gguf"}}))
     text = render_ini([hf, url, pvc])
     assert "[qwen]\nhf-repo = Qwen/Qwen3-GGUF\nhf-file = q4.gguf\nhf-revision = v1\n" in text
     assert f"[u]\nmodel-url = https://x/y.gguf\nmodel-sha256 = {'a' * 64}\n" in text
     assert "[p]\nmodel = /mnt/corral/pvc/models/a/b.gguf\n" in text
     with pytest.raises(InvalidPreset, match="exactly one"):
         parse_preset(
-            mp(
+            preset(
                 "two",
                 source={
                     "localPath": {"path": "/a"},
@@ -117,7 +103,7 @@ def test_sources_become_model_arguments() -> None:
 
 def test_section_carries_aliases_lifecycle_and_args() -> None:
     p = parse_preset(
-        mp(
+        preset(
             "llama",
             modelName="meta/llama:Q4",
             aliases=["llama", "l3"],
@@ -148,10 +134,10 @@ def node_models(r: Any, node: str) -> list[str]:
 
 def test_placement_files_and_index() -> None:
     objs = [
-        mp("small"),  # no selector: every agent node
-        mp("big", placement={"nodeSelector": {"gpu": "a100"}}),
-        mp("huge", placement={"nodeSelector": {"gpu": "h100"}}),
-        mp("nowhere", placement={"nodeSelector": {"gpu": "tpu"}}),
+        preset("small"),  # no selector: every agent node
+        preset("big", placement={"nodeSelector": {"gpu": "a100"}}),
+        preset("huge", placement={"nodeSelector": {"gpu": "h100"}}),
+        preset("nowhere", placement={"nodeSelector": {"gpu": "tpu"}}),
     ]
     r = render(objs, NODES)
     assert r.matched == {
@@ -176,13 +162,13 @@ def test_placement_files_and_index() -> None:
 
 
 def test_nodes_without_presets_are_absent_from_the_index() -> None:
-    r = render([mp("big", placement={"nodeSelector": {"gpu": "a100"}})], NODES)
+    r = render([preset("big", placement={"nodeSelector": {"gpu": "a100"}})], NODES)
     assert set(r.node_sets) == {"gpu-a1", "gpu-a2"}
     assert render([], NODES).configmap_data() == {NODES_KEY: '{"files":[],\n"nodes":{}}\n'}
 
 
 def test_output_is_deterministic_whatever_the_input_order() -> None:
-    objs = [mp(f"m{i}", placement={"nodeSelector": {"zone": "xy"[i % 2]}}) for i in range(8)]
+    objs = [preset(f"m{i}", placement={"nodeSelector": {"zone": "xy"[i % 2]}}) for i in range(8)]
     first = render(objs, NODES).configmap_data()
     for seed in range(5):
         shuffled = objs[:]
@@ -193,8 +179,8 @@ def test_output_is_deterministic_whatever_the_input_order() -> None:
 
 def test_name_conflicts_keep_the_older_preset() -> None:
     objs = [
-        mp("new", created="2026-02-01T00:00:00Z", aliases=["shared"]),
-        mp("old", created="2026-01-01T00:00:00Z", modelName="shared"),
+        preset("new", created="2026-02-01T00:00:00Z", aliases=["shared"]),
+        preset("old", created="2026-01-01T00:00:00Z", modelName="shared"),
     ]
     r = render(objs, {"n1": {}})
     assert r.offered("old") == ("n1",) and r.offered("new") == ()
@@ -204,9 +190,9 @@ def test_name_conflicts_keep_the_older_preset() -> None:
 
 def test_invalid_presets_are_reported_not_rendered() -> None:
     objs = [
-        mp("ok"),
-        mp("bad", args=["--port", "9"]),
-        mp("dup", args=["--ttl", "3"], lifecycle={"ttl": 5}),
+        preset("ok"),
+        preset("bad", args=["--port", "9"]),
+        preset("dup", args=["--ttl", "3"], lifecycle={"ttl": 5}),
     ]
     r = render(objs, {"n1": {}})
     assert set(r.invalid) == {"bad", "dup"}
