@@ -32,15 +32,17 @@ from node_agent.config import AgentOptions, llama_server_arg, parse_agent_args
 from node_agent.errors import ApiError, BinaryError, ConfigError, CorralError
 from node_agent.extras import install_hint
 from node_agent.memory.devices import open_probes
+from node_agent.models_schema import RefusedPreset
 from node_agent.router.app import build_app
 from node_agent.router.memory import MemoryWatch
 from node_agent.router.proxy import Proxy
 from node_agent.router.registry import Registry
 from node_agent.router.state import AgentState, RouterSettings
 from node_agent.sources.catalog import Catalog, diff_catalogs, load_catalog
+from node_agent.sources.download import cache_dir
 from node_agent.sources.hf_cache import hub_dir
 from node_agent.sources.options import use_options_of
-from node_agent.sources.preset_dir import directory_version, preset_files
+from node_agent.sources.preset_dir import directory_version, preset_files, preset_policy
 from node_agent.sources.spec import ModelSpec
 from node_agent.version import version_line
 
@@ -122,12 +124,19 @@ class Agent:
         self.port: int | None = None
 
     def _read_catalog(self) -> Catalog:
-        return load_catalog(
-            hub=hub_dir(self.env),
+        hub = hub_dir(self.env)
+        catalog = load_catalog(
+            hub=hub,
             models_dir=self.options.models_dir,
             preset_files=preset_files(self.options.models_preset, self.env.get("NODE_NAME")),
             cli_options=self.options.child_options,
+            restricted=preset_policy(
+                self.options.models_preset, [self.options.models_dir, hub, cache_dir(self.env)]
+            ),
         )
+        for refusal in catalog.refused:
+            log.error("preset refused, the others stay: %s: %s", refusal.origin, refusal.reason)
+        return catalog
 
     @staticmethod
     def _memory_watch(options: AgentOptions) -> MemoryWatch | None:
@@ -167,6 +176,13 @@ class Agent:
             agent_tag=self.tag,
         )
         return ChildProcess(config, on_event=on_event, logs=self.logs_for(spec.name))
+
+    def refused_presets(self) -> list[RefusedPreset]:
+        """The current catalog's refused presets, for ``GET /models``."""
+        return [
+            RefusedPreset(origin=r.origin, reason=r.reason, models=list(r.models))
+            for r in self.catalog.refused
+        ]
 
     def logs_for(self, name: str) -> LogRing:
         """The model's log ring: one per model, kept across restarts (a crash's last lines
@@ -220,7 +236,13 @@ class Agent:
             max_body_bytes=self.options.max_body_size,
         )
         state = AgentState(
-            self.registry, self.proxy, settings, self.reload, str(self.binary), self.logs_for
+            self.registry,
+            self.proxy,
+            settings,
+            self.reload,
+            str(self.binary),
+            self.logs_for,
+            refused=self.refused_presets,
         )
         app = build_app(state)
         app.cleanup_ctx.append(self._lifetime)

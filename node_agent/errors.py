@@ -24,6 +24,7 @@ class ConfigError(CorralError):
         if path is not None:
             where = f"{path}:{line}: " if line is not None else f"{path}: "
         super().__init__(f"{where}{message}")
+        self.message = message  # without the file:line prefix
         self.path = path
         self.line = line
 

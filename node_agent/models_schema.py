@@ -71,9 +71,19 @@ class ModelEntry(_Schema):
     corral: CorralInfo | None = None
 
 
+class RefusedPreset(_Schema):
+    """Corral: a preset the agent refused alone (a restricted one that broke a rule); the
+    node's other models are served. Listed under ``refused``, absent when there is none."""
+
+    origin: str  # file:line
+    reason: str
+    models: list[str]  # the model names its sections claimed
+
+
 class ModelList(_Schema):
     object: Literal["list"]
     data: list[ModelEntry]
+    refused: list[RefusedPreset] | None = None
 
 
 def dump(model: BaseModel) -> dict[str, Any]:

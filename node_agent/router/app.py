@@ -26,6 +26,7 @@ from typing import Any
 from aiohttp import web
 
 from node_agent.errors import ApiError
+from node_agent.models_schema import dump
 from node_agent.router.exchange import begin_exchange
 from node_agent.router.logs_api import setup_logs
 from node_agent.router.metrics import setup_metrics
@@ -246,7 +247,11 @@ async def list_models(request: web.Request) -> web.StreamResponse:
     registry = state.registry
     now = int(time.time())
     data = [model_entry(registry, name, state.binary, now) for name in registry.specs()]
-    return _json({"data": data, "object": "list"})
+    body: dict[str, Any] = {"data": data, "object": "list"}
+    refused = state.refused() if state.refused is not None else []
+    if refused:  # Corral: restricted presets refused alone (absent when none)
+        body["refused"] = [dump(r) for r in refused]
+    return _json(body)
 
 
 async def load_model(request: web.Request) -> web.StreamResponse:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from node_agent.child.logs import LogRing
+from node_agent.models_schema import RefusedPreset
 from node_agent.router.proxy import Proxy
 from node_agent.router.registry import Registry
 
@@ -62,6 +63,7 @@ class AgentState:
     reload: Reloader
     binary: str
     logs_for: LogsFor | None = None  # the model's log ring, for GET /models/logs
+    refused: Callable[[], list[RefusedPreset]] | None = None  # presets refused alone
 
 
 STATE: web.AppKey[AgentState] = web.AppKey("corral_state", AgentState)

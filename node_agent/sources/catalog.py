@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,11 +27,25 @@ from node_agent.sources.spec import (
     PresetLayer,
     merge_options,
 )
+from node_agent.sources.trust import Restricted
 
+_HEADER_NAME = re.compile(r"^[ \t]*\[[ \t]*([^\]\r\n]*?)[ \t]*\]", re.MULTILINE)
 # Keys that tell a child which weights to load; a preset-only model needs one of them.
 MODEL_KEYS = ("model", "model-url", "hf-repo", "docker-repo")
 # The command line never renames or re-points a model (llama.cpp's unset_model_args).
 NOT_FROM_COMMAND_LINE = frozenset({"model", "mmproj", "alias", "hf-repo"})
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A restricted preset the agent would not take: where it is and why (``GET /models``
+    lists these under ``refused``; the operator shows them in the ModelPreset's status)."""
+
+    origin: str
+    """``file:line`` (or the file alone when it could not be read at all)."""
+    reason: str
+    models: tuple[str, ...] = ()
+    """The model names its sections claimed, where the file could be parsed that far."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +55,8 @@ class Catalog(Mapping[str, ModelSpec]):
     models: Mapping[str, ModelSpec] = field(default_factory=dict)
     aliases: Mapping[str, str] = field(default_factory=dict)
     """alias -> canonical name."""
+    refused: tuple[Refusal, ...] = ()
+    """Restricted presets left out, each alone (the node's other models stay)."""
 
     def __getitem__(self, name: str) -> ModelSpec:
         return self.models[name]
@@ -78,16 +95,31 @@ def load_catalog(
     models_dir: str | None = None,
     preset_files: Sequence[str | Path | PresetFile] = (),
     cli_options: Sequence[tuple[str, OptionValue]] = (),
+    restricted: Restricted | None = None,
 ) -> Catalog:
     """Read every source and merge them (ConfigError on any unusable input).
 
     ``hub`` is the HF hub folder (``hf_cache.hub_dir(env)``); ``preset_files`` are applied in
     order, a later file's section merging over an earlier one's; ``cli_options`` are the
-    agent's own llama-server options (``AgentOptions.child_options``).
+    agent's own llama-server options (``AgentOptions.child_options``). With ``restricted``
+    the preset files did not come from the administrator (the operator's ConfigMap): they
+    are held to that policy, and a file that breaks it or any other rule is refused alone
+    (``Catalog.refused``) instead of failing the whole catalog.
     """
     cached = scan_hf_cache(hub)
     local = scan_models_dir(models_dir) if models_dir is not None else []
-    presets = [p if isinstance(p, PresetFile) else load_preset_file(p) for p in preset_files]
+    refused: list[Refusal] = []
+    presets: list[PresetFile] = []
+    for p in preset_files:
+        if isinstance(p, PresetFile):
+            presets.append(p)
+            continue
+        try:
+            presets.append(load_preset_file(p, restricted))
+        except ConfigError as exc:
+            if restricted is None:
+                raise
+            refused.append(_refusal(exc, str(p)))
 
     global_layer = PresetLayer()
     sections: dict[str, PresetLayer] = {}
@@ -105,12 +137,16 @@ def load_catalog(
         # scan found, as in llama.cpp (cascade(global, custom) then merge).
         spec = base.with_layer(layer.over(global_layer), source=SOURCE_PRESET)
         if not any(spec.get(key) for key in MODEL_KEYS):
-            raise ConfigError(
+            error = ConfigError(
                 f"preset [{name}] names no model: no file, folder or cached model has that "
                 f"name, and it sets none of {', '.join(MODEL_KEYS)}",
                 path=(layer.origin or "").rpartition(":")[0] or None,
                 line=_line(layer.origin),
             )
+            if restricted is None:
+                raise error
+            refused.append(_refusal(error, layer.origin or "", (name,)))
+            continue
         merged[name] = spec
 
     overrides = tuple((k, v) for k, v in cli_options if k not in NOT_FROM_COMMAND_LINE)
@@ -122,7 +158,27 @@ def load_catalog(
         )
         for name, spec in sorted(merged.items())
     }
-    return Catalog(models=final, aliases=_alias_map(final))
+    return Catalog(models=final, aliases=_alias_map(final), refused=tuple(refused))
+
+
+def _refusal(exc: ConfigError, where: str, models: tuple[str, ...] = ()) -> Refusal:
+    origin = where
+    if exc.path is not None:
+        origin = exc.path if exc.line is None else f"{exc.path}:{exc.line}"
+    if not models and exc.path is not None:
+        models = _section_names(exc.path)
+    return Refusal(origin=origin, reason=exc.message, models=models)
+
+
+def _section_names(path: str) -> tuple[str, ...]:
+    """The ``[name]`` headers of a file that failed to load, so the refusal can be shown on
+    the ModelPreset it came from (the operator matches by model name)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ()
+    names = (m.group(1) for m in _HEADER_NAME.finditer(text))
+    return tuple(n for n in names if n != "*")
 
 
 def _with_global(spec: ModelSpec, global_layer: PresetLayer) -> ModelSpec:

@@ -16,9 +16,11 @@ files without the old ones). Both are read from one resolved ``..data`` target i
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 
 from node_agent.errors import ConfigError
+from node_agent.sources.trust import PVC_MOUNT_ROOT, Restricted
 
 NODES_INDEX = "nodes.json"
 
@@ -107,6 +109,18 @@ def preset_files(models_preset: str | None, node_name: str | None) -> list[Path]
     if path.is_dir():
         return resolve_preset_files(path, node_name)
     return [path]
+
+
+def preset_policy(
+    models_preset: str | None, roots: Iterable[str | Path | None]
+) -> Restricted | None:
+    """How far this agent trusts its ``--models-preset``: a FILE is the administrator's own
+    (None: every option), a DIRECTORY is the operator's ConfigMap, rendered from ModelPresets
+    that other people wrote (restricted to the allow-list, file options inside ``roots`` and
+    the PVC mount root)."""
+    if not models_preset or not Path(models_preset).is_dir():
+        return None
+    return Restricted.under([*roots, PVC_MOUNT_ROOT])
 
 
 def directory_version(directory: Path) -> object:

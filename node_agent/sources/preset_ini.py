@@ -1,10 +1,17 @@
 """``--models-preset`` INI files, read with llama.cpp's rules (``common/preset.cpp``).
 
 Syntax, as llama.cpp's PEG grammar has it: ``[name]`` headers; ``key = value`` lines whose key
-is ``[A-Za-z_][A-Za-z0-9_.-]*``; ``;`` or ``#`` starts a comment anywhere, so a value ends at
-the first ``;``/``#`` (there is no quoting: quotes stay part of the value); surrounding
-whitespace is dropped. Values are passed on as written: a relative ``model`` path is
-relative to the agent's working directory, as in llama.cpp, not to the INI's folder.
+is ``[A-Za-z_][A-Za-z0-9_.-]*``; lines end at ``\r\n``, ``\n`` or ``\r``; ``;`` or ``#``
+starts a comment anywhere, so a value ends at the first ``;``/``#``; surrounding whitespace is
+dropped. Values are passed on as written: a relative ``model`` path is relative to the agent's
+working directory, as in llama.cpp, not to the INI's folder.
+
+One addition, in the operator's files only (a restricted ``policy``, see ``sources.trust``): a
+value written as a JSON string, ``"…"`` with JSON's escapes, is that string — so ``#``, ``;``,
+line breaks and edge whitespace survive (``ini_value`` writes it, and only for values that
+need it, so the rest of the file still reads the same in llama.cpp). llama.cpp has no quoting
+(its ``to_ini`` writes ``\\``-newline, which its own parser cannot read back) and keeps quotes
+as part of the value, and so does Corral in the administrator's own INI.
 
 Keys: llama-server flags without dashes, short forms or ``LLAMA_ARG_*`` names; ``no-x = true``
 means ``x = false``; ``version`` is reserved and skipped. Preset-only keys: ``load-on-startup``,
@@ -26,6 +33,7 @@ uses 10).
 from __future__ import annotations
 
 import difflib
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -35,6 +43,7 @@ from typing import TypeVar
 from node_agent.errors import ConfigError
 from node_agent.sources.options import llama_options, parse_bool
 from node_agent.sources.spec import ROUTER_KEYS, OptionValue, PresetLayer
+from node_agent.sources.trust import Restricted
 
 GLOBAL_SECTION = "*"
 
@@ -69,6 +78,8 @@ PRESET_ONLY = {
     "hf-revision": "hf-revision",
 }
 
+_NEWLINE = re.compile(r"\r\n|\n|\r")
+_JSON = json.JSONDecoder()
 _HEADER = re.compile(r"\[\s*([^\]]*?)\s*\]\s*(?:[;#].*)?")
 _KEY_VALUE = re.compile(r"([A-Za-z_][A-Za-z0-9_.-]*)\s*=\s*(.*)")
 _SHA256 = re.compile(r"[0-9a-fA-F]{64}")
@@ -92,8 +103,11 @@ class _Section:
     entries: list[tuple[str, str, int]] = field(default_factory=list)
 
 
-def load_preset_file(path: str | Path) -> PresetFile:
-    """Read and validate one INI file (ConfigError with file:line on any mistake)."""
+def load_preset_file(path: str | Path, policy: Restricted | None = None) -> PresetFile:
+    """Read and validate one INI file (ConfigError with file:line on any mistake).
+
+    ``policy`` is None for the administrator's own file (every option allowed), else the
+    restrictions of a preset that came from elsewhere (``sources.trust``)."""
     where = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -101,15 +115,15 @@ def load_preset_file(path: str | Path) -> PresetFile:
         raise ConfigError("preset file does not exist (--models-preset)", path=where) from None
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"cannot read preset file: {e}", path=where) from e
-    return parse_preset_text(text, where)
+    return parse_preset_text(text, where, policy)
 
 
-def parse_preset_text(text: str, path: str) -> PresetFile:
-    sections = _split_sections(text, path)
+def parse_preset_text(text: str, path: str, policy: Restricted | None = None) -> PresetFile:
+    sections = _split_sections(text, path, quoted=policy is not None)
     global_layer = PresetLayer()
     layers: dict[str, PresetLayer] = {}
     for section in sections:
-        layer = _interpret(section, path)
+        layer = _interpret(section, path, policy)
         if section.name == GLOBAL_SECTION:
             global_layer = layer
         else:
@@ -117,11 +131,12 @@ def parse_preset_text(text: str, path: str) -> PresetFile:
     return PresetFile(path=path, global_layer=global_layer, sections=layers)
 
 
-def _split_sections(text: str, path: str) -> list[_Section]:
+def _split_sections(text: str, path: str, *, quoted: bool) -> list[_Section]:
     sections: list[_Section] = []
     by_name: dict[str, _Section] = {}
     current: _Section | None = None
-    for number, raw in enumerate(text.splitlines(), start=1):
+    # llama.cpp's newlines only (str.splitlines also splits at \x0b, \x85, \u2028…).
+    for number, raw in enumerate(_NEWLINE.split(text), start=1):
         line = raw.strip()
         if not line or line[0] in ";#":
             continue
@@ -153,13 +168,44 @@ def _split_sections(text: str, path: str) -> list[_Section]:
                 path=path,
                 line=number,
             )
-        # llama.cpp's grammar ends a value at the first ';' or '#', whitespace before it dropped.
-        value = re.split(r"[;#]", m.group(2), maxsplit=1)[0].rstrip()
+        value = _value(m.group(2), path, number, quoted=quoted)
         current.entries.append((m.group(1), value, number))
     return sections
 
 
-def _interpret(section: _Section, path: str) -> PresetLayer:
+def _value(text: str, path: str, line: int, *, quoted: bool) -> str:
+    """A value as written after ``=``: where ``quoted``, a JSON string literal is decoded;
+    anything else ends, as llama.cpp's grammar has it, at the first ';' or '#', whitespace
+    before it dropped."""
+    if not quoted or not text.startswith('"'):
+        return re.split(r"[;#]", text, maxsplit=1)[0].rstrip()
+    try:
+        value, end = _JSON.raw_decode(text)
+    except json.JSONDecodeError:
+        value, end = None, 0
+    rest = text[end:].strip(" \t")
+    if not isinstance(value, str) or (rest and rest[0] not in ";#"):
+        raise ConfigError(
+            f"cannot read the quoted value {text!r}: a value that starts with '\"' must be one "
+            'JSON string ("…" with \\ escapes), optionally followed by a comment',
+            path=path,
+            line=line,
+        )
+    return value
+
+
+def ini_value(value: str) -> str:
+    """``value`` as an INI value that reads back exactly: as written when llama.cpp's grammar
+    keeps it whole, else as a JSON string (see the module's docstring)."""
+    plain = (
+        value == value.strip()  # the parser drops what Python calls whitespace at both ends
+        and not value.startswith('"')
+        and not any(c in value for c in ";#\r\n")
+    )
+    return value if plain else json.dumps(value)
+
+
+def _interpret(section: _Section, path: str, policy: Restricted | None) -> PresetLayer:
     table = llama_options()
     options: dict[str, OptionValue] = {}
     extras: dict[str, object] = {}
@@ -177,11 +223,19 @@ def _interpret(section: _Section, path: str) -> PresetLayer:
             )
         seen[canonical] = (key, line)
 
+    def refuse_restricted(canonical: str, value: str, key: str, line: int) -> None:
+        if policy is None:
+            return
+        why = policy.refusal(canonical, value)
+        if why is not None:
+            raise ConfigError(f"{key!r} in {where}: {why}", path=path, line=line)
+
     for key, value, line in section.entries:
         if key == "version":  # reserved by llama.cpp for future use
             continue
         if key in PRESET_ONLY:
             name = PRESET_ONLY[key]
+            refuse_restricted(name, value, key, line)
             once(name, key, line)
             extras[name] = _preset_only_value(name, value, key, where, path, line)
             continue
@@ -196,6 +250,7 @@ def _interpret(section: _Section, path: str) -> PresetLayer:
                 path=path,
                 line=line,
             )
+        refuse_restricted(opt.name, value, key, line)
         once(opt.name, key, line)
         if opt.name == "alias":
             extras["alias"] = tuple(a.strip() for a in value.split(",") if a.strip())
@@ -226,6 +281,14 @@ def _interpret(section: _Section, path: str) -> PresetLayer:
             options[opt.name] = value
 
     _check_pins(section, seen, path)
+    if policy is not None and "model-url" in seen and "model-sha256" not in seen:
+        key, line = seen["model-url"]
+        raise ConfigError(
+            f"{key!r} in {where} needs 'model-sha256': a restricted preset's download must be "
+            "checked by the agent",
+            path=path,
+            line=line,
+        )
     aliases = extras.get("alias")
     return PresetLayer(
         options=tuple(options.items()),

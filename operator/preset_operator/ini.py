@@ -4,13 +4,17 @@ Format (what llama-server's router and Corral's agent read): ``[name]`` sections
 llama-server long options without dashes (short forms are accepted too), plus the preset-only
 keys ``alias``, ``load-on-startup``, ``stop-timeout``, ``ttl``, ``pin``, ``priority`` and, for
 sources llama-server cannot express itself, ``hf-revision`` and ``model-sha256`` (see
-operator/README.md, "Source keys"). Values are written as-is: the parser takes everything after
-the first ``=`` and trims it, so no quoting is needed; line breaks are refused upstream.
+operator/README.md, "Source keys"). Values are written with the agent's own ``ini_value``: as-is
+where llama.cpp's grammar keeps them whole (so the file stays readable by llama-server too), as a
+JSON string where they hold ``;``, ``#``, a line break or edge whitespace, which llama.cpp would
+cut.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+
+from node_agent.sources.preset_ini import ini_value
 
 from .presets import (
     HuggingFaceSource,
@@ -79,7 +83,7 @@ def section_keys(preset: Preset) -> list[tuple[str, str]]:
 
 def render_section(preset: Preset) -> str:
     lines = [f"; ModelPreset {preset.name}", f"[{preset.model_name}]"]
-    lines += [f"{key} = {value}" for key, value in section_keys(preset)]
+    lines += [f"{key} = {ini_value(value)}" for key, value in section_keys(preset)]
     return "\n".join(lines) + "\n"
 
 

@@ -14,50 +14,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from node_agent.sources.options import llama_options
+from node_agent.sources.trust import PATH_OPTIONS, arg_refusal
+from node_agent.sources.trust import PVC_MOUNT_ROOT as PVC_MOUNT_ROOT  # the chart's claim mounts
 
-# llama-server options the agent owns: where the child listens, which model it serves, who may
-# call it, and the router's own options. A preset that sets them would either break the agent's
-# proxying or fight spec.source / spec.aliases. Kept in step with the CRD's CEL rule by
-# tests/unit/test_crd_cel.py.
-# The agent's own llama-server option table (pure data: no agent runtime is imported).
+# The agent's own llama-server option table (pure data: no agent runtime is imported). What
+# args may set is the agent's allow-list (node_agent.sources.trust), the one the CRD's CEL rule
+# lists too (hack/gen-crd-allowlist.py; tests/unit/test_crd_cel.py keeps them equal).
 _TABLE = llama_options()
 
-RESERVED_OPTIONS: frozenset[str] = frozenset(
-    {
-        "--port",
-        "--host",
-        "-m",
-        "--model",
-        "-mu",
-        "--model-url",
-        "-hf",
-        "-hfr",
-        "--hf-repo",
-        "-hff",
-        "--hf-file",
-        "-hft",
-        "--hf-token",
-        "-dr",
-        "--docker-repo",
-        "--api-key",
-        "--api-key-file",
-        "-a",
-        "--alias",
-        "--path",
-        "--api-prefix",
-        "--reuse-port",
-        "--ssl-key-file",
-        "--ssl-cert-file",
-    }
-)
-RESERVED_PREFIXES: tuple[str, ...] = ("--models-", "--no-models-")
-
-# Where the chart mounts each PersistentVolumeClaim in agent pods: read-only at
-# PVC_MOUNT_ROOT/<claimName> (the chart's "corral.pvcMountRoot"; tests/chart checks the two
-# agree). Deliberately outside /models, the agent's --models-dir: its scanner treats every
-# subfolder there as one model, so a folder of claims would show up as a bogus model.
-PVC_MOUNT_ROOT = "/mnt/corral/pvc"
-
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _OPTION = re.compile(r"^--?[A-Za-z][A-Za-z0-9_-]*$")
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]*$")
 _SHA256 = re.compile(r"^[a-f0-9]{64}$")
@@ -150,14 +115,15 @@ def parse_args(args: list[str] | tuple[str, ...]) -> tuple[tuple[str, str], ...]
         head, eq, inline = token.partition("=")
         if not _OPTION.match(head):
             raise InvalidPreset(f"args[{i}] = {token!r} is not an option (expected --name or -n)")
-        if head in RESERVED_OPTIONS or head.startswith(RESERVED_PREFIXES):
-            raise InvalidPreset(f"args may not set {head}: the agent or spec.source owns it")
         match = _TABLE.flag(head)
         if match is None:
             close = _TABLE.suggest_flag(head)
             hint = f" (did you mean {close}?)" if close else ""
             raise InvalidPreset(f"args[{i}] = {head} is not a llama-server option{hint}")
         option = match.option
+        refusal = arg_refusal(option.name)
+        if refusal is not None:
+            raise InvalidPreset(f"args may not set {head}: {refusal}")
         if eq:
             value = inline
         elif not option.is_flag and i + 1 < len(args):
@@ -174,6 +140,9 @@ def parse_args(args: list[str] | tuple[str, ...]) -> tuple[tuple[str, str], ...]
         problem = None if option.is_flag else option.check(value.strip())
         if problem is not None:
             raise InvalidPreset(f"args: {head} expects {problem}, got {value!r}")
+        if option.name in PATH_OPTIONS and (not value.startswith("/") or ".." in value.split("/")):
+            # The agent checks where it lands (inside its models dir, caches or PVC mounts).
+            raise InvalidPreset(f"args: {head} must be an absolute path without '..'")
         key = head.lstrip("-")
         if key in seen:
             # An INI section holds a key once; silently keeping one of two would surprise.
@@ -188,6 +157,10 @@ def _str(obj: Mapping[str, Any], key: str, where: str) -> str:
     value = obj.get(key)
     if not isinstance(value, str) or not value:
         raise InvalidPreset(f"{where}.{key} must be a non-empty string")
+    if _CONTROL.search(value):
+        # The CRD's patterns refuse line breaks too; an operator run against an older CRD must
+        # not write them into an INI.
+        raise InvalidPreset(f"{where}.{key} contains a line break or control character")
     return value
 
 

@@ -20,8 +20,10 @@ import pytest
 import yaml
 from cel_expr_python import cel
 from cel_expr_python.ext import ext_strings
-from preset_operator.presets import RESERVED_OPTIONS, RESERVED_PREFIXES
 from preset_operator.render import render
+
+from node_agent.sources.options import generated_options
+from node_agent.sources.trust import allowed_flags
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = yaml.safe_load((ROOT / "crds" / "modelpresets.corral.dev.yaml").read_text())
@@ -198,11 +200,12 @@ def test_every_rule_compiles() -> None:
         assert r.get("message")
 
 
-def test_reserved_options_in_the_crd_match_the_renderer() -> None:
-    rule = next(r["rule"] for _, r in _all_rules(SCHEMA) if "--port" in r["rule"])
+def test_the_crd_lists_the_agents_allow_list() -> None:
+    """One source: the CEL rule's flags are the agent's allow-list (hack/gen-crd-allowlist.py
+    writes them; rerun it when this fails)."""
+    rule = next(r["rule"] for _, r in _all_rules(SCHEMA) if "--ctx-size" in r["rule"])
     listed = set(re.findall(r"'(-[^']+)'", rule.split("in [", 1)[1].split("]", 1)[0]))
-    assert listed == set(RESERVED_OPTIONS)
-    assert all(f"startsWith('{p}')" in rule for p in RESERVED_PREFIXES)
+    assert listed == set(allowed_flags(generated_options()))
 
 
 # --- each rule rejects what it should -------------------------------------------------------
@@ -254,22 +257,23 @@ def test_exactly_one_source(source: dict[str, Any]) -> None:
 @pytest.mark.parametrize(
     "arg",
     [
-        *sorted(RESERVED_OPTIONS),
-        *[
-            "--port=8080",
-            "--host=0.0.0.0",
-            "--models-dir",
-            "--models-max=2",
-            "--no-models-autoload",
-        ],
+        *("--port", "--host", "-m", "--model", "--model-url", "--hf-repo", "--alias"),
+        *("--api-key", "--ssl-key-file", "--path", "--port=8080", "--host=0.0.0.0"),
+        *("--models-dir", "--models-max=2", "--no-models-autoload", "--port-range-x"),
     ],
 )
-def test_reserved_args_are_refused(arg: str) -> None:
-    assert any("args may not set" in e for e in cel_errors(mp(args=["--ctx-size", "1", arg, "x"])))
+def test_args_off_the_allow_list_are_refused(arg: str) -> None:
+    assert any("args may only set" in e for e in cel_errors(mp(args=["--ctx-size", "1", arg, "x"])))
 
 
 @pytest.mark.parametrize(
-    "args", [["--ctx-size", "4096"], ["-c", "8192", "--n-gpu-layers", "-1"], ["--port-range-x"]]
+    "args",
+    [
+        ["--ctx-size", "4096"],
+        ["-c", "8192", "--n-gpu-layers", "-1"],
+        ["--chat-template=-x"],
+        ["--no-mmap", "--flash-attn", "on"],
+    ],
 )
 def test_ordinary_args_pass(args: list[str]) -> None:
     assert cel_errors(mp(args=args)) == []
