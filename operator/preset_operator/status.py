@@ -21,7 +21,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from node_agent.models_schema import dump, parse_entries
+from pydantic import ValidationError
+
+from node_agent.models_schema import RefusedPreset, dump, parse_entries
 
 log = logging.getLogger("corral.operator")
 
@@ -91,6 +93,29 @@ def parse_models(body: object) -> dict[str, ModelReport]:
             memory=dump(memory) if memory is not None else None,
             error=corral.error if corral is not None else None,
         )
+    for refusal in _refused(body):
+        # A preset the agent refused alone: Failed on this node, with the agent's file:line
+        # and reason (its other models are served).
+        for name in refusal.models:
+            out.setdefault(
+                name,
+                ModelReport(
+                    value="unloaded",
+                    failed=True,
+                    error=f"the agent refused this preset: {refusal.origin}: {refusal.reason}",
+                ),
+            )
+    return out
+
+
+def _refused(body: object) -> list[RefusedPreset]:
+    raw = body.get("refused") if isinstance(body, dict) else None
+    out: list[RefusedPreset] = []
+    for item in raw if isinstance(raw, list) else []:
+        try:
+            out.append(RefusedPreset.model_validate(item))
+        except ValidationError as exc:
+            log.warning("agent's GET /models: skipped a refused preset: %s", exc.errors()[0]["msg"])
     return out
 
 

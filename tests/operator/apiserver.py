@@ -5,7 +5,8 @@ The plain emulator stores whatever it is sent; a real apiserver refused the oper
 apiserver does, every object created: the path's namespace against ``metadata.namespace``
 (``rest.BeforeCreate``), Events against ``ValidateEventCreate`` for core/v1 (the legacy rules:
 an Event about a cluster-scoped object lives in ``default`` or has no namespace) and every
-built-in kind against its OpenAPI schema (kubernetes-validate, strict: unknown fields fail).
+built-in kind against its OpenAPI schema (kubernetes-validate, strict: unknown fields fail), and
+every ModelPreset against the CRD's schema and CEL rules (``tests.crd_rules``, cel-cpp).
 It also records the operator's own requests, told apart by its bearer token, as RBAC
 (group, resource, verb, namespace) tuples, for the check against the chart's roles.
 """
@@ -20,6 +21,8 @@ import aiohttp.web
 import attrs
 import kmock as kmocklib
 import kubernetes_validate
+
+from tests.crd_rules import errors as crd_errors
 
 KUBE_VERSION = "1.35"
 OPERATOR_TOKEN = "corral-operator-test-token"
@@ -66,6 +69,8 @@ def event_errors(event: dict[str, Any]) -> list[str]:
 class StrictEmulator(kmocklib.KubernetesEmulator):
     operator_access: list[Access] = attrs.field(factory=list, init=False)
     refused: list[str] = attrs.field(factory=list, init=False)
+    crd_rules: bool = True
+    """Off for a test of an apiserver that lacks the CRD's rules (an old copy of the CRD)."""
 
     async def _handle(self, request: kmocklib.Request) -> aiohttp.web.StreamResponse:
         if request.resource is not None:
@@ -73,9 +78,10 @@ class StrictEmulator(kmocklib.KubernetesEmulator):
             if operator and request.resource.plural:  # not API discovery (/api/v1, /apis/…)
                 self.operator_access.append(_access(request))
             if request.action == kmocklib.action.CREATE:
-                errors = _create_errors(request)
+                errors = _create_errors(request, crd_rules=self.crd_rules)
                 if errors:
-                    self.refused.extend(errors)
+                    if operator:  # the tests' own bad objects are not the operator's fault
+                        self.refused.extend(errors)
                     raise kmocklib.KubernetesError(
                         status=422, reason="Invalid", message="; ".join(errors)
                     )
@@ -93,7 +99,7 @@ def _access(request: kmocklib.Request) -> Access:
     return Access(request.resource.group or "", resource, verb, request.namespace)
 
 
-def _create_errors(request: kmocklib.Request) -> list[str]:
+def _create_errors(request: kmocklib.Request, *, crd_rules: bool) -> list[str]:
     obj = request.data if isinstance(request.data, dict) else {}
     meta = obj.get("metadata") or {}
     errors: list[str] = []
@@ -110,4 +116,6 @@ def _create_errors(request: kmocklib.Request) -> list[str]:
             errors.append(f"{obj.get('kind')}: {exc.message}")
     if obj.get("kind") == "Event":
         errors.extend(event_errors(obj))
+    if obj.get("kind") == "ModelPreset" and crd_rules:
+        errors.extend(crd_errors(obj))
     return errors

@@ -280,7 +280,11 @@ async def test_presets_nodes_labels_services_and_status(cluster: tuple[Any, Fake
 async def test_invalid_preset_is_reported_and_not_rendered(cluster: tuple[Any, FakeAgents]) -> None:
     # The CRD's CEL rule refuses this; an apiserver without it (or an old CRD) would not.
     kmock, _ = cluster
-    await send(kmock, "POST", MP_PATH, preset("bad", args=["--port", "1"]))
+    bad = preset("bad", args=["--port", "1"])
+    async with kmock.request("POST", MP_PATH, json=bad) as resp:
+        assert resp.status == 422 and "args may only set" in await resp.text()
+    kmock.crd_rules = False
+    await send(kmock, "POST", MP_PATH, bad)
     await send(kmock, "POST", MP_PATH, preset("good"))
 
     async def check() -> None:
