@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
+from node_agent.child.keys import keyed_environment
 from node_agent.child.orphans import tag_environment
 from node_agent.child.pdeathsig import make_preexec, pdeathsig_supported
 from node_agent.child.ports import CHILD_HOST
@@ -49,8 +50,11 @@ class ChildConfig:
             )
 
 
-def child_environment(config: ChildConfig, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The agent's environment, then the model's ``env``, then what the supervisor needs."""
+def child_environment(
+    config: ChildConfig, port: int, base: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The agent's environment, then the model's ``env``, then what the supervisor needs
+    (the child's own API key among it: ``child.keys``)."""
     env = dict(os.environ if base is None else base)
     env.update(config.env)
     # Its presence turns llama.cpp's parent–child protocol on; the pinned binary ignores the
@@ -60,7 +64,7 @@ def child_environment(config: ChildConfig, base: Mapping[str, str] | None = None
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     if config.agent_tag is not None:
         env.update(tag_environment(config.agent_tag))
-    return env
+    return keyed_environment(env, port)
 
 
 def child_argv(config: ChildConfig, port: int) -> list[str]:
@@ -87,7 +91,7 @@ async def spawn(config: ChildConfig, port: int) -> asyncio.subprocess.Process:
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
-            env=child_environment(config),
+            env=child_environment(config, port),
             # Its own process group: a stop can SIGKILL everything it started, and a
             # Ctrl-C in the agent's terminal does not reach it before the agent decides.
             start_new_session=True,

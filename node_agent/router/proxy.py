@@ -16,6 +16,7 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
+from node_agent.child.keys import child_key
 from node_agent.child.ports import CHILD_HOST
 from node_agent.core.links import LinkBook
 from node_agent.errors import ApiError
@@ -205,6 +206,9 @@ class Proxy:
     ) -> web.StreamResponse:
         url = f"http://{CHILD_HOST}:{port}{request.rel_url}"
         headers = _forward_headers(request.headers)
+        # The child's own key in place of the client's (child.keys): the agent checked that one.
+        headers.popall("X-Api-Key", None)
+        headers["Authorization"] = f"Bearer {child_key(port)}"
         upstream = await self._send(session, request, url, headers, body, port)
         async with upstream:
             out_headers = _forward_headers(upstream.headers)

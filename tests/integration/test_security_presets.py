@@ -26,8 +26,12 @@ def test_one_bad_preset_never_takes_the_node_down(
     model = demo_dir / "demo-tiny.gguf"
     files = {
         "preset-good.ini": f"[good]\nmodel = {model}\nctx-size = 256\n",
-        "preset-mcp.ini": f"[mcp]\nmodel = {model}\nload-on-startup = true\nmcp-servers-json = {mcp}\n",
-        "preset-environ.ini": f"[environ]\nmodel = {model}\nchat-template-file = /proc/self/environ\n",
+        "preset-mcp.ini": (
+            f"[mcp]\nmodel = {model}\nload-on-startup = true\nmcp-servers-json = {mcp}\n"
+        ),
+        "preset-environ.ini": (
+            f"[environ]\nmodel = {model}\nchat-template-file = /proc/self/environ\n"
+        ),
         "preset-hash.ini": f"[hash]\nmodel = {model}\nchat-template = #\n",
     }
     names = sorted(files)
