@@ -40,6 +40,7 @@ class Access:
     resource: str  # plural, or plural/subresource
     verb: str
     namespace: str | None
+    name: str | None = None  # the object's name; in a grant, its resourceNames (None: any)
 
 
 def event_errors(event: dict[str, Any]) -> list[str]:
@@ -96,7 +97,7 @@ def _access(request: kmocklib.Request) -> Access:
     verb = _VERBS.get(request.action.name)
     if verb is None:  # UPDATE: PATCH or PUT
         verb = "patch" if request.method.name == "PATCH" else "update"
-    return Access(request.resource.group or "", resource, verb, request.namespace)
+    return Access(request.resource.group or "", resource, verb, request.namespace, request.name)
 
 
 def _create_errors(request: kmocklib.Request, *, crd_rules: bool) -> list[str]:

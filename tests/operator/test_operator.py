@@ -353,6 +353,11 @@ async def test_a_foreign_service_is_never_adopted(
 def granted_by_the_chart() -> set[Access]:
     """The operator's permissions as the chart renders them, in the test's namespace."""
     objects = render_objects({})
+    presets_cm = next(
+        o["metadata"]["name"]
+        for o in objects
+        if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-presets")
+    )
     bound = {
         (b["roleRef"]["kind"], b["roleRef"]["name"], b["metadata"].get("namespace"))
         for b in objects
@@ -370,14 +375,30 @@ def granted_by_the_chart() -> set[Access]:
             for group in rule["apiGroups"]:
                 for resource in rule["resources"]:
                     for verb in rule["verbs"]:
-                        out.add(Access(group, resource, verb, scope))
+                        for name in rule.get("resourceNames") or [None]:
+                            # The chart's presets ConfigMap stands for the test's.
+                            name = CM if name == presets_cm else name
+                            out.add(Access(group, resource, verb, scope, name))
     return out
+
+
+def test_row_18_configmap_writes_are_limited_to_the_presets_configmap() -> None:
+    """Issue 16 row 18: the operator may patch its own ConfigMap, not every one in the
+    namespace (create cannot be limited by name; pods and Services are named at run time)."""
+    grants = granted_by_the_chart()
+    patch = [g for g in grants if (g.resource, g.verb) == ("configmaps", "patch")]
+    assert patch == [Access("", "configmaps", "patch", NS, CM)]
 
 
 def covers(grant: Access, used: Access) -> bool:
     same = (grant.group, grant.resource, grant.verb) == (used.group, used.resource, used.verb)
-    # A ClusterRole grants in every namespace; a Role only in its own.
-    return same and (grant.namespace is None or grant.namespace == used.namespace)
+    # A ClusterRole grants in every namespace; a Role only in its own; resourceNames only
+    # those objects.
+    return (
+        same
+        and (grant.namespace is None or grant.namespace == used.namespace)
+        and (grant.name is None or grant.name == used.name)
+    )
 
 
 async def test_requests_match_the_rendered_rbac(
