@@ -34,6 +34,7 @@ from node_agent.extras import install_hint
 from node_agent.memory.devices import open_probes
 from node_agent.models_schema import RefusedPreset
 from node_agent.router.app import build_app
+from node_agent.router.connections import BoundedRunner, default_max_connections
 from node_agent.router.memory import MemoryWatch
 from node_agent.router.proxy import Proxy
 from node_agent.router.registry import Registry
@@ -81,6 +82,10 @@ Corral's own:
   --max-queue N               at most N requests wait per model; more get 503 + Retry-After
   --shutdown-timeout SECONDS  on SIGTERM: drain and stop within this long, then kill (default
                               30; a second SIGTERM/SIGINT kills at once)
+  --client-timeout SECONDS    a client must send its request head or body, or take streamed
+                              data, within this long; idle connections close (default 30)
+  --max-connections N         at most N client connections (default: from ulimit -n); idle
+                              and slow ones are closed first, so /health keeps answering
   --log-level LEVEL           debug, info, warning or error (default info)
 
 Any other option is a llama-server option: it is passed to every child (e.g. -c 4096) and
@@ -103,7 +108,12 @@ class Agent:
         self.tag = f"{options.host}:{options.port}"
         self.catalog = self._read_catalog()
         self.memory = self._memory_watch(options)
-        self.proxy = Proxy(timeout=options.timeout)
+        self.proxy = Proxy(
+            timeout=options.timeout,
+            client_timeout=options.client_timeout,
+            max_queue=options.max_queue,
+            queue_timeout=options.queue_timeout,
+        )
         self.registry = Registry(
             self.catalog,
             models_max=options.models_max,
@@ -234,6 +244,7 @@ class Agent:
             api_keys=tuple(self.options.api_keys),
             build_info=self.build_info,
             max_body_bytes=self.options.max_body_size,
+            client_timeout=self.options.client_timeout,
         )
         state = AgentState(
             self.registry,
@@ -250,8 +261,12 @@ class Agent:
         # request leaves the queue and a proxied one closes its connection to the child.
         # shutdown_timeout: handlers still running when the shutdown's bound has passed are
         # cancelled (aiohttp's default would wait 60 s more).
-        self._runner = web.AppRunner(
+        # keepalive_timeout: also bounds a connection that sends no head, or a slow one
+        # (router/connections.py).
+        self._runner = BoundedRunner(
             app,
+            max_connections=self.options.max_connections or default_max_connections(),
+            keepalive_timeout=self.options.client_timeout,
             handler_cancellation=True,
             access_log=None,
             shutdown_timeout=self.options.shutdown_timeout,

@@ -68,6 +68,11 @@ class AgentOptions:
     """Fail a request that waited this long for its model; None = wait as long as it takes."""
     max_queue: int | None = None
     """Refuse requests beyond this many waiting; None = no limit."""
+    client_timeout: float = 30.0
+    """A client must send its request head, its body, or take streamed data within this long,
+    and an idle keep-alive connection closes after it (router/connections.py)."""
+    max_connections: int | None = None
+    """At most this many client connections open; None = from the descriptor limit."""
     shutdown_timeout: float = 30.0
     """On SIGTERM/SIGINT: the whole shutdown (drain, children's exit) takes at most this
     long; then the children left are killed. Below the chart's 60 s grace period."""
@@ -389,6 +394,8 @@ _OWN_FLAGS: dict[str, tuple[str, str, Callable[[str], object]]] = {
     "--queue-timeout": ("queue_timeout", "seconds (0: wait forever)", _seconds),
     "--max-queue": ("max_queue", "a count (0: no limit)", _count_or_unlimited),
     "--shutdown-timeout": ("shutdown_timeout", "seconds (> 0)", _positive_seconds),
+    "--client-timeout": ("client_timeout", "seconds (> 0)", _positive_seconds),
+    "--max-connections": ("max_connections", "a count (>= 1)", _int_at_least(1)),
     "--log-level": ("log_level", "one of " + ", ".join(LOG_LEVELS), _log_level),
 }
 

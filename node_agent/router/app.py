@@ -27,6 +27,8 @@ from aiohttp import web
 
 from node_agent.errors import ApiError
 from node_agent.models_schema import dump
+from node_agent.router.bodies import CLIENT_TIMEOUT, read_json
+from node_agent.router.bodies import parse_json_body as parse_json_body  # routes elsewhere use it
 from node_agent.router.exchange import begin_exchange
 from node_agent.router.logs_api import setup_logs
 from node_agent.router.metrics import setup_metrics
@@ -160,23 +162,6 @@ def _autoload(request: web.Request, settings: RouterSettings) -> bool:
     return value in ("true", "1")
 
 
-def parse_json_body(body: bytes) -> Any:
-    """The request's JSON document; a body that is not one is the client's mistake (400).
-
-    llama.cpp answers 500 here (a deliberate difference, see the module's docstring).
-    """
-    if not body.strip():
-        raise ApiError(400, "the request body is not valid JSON: it is empty")
-    try:
-        return json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"the request body is not valid JSON: {exc}") from exc
-    except RecursionError as exc:
-        # json's C parser recurses per nesting level: ``[[[[…`` a few thousand deep would
-        # otherwise surface as a 500.
-        raise ApiError(400, "the request body is not valid JSON: it nests too deeply") from exc
-
-
 def body_model(data: Any) -> str | None:
     """The ``model`` a JSON body names, or None when it names none (absent, empty, not a
     string, or the body is not an object: llama.cpp treats them all as missing)."""
@@ -195,8 +180,7 @@ def _canonical(registry: Registry, name: str | None) -> str:
 
 async def proxy_post(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
-    body = await request.read()
-    data = parse_json_body(body)
+    body, data = await read_json(request)
     name = _canonical(state.registry, body_model(data) or None)
     if isinstance(data, dict) and "keep_alive" in data:
         # Ollama's per-request keep_alive: how long the model stays once idle.
@@ -223,7 +207,7 @@ async def _proxy(
             await asyncio.sleep(FAKE_TIMING_SECONDS)
         port = state.registry.port(lease)
         slots = state.registry.slots(name)
-        return await state.proxy.forward(request, port, body, exchange, slots=slots)
+        return await state.proxy.forward(request, port, body, exchange, slots=slots, model=name)
     finally:
         state.registry.release(lease)
 
@@ -246,7 +230,10 @@ async def list_models(request: web.Request) -> web.StreamResponse:
         await state.reload()
     registry = state.registry
     now = int(time.time())
-    data = [model_entry(registry, name, state.binary, now) for name in registry.specs()]
+    data = [
+        model_entry(registry, name, state.binary, now, state.proxy.queued(_port(registry, name)))
+        for name in registry.specs()
+    ]
     body: dict[str, Any] = {"data": data, "object": "list"}
     refused = state.refused() if state.refused is not None else []
     if refused:  # Corral: restricted presets refused alone (absent when none)
@@ -254,11 +241,16 @@ async def list_models(request: web.Request) -> web.StreamResponse:
     return _json(body)
 
 
+def _port(registry: Registry, name: str) -> int | None:
+    child = registry.child(name)
+    return child.port if child is not None else None
+
+
 async def load_model(request: web.Request) -> web.StreamResponse:
     """llama.cpp answers 404 for a missing or unknown model here; we keep the status and say
     which (a listed difference: its body is only "File Not Found")."""
     registry = request.app[STATE].registry
-    model = body_model(parse_json_body(await request.read()))
+    model = body_model((await read_json(request))[1])
     if model is None:
         raise ApiError(404, MODEL_MISSING)
     canonical = registry.resolve(model)
@@ -271,7 +263,7 @@ async def load_model(request: web.Request) -> web.StreamResponse:
 async def unload_model(request: web.Request) -> web.StreamResponse:
     """llama.cpp answers a missing or unknown model here with 400 ``model is not found``."""
     registry = request.app[STATE].registry
-    model = body_model(parse_json_body(await request.read()))
+    model = body_model((await read_json(request))[1])
     canonical = registry.resolve(model) if model is not None else None
     if canonical is None:
         raise ApiError(400, "model is not found")
@@ -314,6 +306,7 @@ def build_app(state: AgentState) -> web.Application:
         handler_args={"max_line_size": MAX_LINE_BYTES, "max_field_size": MAX_LINE_BYTES},
     )
     app[STATE] = state
+    app[CLIENT_TIMEOUT] = state.settings.client_timeout
     app.on_response_prepare.append(_allow_origin)
     routes = [
         web.get("/health", health),

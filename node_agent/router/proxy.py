@@ -2,14 +2,20 @@
 
 Bodies with a known length are answered in one piece; everything else (server-sent events,
 chunked bodies) is passed through chunk by chunk as the child writes it, never buffered.
+
+A request waiting for one of its child's slots is queued like one waiting for a load (issue 16,
+row 7): counted in ``GET /models`` (``queued``), refused at ``--max-queue``, given up after
+``--queue-timeout``. A client that takes no streamed data for ``--client-timeout`` is cut off,
+so one that stops reading cannot hold a slot for ever.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
 import aiohttp
@@ -20,7 +26,9 @@ from node_agent.child.keys import child_key
 from node_agent.child.ports import CHILD_HOST
 from node_agent.core.links import LinkBook
 from node_agent.errors import ApiError
+from node_agent.router.connections import DEFAULT_CLIENT_TIMEOUT
 from node_agent.router.exchange import Exchange
+from node_agent.router.refusals import queue_full_error, queue_timeout_error
 
 log = logging.getLogger("corral.proxy")
 
@@ -63,6 +71,7 @@ class _ChildLink:
     def __init__(self, slots: int, timeout: aiohttp.ClientTimeout) -> None:
         self.slots = slots
         self.semaphore = asyncio.Semaphore(slots)
+        self.waiting = 0  # requests queued at the gate
         connector = aiohttp.TCPConnector(
             limit=0,  # the gate limits
             enable_cleanup_closed=True,
@@ -88,8 +97,18 @@ class Proxy:
     """HTTP clients to the children: per child, a gate of its slots and keep-alive connections
     that are released before the child is asked to exit (the :class:`LinkBook` decides when)."""
 
-    def __init__(self, *, timeout: float) -> None:
+    def __init__(
+        self,
+        *,
+        timeout: float,
+        client_timeout: float = DEFAULT_CLIENT_TIMEOUT,
+        max_queue: int | None = None,
+        queue_timeout: float | None = None,
+    ) -> None:
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout)
+        self._client_timeout = client_timeout
+        self._max_queue = max_queue
+        self._queue_timeout = queue_timeout
         self._book = LinkBook()
         self._links: dict[int, _ChildLink] = {}  # by the book's link id
 
@@ -136,6 +155,35 @@ class Proxy:
     async def close(self) -> None:
         for link_id in list(self._links):
             await self._close(link_id)
+
+    def queued(self, port: int | None) -> int:
+        """Requests waiting for a slot of the child on ``port``."""
+        link_id = self._book.current(port) if port is not None else None
+        link = self._links.get(link_id) if link_id is not None else None
+        return link.waiting if link is not None else 0
+
+    @contextlib.asynccontextmanager
+    async def _slot(self, link: _ChildLink, model: str) -> AsyncIterator[None]:
+        """One of the child's slots, waited for in the model's queue (see the docstring)."""
+        if link.semaphore.locked():
+            if self._max_queue is not None and link.waiting >= self._max_queue:
+                raise queue_full_error(model, self._max_queue)
+            link.waiting += 1
+            try:
+                async with asyncio.timeout(self._queue_timeout):
+                    await link.semaphore.acquire()
+            except TimeoutError:
+                assert self._queue_timeout is not None
+                why = f"all {link.slots} slots of its server stayed busy"
+                raise queue_timeout_error(model, self._queue_timeout, why) from None
+            finally:
+                link.waiting -= 1
+        else:
+            await link.semaphore.acquire()
+        try:
+            yield
+        finally:
+            link.semaphore.release()
 
     def statistics(self) -> ProxyStatistics:
         book = self._book.statistics()
@@ -184,13 +232,14 @@ class Proxy:
         exchange: Exchange | None = None,
         *,
         slots: int,
+        model: str = "",
     ) -> web.StreamResponse:
         """Send ``request`` (with ``body`` already read) to the child on ``port``, which
         serves ``slots`` requests at once."""
         link_id, link = await self._link(port, slots)
         self._book.enter(link_id)
         try:
-            async with link.semaphore:
+            async with self._slot(link, model or f"on port {port}"):
                 return await self._forward(link.session, request, port, body, exchange)
         finally:
             if self._book.leave(link_id):
@@ -236,7 +285,7 @@ class Proxy:
                     async for chunk in upstream.content.iter_any():
                         if exchange is not None:
                             exchange.chunk(chunk)
-                        await response.write(chunk)
+                        await self._write(request, response, chunk)
                 except ConnectionResetError:
                     raise  # the client's side (below), though aiohttp's is a ClientError too
                 except aiohttp.ClientError as exc:
@@ -246,7 +295,9 @@ class Proxy:
                     log.warning("the child on port %d stopped mid-response: %s", port, exc)
                     if "text/event-stream" in upstream.headers.get("Content-Type", ""):
                         error = ApiError(500, message).body()
-                        await response.write(f"data: {json.dumps(error)}\n\n".encode())
+                        await self._write(
+                            request, response, f"data: {json.dumps(error)}\n\n".encode()
+                        )
                 await response.write_eof()
             except ConnectionResetError:
                 # The client hung up mid-stream: aiohttp's next write raises (found by the
@@ -255,3 +306,21 @@ class Proxy:
                 # stops generating.
                 log.debug("client went away mid-stream from port %d", port)
             return response
+
+    async def _write(self, request: web.Request, response: web.StreamResponse, data: bytes) -> None:
+        """Write to the client, which must take it within the client timeout: one that stops
+        reading is cut off (ConnectionResetError, as if it had hung up), which closes the
+        stream from the child and frees its slot."""
+        try:
+            async with asyncio.timeout(self._client_timeout):
+                await response.write(data)
+        except TimeoutError:
+            log.warning(
+                "%s %s: the client took no data for %gs (--client-timeout): cutting it off",
+                request.method,
+                request.path,
+                self._client_timeout,
+            )
+            if request.transport is not None:
+                request.transport.abort()
+            raise ConnectionResetError("the client stopped reading") from None

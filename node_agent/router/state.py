@@ -11,6 +11,7 @@ from aiohttp import web
 
 from node_agent.child.logs import LogRing
 from node_agent.models_schema import RefusedPreset
+from node_agent.router.connections import DEFAULT_CLIENT_TIMEOUT
 from node_agent.router.proxy import Proxy
 from node_agent.router.registry import Registry
 
@@ -49,6 +50,7 @@ class RouterSettings:
     api_keys: tuple[str, ...]
     build_info: str
     max_body_bytes: int = 64 * 1024 * 1024
+    client_timeout: float = DEFAULT_CLIENT_TIMEOUT
 
 
 Reloader = Callable[[], Awaitable[None]]

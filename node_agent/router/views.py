@@ -56,8 +56,11 @@ def preset_text(spec: _Listed) -> str:
     return "\n".join(lines) + "\n\n"
 
 
-def model_entry(registry: Registry, name: str, binary: str, now: int) -> dict[str, Any]:
-    """One entry of ``GET /models``, built from the schema the operator parses with."""
+def model_entry(
+    registry: Registry, name: str, binary: str, now: int, slot_queued: int = 0
+) -> dict[str, Any]:
+    """One entry of ``GET /models``, built from the schema the operator parses with;
+    ``slot_queued`` requests wait for one of its child's slots (they count as queued)."""
     spec: Any = registry.spec(name)
     view = registry.scheduler.view(name)
     child = registry.child(name)
@@ -85,7 +88,7 @@ def model_entry(registry: Registry, name: str, binary: str, now: int) -> dict[st
     corral = CorralInfo(
         stopping=view.stopping,
         in_flight=view.in_flight,
-        queued=view.queued,
+        queued=view.queued + slot_queued,
         pid=child.pid if child is not None else None,
         error=view.error if view.failed else None,
         failures=view.failures,

@@ -62,6 +62,8 @@ AGENT_KEYS = frozenset(
         "queue-timeout",
         "max-queue",
         "shutdown-timeout",
+        "client-timeout",
+        "max-connections",
         "log-level",
     }
 )
