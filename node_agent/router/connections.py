@@ -8,13 +8,15 @@ until the process runs out of file descriptors, after which even ``/health`` fai
 * **Head and idle**: aiohttp's keep-alive timer runs from the connection's start (and from each
   response) until a whole request head has arrived, and is not reset by partial data; set to
   ``--client-timeout`` it bounds both a silent connection and a slow head.
-* **Body**: ``bodies.read_body`` must have the whole body within ``--client-timeout``.
+* **Body**: ``bodies.read_body`` must have the whole body within ``--client-timeout`` (then
+  408, and aiohttp's lingering close reads what is left for at most 10 s more).
 * **Writes**: the proxy gives up on a client that takes no chunk for ``--client-timeout``
   (``proxy.py``), so a client that stops reading frees its child's slot.
 * **Count**: at most ``--max-connections`` open at once. A new connection over the bound first
-  closes the oldest one that has no request in progress (idle, or still sending its head), then
-  the oldest still sending its body; only when every connection is busy in a handler is the new
-  one closed. So a flood of slow or idle sockets never keeps ``/health`` (or anyone) out.
+  closes the oldest one that has no request in progress (idle, or still sending its head) and
+  is older than ``GRACE_SECONDS``, then the oldest still sending its body, then the newest idle
+  one; only when every connection is busy in a handler is the new one closed. So a flood of
+  slow or idle sockets never keeps ``/health`` (or anyone) out.
 """
 
 from __future__ import annotations
@@ -61,11 +63,12 @@ class BoundedServer(web.Server):
         super().__init__(*args, **kwargs)
         self.max_connections = max_connections
         self.evicted = 0
+        self._since: dict[RequestHandler, float] = {}  # when each connection was made
 
     def connection_made(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
         open_now = self.connections  # oldest first (insertion order)
         if len(open_now) >= self.max_connections:
-            victim = _victim(open_now)
+            victim = _victim(open_now, self._since, self._loop.time())
             self.evicted += 1
             if victim is None:
                 log.warning(
@@ -76,17 +79,34 @@ class BoundedServer(web.Server):
                 transport.close()
             else:
                 victim.force_close()
+        self._since[handler] = self._loop.time()
         super().connection_made(handler, transport)
 
+    def connection_lost(self, handler: RequestHandler, exc: BaseException | None = None) -> None:
+        self._since.pop(handler, None)
+        super().connection_lost(handler, exc)
 
-def _victim(handlers: list[RequestHandler]) -> RequestHandler | None:
-    for handler in handlers:
-        if handler._current_request is None:  # idle, or its head has not arrived yet
+
+# A connection younger than this is not "idle" yet: it may be a client that connected a moment
+# ago and is sending its request now (a flood must not push out the /health probe it follows).
+GRACE_SECONDS = 1.0
+
+
+def _victim(
+    handlers: list[RequestHandler], since: dict[RequestHandler, float], now: float
+) -> RequestHandler | None:
+    """Which connection makes room: the oldest one idle (or headless) past the grace period,
+    else the oldest still sending its body, else the newest idle one."""
+    # A closed one stays listed until its task has ended: skip those.
+    live = [h for h in handlers if h.transport is not None and not h.transport.is_closing()]
+    idle = [h for h in live if h._current_request is None]  # idle, or its head not yet in
+    for handler in idle:
+        if now - since.get(handler, now) >= GRACE_SECONDS:
             return handler
-    for handler in handlers:
+    for handler in live:
         if handler in _receiving:
             return handler
-    return None
+    return idle[-1] if idle else None
 
 
 class BoundedRunner(web.AppRunner):

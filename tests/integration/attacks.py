@@ -1,0 +1,207 @@
+"""Slow and greedy clients, as issue 16 (rows 6–8) probed the agent with, and what to measure
+while they run: ``/health`` latency and the agent's memory.
+
+Used by ``tests/integration/test_security_connections.py`` (short limits, assertions) and by
+``hack/attack-figures.py`` (the default limits, figures printed for the closing note).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import statistics
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def status_kib(pid: int, key: str) -> int:
+    """``VmRSS`` (now) or ``VmHWM`` (peak) of a process, in KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    raise KeyError(key)
+
+
+def helpers_kib(pid: int) -> int:
+    """RSS of the agent's own helper processes (its JSON worker and forkserver; not its
+    llama-server children), in KiB."""
+    total = 0
+    for child in _descendants(pid):
+        try:
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+            if b"llama-server" not in cmdline:
+                total += status_kib(child, "VmRSS")
+        except (OSError, KeyError):
+            continue  # gone meanwhile
+    return total
+
+
+def _descendants(pid: int) -> list[int]:
+    out: list[int] = []
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return out
+    for task in tasks:
+        try:
+            children = [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+        for child in children:
+            out += [child, *_descendants(child)]
+    return out
+
+
+def health_once(port: int, timeout: float = 30.0) -> float:
+    """Seconds a fresh connection's ``GET /health`` took (inf when it failed)."""
+    start = time.monotonic()
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+            if not data.startswith(b"HTTP/1.1 200"):
+                return float("inf")
+    except OSError:
+        return float("inf")
+    return time.monotonic() - start
+
+
+@dataclass
+class Probe:
+    """``/health`` latency and the agent's RSS, sampled in a thread while an attack runs."""
+
+    port: int
+    pid: int
+    interval: float = 0.1
+    latencies: list[float] = field(default_factory=list)
+    rss_kib: list[int] = field(default_factory=list)
+    helpers_kib: list[int] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.latencies.append(health_once(self.port))
+            self.rss_kib.append(status_kib(self.pid, "VmRSS"))
+            self.helpers_kib.append(helpers_kib(self.pid))
+            self._stop.wait(self.interval)
+
+    @contextmanager
+    def running(self) -> Iterator[Probe]:
+        thread = threading.Thread(target=self._run, daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            self._stop.set()
+            thread.join()
+
+    def summary(self) -> str:
+        lat = sorted(self.latencies)
+        ms = [x * 1000 for x in lat]
+        failed = sum(1 for x in lat if x == float("inf"))
+        ok = [x for x in ms if x != float("inf")]
+        return (
+            f"/health: {len(lat)} probes, {failed} failed, median "
+            f"{statistics.median(ok) if ok else float('nan'):.1f} ms, max "
+            f"{max(ok) if ok else float('nan'):.1f} ms; agent RSS max "
+            f"{max(self.rss_kib) / 1024:.0f} MiB (its helper processes: max "
+            f"{max(self.helpers_kib) / 1024:.0f} MiB)"
+        )
+
+
+def is_open(s: socket.socket, *, drain: bool = True) -> bool:
+    """Whether the agent still holds this connection open. ``drain``: read (and drop) what it
+    sent first, e.g. a 408, to see whether an end follows; without it nothing is consumed
+    (a non-reader stays one) and only a reset counts as closed."""
+    try:
+        data = s.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    if data == b"":
+        return False
+    if not drain:
+        return True
+    try:
+        while True:
+            if not s.recv(65536, socket.MSG_DONTWAIT):
+                return False
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+
+
+def slow_connections(port: int, idle: int, slow_head: int, slow_body: int) -> list[socket.socket]:
+    """Row 6: connections that send nothing, half a request head, or a head and a few bytes of
+    a long body — and then nothing more."""
+    out = []
+    for i in range(idle + slow_head + slow_body):
+        s = socket.create_connection(("127.0.0.1", port))
+        if i >= idle + slow_head:
+            s.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                b'Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{"mod'
+            )
+        elif i >= idle:
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        out.append(s)
+    return out
+
+
+def stalled_stream(port: int, model: str, max_tokens: int) -> socket.socket:
+    """Row 7: a streamed completion from a client that never reads (a tiny receive buffer)."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+    s.connect(("127.0.0.1", port))
+    body = json.dumps(
+        {
+            "model": model,
+            "stream": True,
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+            "n_probs": 50,  # ~4.5 KB a token: more than any socket buffer holds
+            "messages": [{"role": "user", "content": "hello"}],
+        }
+    ).encode()
+    s.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    return s
+
+
+def big_body(model: str, size: int) -> bytes:
+    """Row 8: a JSON body of about ``size`` bytes of ``{}`` items."""
+    head = json.dumps({"model": model, "max_tokens": 1, "messages": []})[:-3].encode()
+    count = (size - len(head)) // 3
+    return head + b"[" + b"{}," * (count - 1) + b"{}]}"
+
+
+def post_raw(port: int, path: str, body: bytes, timeout: float = 120.0) -> tuple[int, float]:
+    """POST ``body``; (HTTP status, seconds to the answer)."""
+    start = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+        )
+        s.sendall(body)
+        data = b""
+        while b"\r\n" not in data:
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+    return int(data.split()[1]) if data else 0, time.monotonic() - start
