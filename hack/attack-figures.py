@@ -118,7 +118,7 @@ def main() -> int:
         models = args.models or Path(tmp)
         if args.models is None:
             write_demo_models(models)
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the attacker's sockets
         for attack in (slowloris, non_readers, large_body):
             attack(models)
