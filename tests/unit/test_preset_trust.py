@@ -212,3 +212,16 @@ def test_one_bad_preset_is_refused_alone(tmp_path: Path) -> None:
     # The administrator's own file is still refused whole, at once (llama.cpp does too).
     with pytest.raises(ConfigError):
         load_catalog(preset_files=[good, bad, unknown])
+
+
+def test_the_operator_shows_an_agents_refusal_on_its_model_preset() -> None:
+    from preset_operator.status import parse_models
+
+    body = {
+        "object": "list",
+        "data": [],
+        "refused": [{"origin": "/p/preset-x.ini:4", "reason": "'rpc' is not…", "models": ["x"]}],
+    }
+    report = parse_models(body)["x"]
+    assert report.failed and report.value == "unloaded"
+    assert report.error == "the agent refused this preset: /p/preset-x.ini:4: 'rpc' is not…"
