@@ -563,16 +563,20 @@ def test_operator_disabled_renders_agents_only(render: Render) -> None:
 
 # --- RBAC ----------------------------------------------------------------------------------
 
-Rule = tuple[str, str, frozenset[str]]
+Rule = tuple[str, str, frozenset[str]] | tuple[str, str, frozenset[str], frozenset[str]]
 
 
 def rules_of(role: Manifest) -> set[Rule]:
+    """(group, resource, verbs), with the resourceNames last where a rule names its objects."""
     rules: set[Rule] = set()
     for rule in role["rules"]:
-        assert "resourceNames" not in rule and "nonResourceURLs" not in rule
+        assert "nonResourceURLs" not in rule
+        names = frozenset(rule.get("resourceNames") or ())
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
-                key = (group, resource, frozenset(rule["verbs"]))
+                key: Rule = (group, resource, frozenset(rule["verbs"]))
+                if names:
+                    key = (*key, names)
                 assert key not in rules, f"duplicate rule {key}"
                 rules.add(key)
     return rules
@@ -591,7 +595,9 @@ def test_namespaced_roles_are_minimal(render: Render) -> None:
     own = render().one("Role", f"{FULLNAME}-operator")
     assert own["metadata"]["namespace"] == NAMESPACE
     assert rules_of(own) == {
-        ("", "configmaps", frozenset({"list", "watch", "create", "patch"})),
+        ("", "configmaps", frozenset({"list", "watch", "create"})),
+        # Issue 16 row 18: only the presets ConfigMap may be patched.
+        ("", "configmaps", frozenset({"patch"}), frozenset({f"{FULLNAME}-presets"})),
         ("", "pods", frozenset({"list", "watch", "patch"})),
         ("", "services", frozenset({"list", "watch", "create", "patch", "delete"})),
     }
@@ -604,7 +610,7 @@ def test_namespaced_roles_are_minimal(render: Render) -> None:
 def test_no_wildcards_and_no_secret_access(scenario: Path) -> None:
     rendered = Rendered(render_objects(scenario_values(scenario)))
     for role in rendered.all("ClusterRole") + rendered.all("Role"):
-        for group, resource, verbs in rules_of(role):
+        for group, resource, verbs, *_ in rules_of(role):
             assert "*" not in {group, resource} | verbs
             assert resource != "secrets"
             assert not verbs & {"escalate", "bind", "impersonate", "update", "deletecollection"}
