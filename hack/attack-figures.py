@@ -55,9 +55,11 @@ def slowloris(models: Path) -> None:
             while any(map(is_open, socks)) and time.monotonic() - start < 120:
                 time.sleep(1)
             gone = time.monotonic() - start
+            left = sum(map(is_open, socks))
         print(
-            f"slowloris (900 connections, ulimit -n {NOFILE}, default limits): "
-            f"{open_at_2s} still open after 2 s, all closed after {gone:.0f} s; {probe.summary()}"
+            f"slowloris (900 connections tried, {len(socks)} opened, ulimit -n {NOFILE}, "
+            f"default limits): {open_at_2s} still open after 2 s, {left} after {gone:.0f} s; "
+            f"{probe.summary()}"
         )
         for s in socks:
             s.close()

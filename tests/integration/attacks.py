@@ -147,7 +147,11 @@ def slow_connections(port: int, idle: int, slow_head: int, slow_body: int) -> li
     a long body — and then nothing more."""
     out = []
     for i in range(idle + slow_head + slow_body):
-        s = socket.create_connection(("127.0.0.1", port))
+        try:
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        except OSError:
+            continue  # the agent could not take it (out of descriptors: the attack worked)
+        s.settimeout(None)
         if i >= idle + slow_head:
             s.sendall(
                 b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
