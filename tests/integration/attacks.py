@@ -62,13 +62,7 @@ def health_once(port: int, timeout: float = 30.0) -> float:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
             s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            data = b""
-            while b"\r\n\r\n" not in data:
-                chunk = s.recv(4096)
-                if not chunk:
-                    break
-                data += chunk
-            if not data.startswith(b"HTTP/1.1 200"):
+            if not _status_line(s).startswith(b"HTTP/1.1 200"):
                 return float("inf")
     except OSError:
         return float("inf")
@@ -202,10 +196,16 @@ def post_raw(port: int, path: str, body: bytes, timeout: float = 120.0) -> tuple
             f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
         )
         s.sendall(body)
-        data = b""
-        while b"\r\n" not in data:
-            chunk = s.recv(4096)
-            if not chunk:
-                break
-            data += chunk
-    return int(data.split()[1]) if data else 0, time.monotonic() - start
+        line = _status_line(s)
+    return int(line.split()[1]) if line else 0, time.monotonic() - start
+
+
+def _status_line(s: socket.socket) -> bytes:
+    """The answer's first line (empty when the connection closed first)."""
+    data = b""
+    while b"\r\n" not in data:
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    return data.partition(b"\r\n")[0]
