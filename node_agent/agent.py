@@ -39,7 +39,7 @@ from node_agent.router.memory import MemoryWatch
 from node_agent.router.proxy import Proxy
 from node_agent.router.registry import Registry
 from node_agent.router.state import AgentState, RouterSettings
-from node_agent.sources.catalog import Catalog, diff_catalogs, load_catalog
+from node_agent.sources.catalog import Catalog, diff_catalogs, keep_refused, load_catalog
 from node_agent.sources.download import cache_dir
 from node_agent.sources.hf_cache import hub_dir
 from node_agent.sources.options import use_options_of
@@ -145,7 +145,11 @@ class Agent:
             ),
         )
         for refusal in catalog.refused:
-            log.error("preset refused, the others stay: %s: %s", refusal.origin, refusal.reason)
+            log.error(
+                "preset refused (it cannot be applied; the others stay): %s: %s",
+                refusal.origin,
+                refusal.reason,
+            )
         return catalog
 
     @staticmethod
@@ -205,7 +209,7 @@ class Agent:
         Sources that cannot be read change nothing: the running catalog stays as it was.
         """
         try:
-            new = await asyncio.to_thread(self._read_catalog)
+            new = keep_refused(self.catalog, await asyncio.to_thread(self._read_catalog))
         except ConfigError as exc:
             raise ApiError(500, f"reload failed, nothing was changed: {exc}") from exc
         diff = diff_catalogs(self.catalog, new)

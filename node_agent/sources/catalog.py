@@ -161,6 +161,26 @@ def load_catalog(
     return Catalog(models=final, aliases=_alias_map(final), refused=tuple(refused))
 
 
+def keep_refused(old: Catalog, new: Catalog) -> Catalog:
+    """``new``, where a model whose preset was refused keeps its settings from ``old``: a bad
+    update of one preset leaves that model as it was running (and reported under ``refused``)
+    instead of unloading it."""
+    kept = {
+        name: old.models[name]
+        for refusal in new.refused
+        for name in refusal.models
+        if name in old.models and name not in new.models
+    }
+    if not kept:
+        return new
+    models = dict(sorted({**new.models, **kept}.items()))
+    try:
+        aliases = _alias_map(models)
+    except ConfigError:
+        return new  # the old settings clash with a newer preset's names: the new one wins
+    return Catalog(models=models, aliases=aliases, refused=new.refused)
+
+
 def _refusal(exc: ConfigError, where: str, models: tuple[str, ...] = ()) -> Refusal:
     origin = where
     if exc.path is not None:

@@ -144,7 +144,7 @@ def slow_connections(port: int, idle: int, slow_head: int, slow_body: int) -> li
         try:
             s = socket.create_connection(("127.0.0.1", port), timeout=5)
         except OSError:
-            continue  # the agent could not take it (out of descriptors: the attack worked)
+            break  # the agent takes no more (out of descriptors: the attack worked)
         s.settimeout(None)
         if i >= idle + slow_head:
             s.sendall(

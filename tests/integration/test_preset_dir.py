@@ -94,5 +94,6 @@ def test_a_broken_update_keeps_the_running_presets(
         assert time.monotonic() < deadline, agent.log()
         time.sleep(0.1)
     assert "no-such-option" in agent.log()
-    assert set(agent.models()) == {"chat", "steady"}
+    assert set(agent.models()) == {"chat", "steady"}  # as they were before the bad update
+    assert agent.get("/models")[1]["refused"][0]["models"] == ["chat", "steady"]
     assert agent.post("/v1/chat/completions", chat("chat"))[0] == 200

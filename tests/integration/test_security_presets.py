@@ -50,7 +50,7 @@ def test_one_bad_preset_never_takes_the_node_down(
     assert "mcp-servers-json" in refused[("mcp",)]["reason"]
     assert "chat-template-file" in refused[("environ",)]["reason"]
     assert "needs a value" in refused[("hash",)]["reason"]  # '#' starts a comment: empty
-    assert "preset refused, the others stay" in agent.log()
+    assert "preset refused (it cannot be applied; the others stay)" in agent.log()
 
     assert agent.post("/v1/chat/completions", chat("good"))[0] == 200
     assert agent.post("/models/load", {"model": "mcp"})[0] == 404
