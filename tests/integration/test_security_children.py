@@ -30,12 +30,10 @@ def child_port(agent: Any, model: str) -> int:
 
 @pytest.mark.parametrize("how", ["flag", "env"])
 def test_a_child_answers_only_the_agent(start_agent: Any, demo_dir: Path, how: str) -> None:
-    model = demo_dir / "demo-tiny.gguf"
     if how == "flag":
         agent = start_agent("--models-dir", str(demo_dir), "--api-key", KEY)
     else:
         agent = start_agent("--models-dir", str(demo_dir), env={"LLAMA_API_KEY": KEY})
-    assert model.exists()
     status, body = http("POST", agent.url + "/v1/chat/completions", chat("demo-tiny"), headers=AUTH)
     assert status == 200, body
     port = child_port(agent, "demo-tiny")
@@ -43,6 +41,12 @@ def test_a_child_answers_only_the_agent(start_agent: Any, demo_dir: Path, how: s
     assert http("POST", direct, chat("demo-tiny"))[0] == 401  # no key
     assert http("POST", direct, chat("demo-tiny"), headers=AUTH)[0] == 401  # the agent's key
     assert http("GET", f"http://127.0.0.1:{port}/health")[0] == 200  # open, as in llama.cpp
-    # ... and through the agent it still works, with the agent's key only.
+    # ... and through the agent it still works, with the agent's key only; the child's
+    # environment holds its own key, not the agent's.
+    models = http("GET", agent.url + "/models", headers=AUTH)[1]["data"]
+    child_pid = next(m for m in models if m["id"] == "demo-tiny")["corral"]["pid"]
+    environ = Path(f"/proc/{child_pid}/environ").read_bytes().split(b"\0")
+    keys = [e for e in environ if e.startswith(b"LLAMA_API_KEY=")]
+    assert len(keys) == 1 and KEY.encode() not in keys[0]
     assert http("GET", agent.url + "/props?model=demo-tiny", headers=AUTH)[0] == 200
     assert http("GET", agent.url + "/props?model=demo-tiny")[0] == 401
