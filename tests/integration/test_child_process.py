@@ -21,6 +21,7 @@ import pytest
 
 from node_agent import demo_models as dm
 from node_agent.binary import check_llama_server, find_llama_server
+from node_agent.child.keys import child_key
 from node_agent.child.orphans import AGENT_PID_ENV, TAG_ENV, end_orphans, find_orphans
 from node_agent.child.process import ChildProcess
 from node_agent.child.spawn import ChildConfig
@@ -176,7 +177,9 @@ async def test_stop_with_a_request_in_flight_kills_after_stop_timeout(
     children.append(child)
     await child.start()
     body = {"prompt": "hello", "n_predict": 100000, "ignore_eos": True, "stream": False}
-    async with aiohttp.ClientSession() as session:
+    assert child.port is not None
+    key = {"Authorization": f"Bearer {child_key(child.port)}"}  # only /health is open
+    async with aiohttp.ClientSession(headers=key) as session:
 
         async def complete() -> int:
             async with session.post(f"{child.url}/completion", json=body) as response:
