@@ -30,7 +30,7 @@ from node_agent.errors import ConfigError
 from node_agent.sources.catalog import Catalog
 from node_agent.sources.hf_cache import hub_dir
 from node_agent.sources.models_dir import GGUF, scan_models_dir
-from node_agent.sources.preset_dir import preset_files
+from node_agent.sources.preset_dir import preset_files, preset_policy
 from node_agent.sources.preset_ini import load_preset_file
 
 log = logging.getLogger("corral.agent")
@@ -165,9 +165,11 @@ def source_warnings(options: AgentOptions, env: Mapping[str, str], catalog: Cata
             f"--models-dir {models_dir} holds no model: no {GGUF} file at its top level and "
             f"no folder (one level down) with one"
         )
+    # Read as the catalog read them (an operator's file with its JSON-string values).
+    policy = preset_policy(options.models_preset, [options.models_dir])
     for path in preset_files(options.models_preset, env.get("NODE_NAME")):
-        with contextlib.suppress(ConfigError):  # the catalog read it a moment ago
-            for name, layer in load_preset_file(path).sections.items():
+        with contextlib.suppress(ConfigError):  # the catalog read it (or refused it) just now
+            for name, layer in load_preset_file(path, policy).sections.items():
                 model = dict(layer.options).get("model")
                 if isinstance(model, str) and not os.path.exists(model):
                     relative = "" if os.path.isabs(model) else f" (relative to {os.getcwd()})"
