@@ -298,6 +298,28 @@ async def test_invalid_preset_is_reported_and_not_rendered(cluster: tuple[Any, F
     await eventually(check)
 
 
+@pytest.mark.parametrize(
+    ("args", "source"),
+    [
+        (["--mcp-servers-json", '{"mcpServers":{"x":{"command":"/bin/sh"}}}'], None),  # row 1
+        (["--chat-template-file", "/proc/self/environ"], None),  # row 2
+        (["--log-file=/tmp/x", "--tools", "all", "--rpc", "h:1"], None),  # row 3
+        (["-c", "1"], {"localPath": {"path": "/models/a.gguf\n[x]\nagent = true"}}),  # row 5
+    ],
+)
+async def test_the_apiserver_refuses_the_issue_16_presets(
+    kmock: Any, args: list[str], source: dict[str, Any] | None
+) -> None:
+    """Issue 16 rows 1–3 and 5 through the emulator, which applies the CRD's schema and CEL
+    rules as the apiserver would: refused at the door, with the reason."""
+    await prepare(kmock, {})
+    bad = preset("bad", args=args, **({"source": source} if source else {}))
+    async with kmock.request("POST", MP_PATH, json=bad) as resp:
+        text = await resp.text()
+    assert resp.status == 422, text
+    assert "args may only set" in text or "does not match" in text
+
+
 async def test_missing_configmap_is_created(kmock: Any, cluster: tuple[Any, FakeAgents]) -> None:
     await send(kmock, "DELETE", f"/api/v1/namespaces/{NS}/configmaps/{CM}")
     await send(kmock, "POST", MP_PATH, preset("solo", placement={"nodeSelector": {"gpu": "a100"}}))
