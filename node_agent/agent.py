@@ -33,6 +33,7 @@ from node_agent.errors import ApiError, BinaryError, ConfigError, CorralError
 from node_agent.extras import install_hint
 from node_agent.memory.devices import open_probes
 from node_agent.router.app import build_app
+from node_agent.router.browser_guard import start_warnings
 from node_agent.router.memory import MemoryWatch
 from node_agent.router.proxy import Proxy
 from node_agent.router.registry import Registry
@@ -65,6 +66,10 @@ llama-server router options (same names, defaults and LLAMA_ARG_* variables):
   --api-key-file FILE         keys, one a line
   --ssl-cert-file, --ssl-key-file FILE
                               serve HTTPS with this PEM certificate and key (both needed)
+  --cors-origins ORIGINS      allowed origins (default *; 'localhost': localhost, 127.0.0.1
+                              and [::1] on any port; localhost by default with tools on)
+  --cors-methods, --cors-headers LIST, --cors-credentials / --no-cors-credentials
+                              the other CORS headers, as llama-server's
   -to, --timeout SECONDS      read/write timeout towards the children (default 3600)
   --sleep-idle-seconds N      children unload their model after N idle seconds
 
@@ -80,6 +85,9 @@ Corral's own:
   --shutdown-timeout SECONDS  on SIGTERM: drain and stop within this long, then kill (default
                               30; a second SIGTERM/SIGINT kills at once)
   --log-level LEVEL           debug, info, warning or error (default info)
+  --allowed-hosts NAMES       Host names answered besides local ones (comma-separated; '*':
+                              no check; default: a loopback-bound agent answers only to
+                              localhost names and IP literals, a guard against DNS rebinding)
 
 Any other option is a llama-server option: it is passed to every child (e.g. -c 4096) and
 overrides the presets' values.
@@ -218,6 +226,7 @@ class Agent:
             api_keys=tuple(self.options.api_keys),
             build_info=self.build_info,
             max_body_bytes=self.options.max_body_size,
+            browser=startup.browser_policy(self.options),
         )
         state = AgentState(
             self.registry, self.proxy, settings, self.reload, str(self.binary), self.logs_for
@@ -240,6 +249,8 @@ class Agent:
         listening = await startup.listen(self._runner, self.options.host, self.options.port, tls)
         self.port = listening.port
         for warning in startup.source_warnings(self.options, self.env, self.catalog):
+            log.warning("%s", warning)
+        for warning in start_warnings(settings.browser, settings.api_keys):
             log.warning("%s", warning)
         log.info("listening on %s (%d models)", listening.url, len(self.catalog))
 
