@@ -677,3 +677,58 @@ def test_api_key_guards_the_model_list_too(keyed_pair: Pair, binary: str) -> Non
         assert corral.json()["error"]["message"] == "Invalid API Key"
         peer, corral = keyed_pair.both("GET", path, headers={"X-Api-Key": KEY})
         assert peer.status == corral.status == 200
+
+
+def test_a_rebound_host_name_is_refused(pair: Pair) -> None:
+    # Issue 16 row 13: a page on evil.rebind.example whose name now resolves to 127.0.0.1 is
+    # "same origin" with the agent, so CORS never applies; only its Host header gives it away.
+    for port, peer in ((pair.peer, True), (pair.corral, False)):
+        answer = call(port, "GET", "/models", headers={"Host": f"evil.rebind.example:{port}"})
+        if peer:
+            assert answer.status == 200  # llama.cpp answers any Host
+        else:
+            assert answer.status == 403, answer.body
+            message = answer.json()["error"]["message"]
+            assert "'evil.rebind.example:" in message and "--allowed-hosts" in message
+    for host in ("localhost", "127.0.0.1", "[::1]", "app.localhost"):
+        peer, corral = pair.both("GET", "/models", headers={"Host": f"{host}:{pair.corral}"})
+        assert peer.status == corral.status == 200, host
+
+
+def test_allowed_hosts_lets_a_name_in(demo_dir: Path, binary: str) -> None:
+    agent = AgentProcess(
+        ["--llama-server", binary, "--models-dir", str(demo_dir), "--allowed-hosts", "box.lan"]
+    )
+    try:
+        for host, status in (("box.lan", 200), ("BOX.lan.:80", 200), ("other.lan", 403)):
+            assert call(agent.port, "GET", "/models", headers={"Host": host}).status == status
+    finally:
+        agent.stop()
+
+
+def test_a_cross_site_simple_post_cannot_change_state(pair: Pair) -> None:
+    # Issue 16 row 15: a text/plain (or form) POST needs no preflight, so a page on any origin
+    # can send it, whatever --cors-origins says; llama.cpp's router obeys it.
+    unload = json.dumps({"model": TINY}).encode()
+    for port in (pair.peer, pair.corral):
+        assert call(port, "POST", "/models/load", {"model": TINY}).status == 200
+    wait_settled(pair, {TINY: "loaded"})
+    for kind, extra in (
+        ("text/plain;charset=UTF-8", {"Origin": "http://evil.example"}),
+        ("application/x-www-form-urlencoded", {"Origin": "null"}),
+        ("text/plain", {"Origin": None, "Sec-Fetch-Site": "cross-site"}),
+    ):
+        headers = {"Content-Type": kind, **extra}
+        corral = call(pair.corral, "POST", "/models/unload", raw=unload, headers=headers)
+        assert corral.status == 403, (kind, corral.body)
+        assert corral.json()["error"]["message"].startswith("a cross-origin POST with ")
+        assert corral.headers.get("access-control-allow-origin") == (extra.get("Origin") or "")
+    assert pair.agent.state(TINY) == "loaded"
+    peer = call(
+        pair.peer, "POST", "/models/unload", raw=unload, headers={"Content-Type": "text/plain"}
+    )
+    assert peer.status == 200  # llama.cpp unloads the model for the page
+    # curl -d labels its JSON as a form and sends no Origin: not a browser, still served.
+    curl_d = {"Content-Type": "application/x-www-form-urlencoded", "Origin": None}
+    assert call(pair.corral, "POST", "/models/unload", raw=unload, headers=curl_d).status == 200
+    wait_settled(pair, {TINY: "unloaded"})
