@@ -27,11 +27,11 @@ from aiohttp import web
 
 from node_agent.errors import ApiError
 from node_agent.router.browser_guard import cors_headers, guard_middleware
-from node_agent.router.child_support import NOT_FOUND, endpoint_missing
 from node_agent.router.exchange import begin_exchange
 from node_agent.router.form_fields import MULTIPART, multipart_fields
 from node_agent.router.logs_api import setup_logs
 from node_agent.router.metrics import setup_metrics
+from node_agent.router.missing_endpoint import NOT_FOUND, endpoint_missing
 from node_agent.router.model_run import FAKE_TIMING_SECONDS
 from node_agent.router.registry import Registry
 from node_agent.router.state import PROXIED_GET, PROXIED_POST, STATE, AgentState, RouterSettings

@@ -36,7 +36,7 @@ PROXIED_POST = (
     "/tokenize",
     "/detokenize",
     "/apply-template",
-    # added since b10434 (the pinned binary's children lack /v1/systemone: child_support.py)
+    # added since b10434 (the pinned binary's children lack /v1/systemone: missing_endpoint.py)
     "/v1/chat/completions/control",
     "/responses",
     "/v1/audio/transcriptions",

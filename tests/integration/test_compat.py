@@ -710,8 +710,8 @@ def test_a_cross_site_simple_post_cannot_change_state(pair: Pair) -> None:
     # Issue 16 row 15: a text/plain (or form) POST needs no preflight, so a page on any origin
     # can send it, whatever --cors-origins says; llama.cpp's router obeys it.
     unload = json.dumps({"model": TINY}).encode()
-    for port in (pair.peer, pair.corral):
-        assert call(port, "POST", "/models/load", {"model": TINY}).status == 200
+    for port in (pair.peer, pair.corral):  # 400 where an earlier test left it running
+        assert call(port, "POST", "/models/load", {"model": TINY}).status in (200, 400)
     wait_settled(pair, {TINY: "loaded"})
     for kind, extra in (
         ("text/plain;charset=UTF-8", {"Origin": "http://evil.example"}),
