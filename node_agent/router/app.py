@@ -10,7 +10,8 @@ test in ``tests/integration/test_compat.py``):
   ``model name is missing from the request`` (llama.cpp answers the same 404 with
   "File Not Found", which does not say what is missing);
 * ``--api-key`` guards ``/models`` and ``/v1/models`` too (llama.cpp leaves them public): only
-  ``/health`` answers without a key (SPEC, "HTTP API").
+  ``/health`` answers without a key (SPEC, "HTTP API");
+* what browsers may do (a Host check, no cross-site simple POSTs): ``browser_guard.py``.
 """
 
 from __future__ import annotations
