@@ -11,6 +11,7 @@ left are killed and the agent exits.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.util
 import logging
 import os
@@ -38,6 +39,7 @@ from node_agent.router.memory import MemoryWatch
 from node_agent.router.proxy import Proxy
 from node_agent.router.registry import Registry
 from node_agent.router.state import AgentState, RouterSettings
+from node_agent.router.vertex import vertex_from_env
 from node_agent.sources.catalog import Catalog, diff_catalogs, load_catalog
 from node_agent.sources.hf_cache import hub_dir
 from node_agent.sources.options import use_options_of
@@ -227,6 +229,7 @@ class Agent:
             build_info=self.build_info,
             max_body_bytes=self.options.max_body_size,
             browser=startup.browser_policy(self.options),
+            vertex=vertex_from_env(self.env),
         )
         state = AgentState(
             self.registry, self.proxy, settings, self.reload, str(self.binary), self.logs_for
@@ -335,6 +338,19 @@ async def serve(
         task.cancel()
 
 
+def with_vertex(options: AgentOptions, env: Mapping[str, str]) -> AgentOptions:
+    """Google Cloud's ``AIP_HTTP_PORT`` replaces ``--port`` (llama.cpp's server-http.cpp)."""
+    vertex = vertex_from_env(env)
+    if vertex is None or vertex.port == options.port:
+        return options
+    log.warning(
+        "Google Cloud Platform compat: overriding server port %d with AIP_HTTP_PORT %d",
+        options.port,
+        vertex.port,
+    )
+    return dataclasses.replace(options, port=vertex.port)
+
+
 def main(argv: Sequence[str]) -> int:
     env = os.environ
     # The binary first: its own --help says which options the flags and presets may use.
@@ -367,6 +383,7 @@ def main(argv: Sequence[str]) -> int:
         print(f"corral agent: {missing}", file=sys.stderr)
         return 1
     try:
+        options = with_vertex(options, env)
         asyncio.run(serve(options, binary, build_info(binary_version), env))
     except CorralError as exc:
         print(f"corral agent: {exc}", file=sys.stderr)

@@ -22,6 +22,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
 from typing import Any
 
 from aiohttp import web
@@ -37,6 +38,7 @@ from node_agent.router.model_run import FAKE_TIMING_SECONDS
 from node_agent.router.registry import Registry
 from node_agent.router.state import PROXIED_GET, PROXIED_POST, STATE, AgentState, RouterSettings
 from node_agent.router.ui import setup_ui
+from node_agent.router.vertex import setup_vertex
 from node_agent.router.views import model_entry, router_props
 
 log = logging.getLogger("corral.http")
@@ -166,8 +168,15 @@ def _canonical(registry: Registry, name: str | None) -> str:
 
 
 async def proxy_post(request: web.Request) -> web.StreamResponse:
+    return await post_body(request, await request.read())
+
+
+async def post_body(
+    request: web.Request, body: bytes, *, buffered: bool = False
+) -> web.StreamResponse:
+    """A model endpoint's POST with its ``body`` read; ``buffered``: the answer in one piece,
+    never streamed (for an answer that goes inside another, as Vertex's predictions)."""
     state = request.app[STATE]
-    body = await request.read()
     if request.content_type == MULTIPART:  # an audio upload: the model is a form field
         data: Any = multipart_fields(request.headers.get("Content-Type", ""), body)
     else:
@@ -176,7 +185,7 @@ async def proxy_post(request: web.Request) -> web.StreamResponse:
     if isinstance(data, dict) and "keep_alive" in data:
         # Ollama's per-request keep_alive: how long the model stays once idle.
         state.registry.keep_alive(name, data["keep_alive"])
-    return await _proxy(request, state, name, body, inference=True)
+    return await _proxy(request, state, name, body, inference=True, buffered=buffered)
 
 
 async def proxy_get(request: web.Request) -> web.StreamResponse:
@@ -186,7 +195,13 @@ async def proxy_get(request: web.Request) -> web.StreamResponse:
 
 
 async def _proxy(
-    request: web.Request, state: AgentState, name: str, body: bytes | None, *, inference: bool
+    request: web.Request,
+    state: AgentState,
+    name: str,
+    body: bytes | None,
+    *,
+    inference: bool,
+    buffered: bool = False,
 ) -> web.StreamResponse:
     exchange = begin_exchange(request, name)
     lease = await state.registry.acquire(
@@ -198,7 +213,9 @@ async def _proxy(
             await asyncio.sleep(FAKE_TIMING_SECONDS)
         port = state.registry.port(lease)
         slots = state.registry.slots(name)
-        response = await state.proxy.forward(request, port, body, exchange, slots=slots)
+        response = await state.proxy.forward(
+            request, port, body, exchange, slots=slots, buffered=buffered
+        )
     finally:
         state.registry.release(lease)
     missing = endpoint_missing(response, request, state.settings.build_info, state.binary)
@@ -307,6 +324,10 @@ def build_app(state: AgentState) -> web.Application:
     # No catch-all route: unknown paths and methods become llama.cpp's JSON 404 in
     # errors_middleware, so routes added after this (metrics, page, logs) still match.
     app.add_routes(routes)
+    if state.settings.vertex is not None:
+        setup_vertex(
+            app, state.settings.vertex, PROXIED_POST, partial(post_body, buffered=True), health
+        )
     setup_metrics(app)
     setup_ui(app)
     if state.logs_for is not None:

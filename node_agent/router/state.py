@@ -13,6 +13,7 @@ from node_agent.child.logs import LogRing
 from node_agent.router.browser_guard import BrowserPolicy
 from node_agent.router.proxy import Proxy
 from node_agent.router.registry import Registry
+from node_agent.router.vertex import Vertex
 
 # Endpoints whose POST body names the model (llama.cpp's proxy_post routes; b11434's table in
 # server.cpp). A multipart body (audio uploads) names it in its ``model`` field.
@@ -64,6 +65,7 @@ class RouterSettings:
     build_info: str
     max_body_bytes: int = 64 * 1024 * 1024
     browser: BrowserPolicy = field(default_factory=BrowserPolicy)
+    vertex: Vertex | None = None  # Google Cloud's prediction routes (AIP_MODE=PREDICTION)
 
 
 Reloader = Callable[[], Awaitable[None]]

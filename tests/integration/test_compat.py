@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -82,8 +83,16 @@ def call(
 class LlamaRouter:
     """llama.cpp's router (``llama-server`` without a model) as a real process."""
 
-    def __init__(self, binary: str, args: Sequence[str], log_path: Path) -> None:
-        self.port = free_port()
+    def __init__(
+        self,
+        binary: str,
+        args: Sequence[str],
+        log_path: Path,
+        *,
+        env: dict[str, str] | None = None,
+        port: int | None = None,
+    ) -> None:
+        self.port = port or free_port()
         self._log = log_path.open("wb")
         self.log_path = log_path
         self.proc = subprocess.Popen(
@@ -91,6 +100,7 @@ class LlamaRouter:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})},
         )
         wait_healthy(self.proc, self.port, self.log, "llama.cpp's router")
 
@@ -636,6 +646,87 @@ def test_open_cors_without_a_key_logs_llama_cpps_warning(
     assert warning in pair.agent.log()
     assert warning not in keyed_pair.router.log()
     assert warning not in keyed_pair.agent.log()
+
+
+# -- Google Cloud Vertex AI's prediction routes (AIP_MODE=PREDICTION) -----------------------------
+
+
+@pytest.fixture(scope="module")
+def vertex_pair(
+    tmp_path_factory: pytest.TempPathFactory, demo_dir: Path, binary: str
+) -> Iterator[Pair]:
+    tmp = tmp_path_factory.mktemp("compat-vertex")
+    folder, _ = models_folder(tmp, demo_dir)
+    args = ["--models-dir", str(folder), *FLAGS]
+
+    def vertex(port: int) -> dict[str, str]:  # Vertex gives the port in AIP_HTTP_PORT
+        return {"AIP_MODE": "PREDICTION", "AIP_HTTP_PORT": str(port), "AIP_HEALTH_ROUTE": "hz"}
+
+    peer_port, corral_port = free_port(), free_port()
+    router = LlamaRouter(
+        binary, args, tmp / "llama-router.log", env=vertex(peer_port), port=peer_port
+    )
+    try:
+        agent = AgentProcess(
+            ["--llama-server", binary, *args], env=vertex(corral_port), port=corral_port
+        )
+    except BaseException:
+        router.stop()
+        raise
+    both = Pair(router.port, agent.port, agent, router)
+    yield both
+    stop_pair(both)
+
+
+def test_vertex_prediction_routes_answer_the_same(vertex_pair: Pair, binary: str) -> None:
+    if call(vertex_pair.peer, "POST", "/predict", {}).status == 404:
+        assert not is_b11434(binary)
+        pytest.skip("this llama-server has no Vertex AI routes (b11434 has)")
+    too_many = {"instances": [{}] * 129}
+    instances = [
+        1,
+        {},
+        {"@requestFormat": 3},
+        {"@requestFormat": "nope"},
+        {"@requestFormat": "chatCompletions", "messages": MESSAGES},  # no model
+        {"@requestFormat": "/tokenize", "model": "no-such-model", "content": "hi"},
+    ]
+    for method, path, body in (
+        ("GET", "/hz", None),  # AIP_HEALTH_ROUTE serves /health
+        ("POST", "/predict", {}),
+        ("POST", "/predict", [1]),
+        ("POST", "/predict", {"instances": 5}),
+        ("POST", "/predict", too_many),
+        ("POST", "/predict", {"instances": []}),
+        ("POST", "/predict", {"instances": instances}),
+    ):
+        peer, corral = vertex_pair.both(method, path, body)
+        assert_same(f"{method} {path} {json.dumps(body)[:120]}", peer, corral)
+    peer, corral = vertex_pair.both("POST", "/predict", raw=b"{")
+    assert peer.status == corral.status == 400
+    assert peer.json()["error"]["type"] == corral.json()["error"]["type"]
+
+
+def test_vertex_predictions_reach_the_model(vertex_pair: Pair, binary: str) -> None:
+    # A deliberate difference: b11434's router answers each model instance with an error (its
+    # children inherit AIP_MODE and take the router's port; its proxy is a stream anyway).
+    chat = {"@requestFormat": "chatCompletions", "stream": True, **gen({"messages": MESSAGES})}
+    body = {
+        "instances": [
+            {**chat, "max_tokens": 3},
+            {"@requestFormat": "/tokenize", **gen({"content": "hi"})},
+        ]
+    }
+    corral = call(vertex_pair.corral, "POST", "/predict", body)
+    assert corral.status == 200, corral.body
+    reply, tokens = corral.json()["predictions"]
+    assert reply["object"] == "chat.completion"  # not a stream: predictions are one document
+    assert reply["usage"]["completion_tokens"] > 0
+    assert isinstance(tokens["tokens"], list) and tokens["tokens"]
+    if is_b11434(binary):
+        peer = call(vertex_pair.peer, "POST", "/predict", body)
+        assert peer.status == 200
+        assert all("error" in p for p in peer.json()["predictions"]), peer.body
 
 
 # -- the deliberate differences (app.py's docstring lists them) --------------------------------
