@@ -22,7 +22,7 @@ import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -161,10 +161,19 @@ def is_b11434(binary: str) -> bool:
     return binary == str(b11434_path())
 
 
-def start_pair(tmp: Path, llama_server: str, args: Sequence[str]) -> Pair:
-    router = LlamaRouter(llama_server, args, tmp / "llama-router.log")
+def start_pair(
+    tmp: Path,
+    llama_server: str,
+    args: Sequence[str],
+    env_for: Callable[[int], dict[str, str]] | None = None,
+) -> Pair:
+    """Both routers on the same binary and arguments; ``env_for(port)``: each one's extra
+    environment, given the port it listens on."""
+    ports = free_port(), free_port()
+    envs = [env_for(port) if env_for else None for port in ports]
+    router = LlamaRouter(llama_server, args, tmp / "llama-router.log", env=envs[0], port=ports[0])
     try:
-        agent = AgentProcess(["--llama-server", llama_server, *args])
+        agent = AgentProcess(["--llama-server", llama_server, *args], env=envs[1], port=ports[1])
     except BaseException:
         router.stop()
         raise
@@ -751,23 +760,11 @@ def vertex_pair(
 ) -> Iterator[Pair]:
     tmp = tmp_path_factory.mktemp("compat-vertex")
     folder, _ = models_folder(tmp, demo_dir)
-    args = ["--models-dir", str(folder), *FLAGS]
 
     def vertex(port: int) -> dict[str, str]:  # Vertex gives the port in AIP_HTTP_PORT
         return {"AIP_MODE": "PREDICTION", "AIP_HTTP_PORT": str(port), "AIP_HEALTH_ROUTE": "hz"}
 
-    peer_port, corral_port = free_port(), free_port()
-    router = LlamaRouter(
-        binary, args, tmp / "llama-router.log", env=vertex(peer_port), port=peer_port
-    )
-    try:
-        agent = AgentProcess(
-            ["--llama-server", binary, *args], env=vertex(corral_port), port=corral_port
-        )
-    except BaseException:
-        router.stop()
-        raise
-    both = Pair(router.port, agent.port, agent, router)
+    both = start_pair(tmp, binary, ["--models-dir", str(folder), *FLAGS], vertex)
     yield both
     stop_pair(both)
 
