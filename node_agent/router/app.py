@@ -5,12 +5,12 @@ request to the proxy. Differences from llama.cpp's router are deliberate and few
 test in ``tests/integration/test_compat.py``):
 
 * a body that is not valid JSON (or is empty, or nests too deeply) is the client's mistake: 400
-  with the parser's message (llama.cpp answers 500 with its parser's message);
+  with the parser's message (the pinned llama.cpp answers 500; b11434 400, as we do);
 * ``/models/load`` for an unknown or missing model says ``model 'X' not found`` or
   ``model name is missing from the request`` (llama.cpp answers the same 404 with
   "File Not Found", which does not say what is missing);
-* ``--api-key`` guards ``/models`` and ``/v1/models`` too (llama.cpp leaves them public): only
-  ``/health`` answers without a key (SPEC, "HTTP API");
+* ``--api-key`` guards ``/models`` and ``/v1/models`` too (the pinned llama.cpp leaves them
+  public; b11434 does not): only ``/health`` answers without a key (SPEC, "HTTP API");
 * what browsers may do (a Host check, no cross-site simple POSTs): ``browser_guard.py``.
 """
 
