@@ -210,9 +210,10 @@ def guard_middleware(
             host = request.headers.get("Host", "")
             raise ApiError(
                 403,
-                f"Host {host!r} is not allowed: this agent listens on loopback and answers "
-                "only to local names (a guard against DNS rebinding); add the name with "
-                f"--allowed-hosts {_host_name(host)} (or --allowed-hosts '*': no check)",
+                f"Host {host!r} is not allowed: the agent answers only to local names and "
+                "those of --allowed-hosts (a guard against DNS rebinding); add it with "
+                f"--allowed-hosts {_host_name(host)}, or turn the check off with "
+                "--allowed-hosts '*'",
             )
         if request.method == "OPTIONS":
             # Blank, as llama.cpp's (its headers are added in cors_headers below).
