@@ -33,7 +33,7 @@ from node_agent.router.exchange import begin_exchange
 from node_agent.router.form_fields import MULTIPART, multipart_fields
 from node_agent.router.logs_api import setup_logs
 from node_agent.router.metrics import setup_metrics
-from node_agent.router.missing_endpoint import NOT_FOUND, endpoint_missing
+from node_agent.router.missing_endpoint import NOT_FOUND, endpoint_missing, route_of
 from node_agent.router.model_run import FAKE_TIMING_SECONDS
 from node_agent.router.registry import Registry
 from node_agent.router.state import PROXIED_GET, PROXIED_POST, STATE, AgentState, RouterSettings
@@ -218,7 +218,9 @@ async def _proxy(
         )
     finally:
         state.registry.release(lease)
-    missing = endpoint_missing(response, request, state.settings.build_info, state.binary)
+    missing = endpoint_missing(
+        response, request.method, route_of(request), state.settings.build_info, state.binary
+    )
     if missing is not None:
         raise missing
     return response

@@ -21,8 +21,14 @@ NOT_FOUND: dict[str, Any] = {
 _NOT_FOUND_BYTES = json.dumps(NOT_FOUND, separators=(",", ":")).encode()
 
 
+def route_of(request: web.Request) -> str:
+    """The route's pattern (``/slots/{id_slot}``), else the path."""
+    resource = request.match_info.route.resource
+    return resource.canonical if resource is not None else request.path
+
+
 def endpoint_missing(
-    response: web.StreamResponse, request: web.Request, build_info: str, binary: str
+    response: web.StreamResponse, method: str, route: str, build_info: str, binary: str
 ) -> ApiError | None:
     """The error for a child that answered a route the router knows with "no such path",
     or None."""
@@ -32,11 +38,9 @@ def endpoint_missing(
         or response.body != _NOT_FOUND_BYTES
     ):
         return None
-    resource = request.match_info.route.resource
-    route = resource.canonical if resource is not None else request.path
     return ApiError(
         404,
-        f"{request.method} {route} is not served by llama-server {build_info} ({binary}): the "
+        f"{method} {route} is not served by llama-server {build_info} ({binary}): the "
         "endpoint is newer than that binary (llama.cpp b11434 has it); start the agent "
         "with a newer --llama-server",
     )
