@@ -53,6 +53,7 @@ AGENT_KEYS = frozenset(
         "queue-timeout",
         "max-queue",
         "shutdown-timeout",
+        "allowed-hosts",
         "log-level",
     }
 )
