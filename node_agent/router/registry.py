@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from node_agent.aio import Changed, TaskSet
 from node_agent.core.scheduler import Decision, DecisionKind, Lease, ModelState, Scheduler
+from node_agent.core.victims import RESIDENCY_FACTOR
 from node_agent.errors import ApiError
 from node_agent.router.events import Event, EventHub
 from node_agent.router.keep_alive import parse_keep_alive
@@ -86,7 +87,7 @@ class Registry:
         fake_timing: bool | None = None,
         shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
     ) -> None:
-        self._sched = Scheduler(models_max, memory)
+        self._sched = Scheduler(models_max, memory, residency_factor=RESIDENCY_FACTOR)
         self.memory = memory
         self.ttl = ttl  # seconds idle before unload, for models without their own ``ttl``
         self.queue_timeout = queue_timeout
@@ -322,7 +323,7 @@ class Registry:
     def _tick(self) -> None:
         if self.memory is not None:
             self.memory.refresh()
-        for eviction in self._sched.tick():
+        for eviction in self._sched.tick(self._clock()):
             log.info("evicting model=%s to make room (%s)", eviction.model, eviction.reason)
             self._begin_stop(eviction.model, eviction.reason)
 
@@ -406,6 +407,9 @@ class Registry:
             for name in self._sched.expired(self._clock(), ttls):
                 log.info("model=%s idle for %gs (its ttl): unloading", name, ttls[name])
                 self._stop(name, "ttl")
+            if self._sched.statistics().needed:
+                # A victim's minimum residency may have ended: waiters look again.
+                self._changed.notify()
 
     # -- lifecycle ---------------------------------------------------------------------------
 

@@ -1,0 +1,38 @@
+"""Which idle model is worth least, and which may not go yet: cost-aware eviction, anti-thrash.
+
+Pure (``now`` is an argument). Used by the scheduler's victim order.
+
+* **Value of keeping a model**: the time a reload would cost, times how soon it is likely to
+  be asked for again: ``load_seconds / idle_seconds``. A model that took 40 s to load and was
+  used 30 s ago (1.3) outranks one that loads in 1 s and was used 5 s ago (0.2), where plain
+  LRU would evict the 40 s one. Between models that load equally fast it is plain LRU (the
+  value falls as idle time grows). A model never measured counts as
+  :data:`UNKNOWN_LOAD_SECONDS`.
+* **Minimum residency** (anti-thrash): a model may not be evicted before it has been loaded
+  for ``factor x`` its own load time. Two hot models fighting for one slot then swap at most
+  once per residency instead of on every request, and the slot spends at most
+  ``1 / (1 + factor)`` of its time loading. Memory and count evictions honour it; the idle
+  TTL and a manual unload do not (the user asked for those).
+"""
+
+from __future__ import annotations
+
+UNKNOWN_LOAD_SECONDS = 1.0
+# Idle times below this count as this (a model used "just now" is not infinitely valuable).
+IDLE_FLOOR_SECONDS = 0.1
+# The agent's default: a model stays at least twice its own load time (at most a third of a
+# contested slot's time goes to loading).
+RESIDENCY_FACTOR = 2.0
+
+
+def keep_value(load_seconds: float | None, last_used: float, now: float) -> float:
+    """What evicting a model would cost, per the module docstring (higher: keep it)."""
+    load = UNKNOWN_LOAD_SECONDS if load_seconds is None else load_seconds
+    return load / max(now - last_used, IDLE_FLOOR_SECONDS)
+
+
+def resident_until(ready_at: float | None, load_seconds: float | None, factor: float) -> float:
+    """The time before which a model loaded at ``ready_at`` may not be evicted."""
+    if ready_at is None or load_seconds is None or factor <= 0:
+        return float("-inf")  # only a measured load protects a model
+    return ready_at + factor * load_seconds
