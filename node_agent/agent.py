@@ -162,6 +162,7 @@ class Agent:
             name=spec.name,
             binary=self.binary,
             args=("--alias", spec.name, *spec.argv()),
+            env=dict(spec.env),
             stop_timeout=spec.stop_timeout,
             load_timeout=self.options.load_timeout,
             agent_tag=self.tag,
