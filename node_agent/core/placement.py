@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+MIB = 1 << 20
 GIB = 1 << 30
 # Subsets of victims are searched exhaustively among this many of the cheapest candidates on
 # a GPU (2^12 subsets at most); past that the cheapest ones are the only ones considered.
@@ -78,8 +79,8 @@ def _room(gpu: Gpu) -> float:
     return float("inf") if gpu.room is None else float(gpu.room)
 
 
-def _gib(n: float) -> str:
-    return f"{n / GIB:.1f} GiB"
+def _size(n: float) -> str:
+    return f"{n / GIB:.1f} GiB" if abs(n) >= GIB else f"{n / MIB:.0f} MiB"
 
 
 def choose(
@@ -112,13 +113,13 @@ def _best_fit(gpus: Sequence[Gpu], single: Mapping[str, Mapping[str, int]]) -> P
         return None
     gpu = best[2]
     need = single[gpu.name].get(gpu.name, 0)
-    room = "no limit" if gpu.room is None else f"{_gib(gpu.room)} free"
+    room = "no limit" if gpu.room is None else f"{_size(gpu.room)} of room"
     return Placement(
         "fits",
         (gpu.name,),
         (1.0,),
         dict(single[gpu.name]),
-        reason=f"{gpu.name}: fits with the least waste (needs {_gib(need)}, {room})",
+        reason=f"{gpu.name}: fits with the least waste (needs {_size(need)}, {room})",
     )
 
 
@@ -160,7 +161,7 @@ def _best_eviction(
         victims=names,
         reason=(
             f"{gpu.name}: no GPU has room; evicting {', '.join(names)} there frees "
-            f"{_gib(freed)} (the fewest, least valuable idle models that make room)"
+            f"{_size(freed)} (the fewest, least valuable idle models that make room)"
         ),
     )
 

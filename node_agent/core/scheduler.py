@@ -145,6 +145,7 @@ class _Model:
     drain_until: float | None = None  # while stopping: requests in flight may run until then
     spawned_at: float | None = None  # when its child was spawned (for its load time)
     load_seconds: float | None = None  # the last measured load: spawn to ready
+    swapped_in: bool = False  # its load evicted another model (anti-thrash, core.victims)
 
 
 _USABLE = frozenset({ModelState.LOADED, ModelState.SLEEPING})
@@ -466,6 +467,7 @@ class Scheduler:
             self._record_failure(model, now, reason or f"exit code {exit_code}")
         self._set_state(model, ModelState.UNLOADED)
         model.stopping, model.ready_at, model.drain_until = False, None, None
+        model.swapped_in = False
         model.exit_code = exit_code
         model.in_flight = 0
         for lease_id in [i for i, lease in self._leases.items() if lease.model == name]:
@@ -572,7 +574,9 @@ class Scheduler:
         else:
             factor = self.residency_factor
             candidates = [
-                m for m in candidates if now >= resident_until(m.ready_at, m.load_seconds, factor)
+                m
+                for m in candidates
+                if not m.swapped_in or now >= resident_until(m.ready_at, m.load_seconds, factor)
             ]
             candidates.sort(
                 key=lambda m: (
@@ -606,6 +610,7 @@ class Scheduler:
         :meth:`victim_candidates`).
         """
         victims: list[Eviction] = []
+        head = self._head()
         free = self._free()
         if free is not None:
             needed = self._counts()[3]
@@ -616,7 +621,6 @@ class Scheduler:
                 self.request_stop(candidates[0])
                 victims.append(Eviction(candidates[0], "count"))
                 free += 1
-        head = self._head()
         if (
             self.room is not None
             and head is not None
@@ -627,6 +631,8 @@ class Scheduler:
             if victim is not None:
                 self.request_stop(victim)
                 victims.append(Eviction(victim, "memory"))
+        if victims and head is not None:
+            self._models[head.model].swapped_in = True  # it comes in by a swap
         return victims
 
     def stuck(self, name: str) -> bool:

@@ -4,20 +4,27 @@ Pure (``now`` is an argument). Used by the scheduler's victim order.
 
 * **Value of keeping a model**: the time a reload would cost, times how soon it is likely to
   be asked for again: ``load_seconds / idle_seconds``. A model that took 40 s to load and was
-  used 30 s ago (1.3) outranks one that loads in 1 s and was used 5 s ago (0.2), where plain
-  LRU would evict the 40 s one. Between models that load equally fast it is plain LRU (the
-  value falls as idle time grows). A model never measured counts as
+  used 30 s ago (1.1) outranks one that loads in 1 s and was used 5 s ago (0.2), where plain
+  LRU would evict the 40 s one. Load times count by their power of two (1-2 s, 2-4 s…):
+  one model loading in 2.2 s and its copy in 2.9 s on a busy machine is noise, and must not
+  overturn which was used last. Between models of one class it is plain LRU (the value falls
+  as idle time grows; ties go to the least recently used). A model never measured counts as
   :data:`UNKNOWN_LOAD_SECONDS`.
-* **Minimum residency** (anti-thrash): a model may not be evicted before it has been loaded
-  for ``factor x`` its own load time. Two hot models fighting for one slot then swap at most
-  once per residency instead of on every request, and the slot spends at most
-  ``1 / (1 + factor)`` of its time loading. Memory and count evictions honour it; the idle
-  TTL and a manual unload do not (the user asked for those).
+* **Minimum residency** (anti-thrash, hysteresis): a model whose load evicted another may not
+  be evicted itself before it has been loaded for ``factor x`` its own load time. Two hot
+  models fighting for one slot then swap at most once per residency instead of on every
+  request, and the slot spends at most ``1 / (1 + factor)`` of its time loading. A model
+  that came in without a swap is not protected, so plain eviction order is unchanged where
+  nothing thrashes. Memory and count evictions honour it; the idle TTL and a manual unload
+  do not (the user asked for those).
 """
 
 from __future__ import annotations
 
+import math
+
 UNKNOWN_LOAD_SECONDS = 1.0
+FASTEST_LOAD_CLASS = 0.25  # seconds: loads faster than this are all one class
 # Idle times below this count as this (a model used "just now" is not infinitely valuable).
 IDLE_FLOOR_SECONDS = 0.1
 # The agent's default: a model stays at least twice its own load time (at most a third of a
@@ -28,7 +35,12 @@ RESIDENCY_FACTOR = 2.0
 def keep_value(load_seconds: float | None, last_used: float, now: float) -> float:
     """What evicting a model would cost, per the module docstring (higher: keep it)."""
     load = UNKNOWN_LOAD_SECONDS if load_seconds is None else load_seconds
-    return load / max(now - last_used, IDLE_FLOOR_SECONDS)
+    return load_class(load) / max(now - last_used, IDLE_FLOOR_SECONDS)
+
+
+def load_class(seconds: float) -> float:
+    """``seconds`` rounded down to a power of two (measurement noise stays in one class)."""
+    return float(2.0 ** math.floor(math.log2(max(seconds, FASTEST_LOAD_CLASS))))
 
 
 def resident_until(ready_at: float | None, load_seconds: float | None, factor: float) -> float:

@@ -89,6 +89,8 @@ class Registry:
     ) -> None:
         self._sched = Scheduler(models_max, memory, residency_factor=RESIDENCY_FACTOR)
         self.memory = memory
+        if memory is not None:
+            memory.victims_from(lambda: self._sched.victim_candidates(self._clock()))
         self.ttl = ttl  # seconds idle before unload, for models without their own ``ttl``
         self.queue_timeout = queue_timeout
         self.max_queue = max_queue
@@ -331,6 +333,8 @@ class Registry:
         """Start ``name``'s run (the caller holds the scheduler's claim). The model shows
         ``loading`` once the run has spawned its child (or begun its download)."""
         spec = self._specs[name]
+        if self.memory is not None:
+            spec = self.memory.placed(spec)  # the GPU(s) it goes to, chosen now
         run = self._runs[name] = ModelRun(self._ctx, spec, self._factory, needs_download(spec))
         run.task = self._tasks.spawn(self._own(run), f"run:{name}")
 

@@ -11,9 +11,9 @@ means ``x = false``; ``version`` is reserved and skipped. Preset-only keys: ``lo
 ``stop-timeout``, ``alias`` (comma-separated) and Corral's ``ttl``, ``pin``, ``priority``,
 ``model-sha256`` (64 hex digits: the agent downloads ``model-url`` itself and checks it) and
 ``hf-revision`` (the agent downloads ``hf-repo``/``hf-file`` at that revision itself), each in
-the section that names that source; ``env.NAME = value``, the model's own environment
-(``sources.preset_env``: device and memory variables only); the operator renders them from a ModelPreset's ``url``
-and ``huggingFace`` sources.
+the section that names that source (the operator renders those two from a ModelPreset's
+``url`` and ``huggingFace`` sources); ``env.NAME = value``, the model's own environment
+(``sources.preset_env``: device and memory variables only).
 
 Where llama.cpp is silent or lax, Corral refuses with file and line: an unknown key (llama.cpp
 also refuses, without a line), a router-level key (llama.cpp silently drops it), a duplicate
