@@ -30,6 +30,7 @@ from node_agent.router.memory import MemoryWatch
 from node_agent.router.registry import Registry
 from node_agent.sources.spec import ModelSpec
 from tests.integration.harness import alive
+from tests.integration.test_status_page import CHROMIUM, CHROMIUM_ARGS
 from tests.unit.fake_child import chat, fake_agent
 
 pytestmark = pytest.mark.timeout(120)
@@ -39,6 +40,7 @@ GIB = 1 << 30
 TOTALS = {"CUDA0": 24, "CUDA1": 24, "CUDA2": 12, "CUDA3": 80}  # GiB before scaling
 EXTERNAL = {"CUDA3": 70}  # another user's process on CUDA3
 MIB = 1 << 20
+HAVE_CHROMIUM = Path(CHROMIUM).exists()
 
 
 def scaled(gib: int) -> int:
@@ -206,3 +208,21 @@ async def test_a_scripted_sequence_of_placements_and_evictions(
             child = agent.registry.child(name)
             assert child is not None and child.pid is not None
             assert alive(child.pid)
+        await status_page_shows(agent.url, {"a": "on CUDA3", "f": "on CUDA1 70% + CUDA0 30%"})
+
+
+async def status_page_shows(url: str, expected: dict[str, str]) -> None:
+    """The status page (/ui) in a real browser shows each model's placement."""
+    if not HAVE_CHROMIUM:
+        pytest.skip("chromium is not installed (hack/setup.sh installs it)")
+    async_api = pytest.importorskip("playwright.async_api", reason="playwright is not installed")
+    async with async_api.async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = await browser.new_page()
+            await page.goto(f"{url}/ui")
+            for name, text in expected.items():
+                cell = page.locator(f'#models tr[data-model="{name}"] .placement')
+                await async_api.expect(cell).to_have_text(text)
+        finally:
+            await browser.close()
