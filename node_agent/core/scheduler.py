@@ -44,7 +44,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
-from node_agent.core.victims import keep_value, resident_until
+from node_agent.core.victims import HOT_USES, keep_value, resident_until
 
 
 class ModelState(enum.Enum):
@@ -146,6 +146,7 @@ class _Model:
     spawned_at: float | None = None  # when its child was spawned (for its load time)
     load_seconds: float | None = None  # the last measured load: spawn to ready
     swapped_in: bool = False  # its load evicted another model (anti-thrash, core.victims)
+    uses: int = 0  # inference requests since it was last ready
 
 
 _USABLE = frozenset({ModelState.LOADED, ModelState.SLEEPING})
@@ -269,6 +270,7 @@ class Scheduler:
         model.in_flight += 1
         if inference:
             model.last_used = now
+            model.uses += 1
         lease = Lease(name, next(self._ids), inference)
         self._leases[lease.id] = lease
         return lease
@@ -427,6 +429,7 @@ class Scheduler:
         model = self._models[name]
         self._set_state(model, ModelState.LOADED)
         model.last_used = model.ready_at = now
+        model.uses = 0
         if model.spawned_at is not None:
             model.load_seconds = max(0.0, now - model.spawned_at)
         entry = self._queue.get(name)
@@ -576,7 +579,8 @@ class Scheduler:
             candidates = [
                 m
                 for m in candidates
-                if not m.swapped_in or now >= resident_until(m.ready_at, m.load_seconds, factor)
+                if not (m.swapped_in and m.uses >= HOT_USES)
+                or now >= resident_until(m.ready_at, m.load_seconds, factor)
             ]
             candidates.sort(
                 key=lambda m: (

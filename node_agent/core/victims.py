@@ -4,19 +4,22 @@ Pure (``now`` is an argument). Used by the scheduler's victim order.
 
 * **Value of keeping a model**: the time a reload would cost, times how soon it is likely to
   be asked for again: ``load_seconds / idle_seconds``. A model that took 40 s to load and was
-  used 30 s ago (1.1) outranks one that loads in 1 s and was used 5 s ago (0.2), where plain
-  LRU would evict the 40 s one. Load times count by their power of two (1-2 s, 2-4 s…):
-  one model loading in 2.2 s and its copy in 2.9 s on a busy machine is noise, and must not
-  overturn which was used last. Between models of one class it is plain LRU (the value falls
-  as idle time grows; ties go to the least recently used). A model never measured counts as
+  used 20 s ago (1.6, by its class) outranks one that loads in 1 s and was used 4 s ago
+  (1.0), where plain LRU would evict the 40 s one. Load times count by their power of two
+  (4-8 s, 8-16 s…), and everything under :data:`FASTEST_LOAD_CLASS` as one class: load times
+  of small models on a busy machine are noise, and must not overturn which was used last.
+  Between models of one class it is plain LRU (the value falls as idle time grows; ties go
+  to the least recently used). A model never measured counts as
   :data:`UNKNOWN_LOAD_SECONDS`.
-* **Minimum residency** (anti-thrash, hysteresis): a model whose load evicted another may not
-  be evicted itself before it has been loaded for ``factor x`` its own load time. Two hot
+* **Minimum residency** (anti-thrash, hysteresis): a model whose load evicted another, and
+  that was asked for again since (:data:`HOT_USES` requests: it is hot, not a one-off), may
+  not be evicted before it has been loaded for ``factor x`` its own load time. Two hot
   models fighting for one slot then swap at most once per residency instead of on every
   request, and the slot spends at most ``1 / (1 + factor)`` of its time loading. A model
-  that came in without a swap is not protected, so plain eviction order is unchanged where
-  nothing thrashes. Memory and count evictions honour it; the idle TTL and a manual unload
-  do not (the user asked for those).
+  that came in without a swap, or served one request only (one client walking through
+  models in turn: holding it would only delay the next load), is not protected, so plain
+  eviction order is unchanged where nothing thrashes. Memory and count evictions honour
+  it; the idle TTL and a manual unload do not (the user asked for those).
 """
 
 from __future__ import annotations
@@ -24,9 +27,13 @@ from __future__ import annotations
 import math
 
 UNKNOWN_LOAD_SECONDS = 1.0
-FASTEST_LOAD_CLASS = 0.25  # seconds: loads faster than this are all one class
+# Seconds: loads faster than this are all one class. On a busy machine a 1 MB model's load
+# took 2.8 s and a 50 MB one's 0.5 s (measured here, 2 cores shared): below a few seconds
+# a load time says more about the machine than about the model.
+FASTEST_LOAD_CLASS = 4.0
 # Idle times below this count as this (a model used "just now" is not infinitely valuable).
 IDLE_FLOOR_SECONDS = 0.1
+HOT_USES = 2  # inference requests since its load that make a swapped-in model protected
 # The agent's default: a model stays at least twice its own load time (at most a third of a
 # contested slot's time goes to loading).
 RESIDENCY_FACTOR = 2.0

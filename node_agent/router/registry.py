@@ -86,8 +86,9 @@ class Registry:
         clock: Callable[[], float] = time.monotonic,
         fake_timing: bool | None = None,
         shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
+        residency_factor: float = RESIDENCY_FACTOR,
     ) -> None:
-        self._sched = Scheduler(models_max, memory, residency_factor=RESIDENCY_FACTOR)
+        self._sched = Scheduler(models_max, memory, residency_factor=residency_factor)
         self.memory = memory
         if memory is not None:
             memory.victims_from(lambda: self._sched.victim_candidates(self._clock()))
