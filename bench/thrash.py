@@ -16,12 +16,15 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
 
+from node_agent.agent import child_config
 from node_agent.binary import find_llama_server
-from node_agent.child.process import ChildConfig, ChildProcess
+from node_agent.child.process import ChildProcess
+from node_agent.child.state import ChildEvent
 from node_agent.core.victims import RESIDENCY_FACTOR
 from node_agent.demo_models import write_demo_models
 from node_agent.router.registry import Registry
@@ -37,9 +40,8 @@ async def run(folder: Path, binary: Path, factor: float, requests: int) -> dict[
         for name in ("A", "B")
     }
 
-    def factory(spec: ModelSpec, on_event: object) -> ChildProcess:
-        config = ChildConfig(spec.name, binary, ("--alias", spec.name, *spec.argv()))
-        return ChildProcess(config, on_event=on_event)  # type: ignore[arg-type]
+    def factory(spec: ModelSpec, on_event: Callable[[ChildEvent], None]) -> ChildProcess:
+        return ChildProcess(child_config(spec, binary), on_event=on_event)
 
     registry = Registry(
         Catalog(specs), models_max=1, child_factory=factory, residency_factor=factor

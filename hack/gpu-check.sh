@@ -62,7 +62,8 @@ for i, line in enumerate(smi[:count]):
     info = nvml.nvmlDeviceGetMemoryInfo(handles[i])
     print(f"     CUDA{i}: NVML total {info.total / MIB:.0f} MiB free {info.free / MIB:.0f} MiB;"
           f" nvidia-smi total {total_mib} used {used_mib}")
-    check(abs(info.total / MIB - total_mib) <= total_mib * 0.01, f"CUDA{i}: NVML total = nvidia-smi")
+    same = abs(info.total / MIB - total_mib) <= total_mib * 0.01
+    check(same, f"CUDA{i}: NVML total = nvidia-smi")
 
 binary = find_llama_server(None, os.environ)
 listed = subprocess.run([str(binary), "--list-devices"], capture_output=True, text=True)
@@ -112,14 +113,15 @@ try:
     logged = LoggedBuffers().feed_all(str(logs).splitlines()).per_device()
     # Inside the child its GPUs are renumbered from 0 (CUDA_VISIBLE_DEVICES): map them back.
     inside = sorted(d for d in logged if d != "host")
-    for child_name, gpu in zip(inside, gpus):
+    check(len(inside) == len(gpus), f"the child logged buffers on {len(gpus)} GPU(s)")
+    for child_name, gpu in zip(inside, gpus, strict=False):
         estimate = memory["min"].get(gpu, 0)
         buffers = logged[child_name]
         ratio = estimate / buffers if buffers else float("inf")
+        nvml_mib = held.get(gpu, 0) / MIB
         print(f"     {gpu}: estimate {estimate / MIB:.1f} MiB, logged buffers "
-              f"{buffers / MIB:.1f} MiB ({child_name} in the child), NVML {held.get(gpu, 0) / MIB:.1f} MiB")
+              f"{buffers / MIB:.1f} MiB ({child_name} in the child), NVML {nvml_mib:.1f} MiB")
         check(0.9 <= ratio <= 1.1, f"{gpu}: the estimator within 10% of the logged buffers")
-    check(bool(inside), "the child logged GPU buffers (-lv 4)")
     if count >= 2:
         status, _ = agent.post("/v1/chat/completions", chat("two", max_tokens=8))
         check(status == 200, "a second model")

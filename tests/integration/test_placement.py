@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from node_agent.agent import child_config
 from node_agent.child.logs import LogRing
 from node_agent.child.process import ChildConfig, ChildProcess
 from node_agent.child.state import ChildEvent
@@ -103,14 +104,7 @@ class RealChildren:
         self.configs: dict[str, ChildConfig] = {}
 
     def factory(self, spec: ModelSpec, on_event: Callable[[ChildEvent], None]) -> ChildProcess:
-        config = ChildConfig(
-            name=spec.name,
-            binary=self.binary,
-            args=("--alias", spec.name, *spec.argv()),
-            env=dict(spec.env),
-            stop_timeout=spec.stop_timeout,
-        )
-        self.configs[spec.name] = config
+        config = self.configs[spec.name] = child_config(spec, self.binary)
         return ChildProcess(config, on_event=on_event, logs=LogRing(200))
 
 
