@@ -189,6 +189,16 @@ async def test_a_scripted_sequence_of_placements_and_evictions(
         assert "--tensor-split" in children.configs["f"].args
         assert re.findall(r"evicting model=(\w+)", caplog.text) == ["c"]
         assert running(models) == {"a", "b", "e", "f"}
+        # Every placement is justified in the log, in the order of the loads.
+        placed = re.findall(r"model=(\w) placed on ([\w,]+): (\S+ \w+)", caplog.text)
+        assert placed == [
+            ("a", "CUDA3", "CUDA3: fits"),
+            ("b", "CUDA2", "CUDA2: fits"),
+            ("c", "CUDA0", "CUDA0: fits"),
+            ("d", "CUDA1", "CUDA1: fits"),
+            ("e", "CUDA0", "CUDA0: fits"),
+            ("f", "CUDA1,CUDA0", "split CUDA1"),
+        ]
 
         # What the fake GPUs show is what the ledger holds: nothing is over-committed.
         for reading in gpus.read():
