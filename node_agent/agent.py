@@ -96,6 +96,21 @@ overrides the presets' values.
 """
 
 
+def child_config(
+    spec: ModelSpec, binary: Path, load_timeout: float = 600.0, tag: str | None = None
+) -> ChildConfig:
+    """How a model's child is started: its arguments, its own environment, its timeouts."""
+    return ChildConfig(
+        name=spec.name,
+        binary=binary,
+        args=("--alias", spec.name, *spec.argv()),
+        env=dict(spec.env),
+        stop_timeout=spec.stop_timeout,
+        load_timeout=load_timeout,
+        agent_tag=tag,
+    )
+
+
 class Agent:
     """One running agent: its catalog, registry, proxy and HTTP site."""
 
@@ -168,14 +183,7 @@ class Agent:
         return watch
 
     def _make_child(self, spec: ModelSpec, on_event: Callable[[ChildEvent], None]) -> ChildProcess:
-        config = ChildConfig(
-            name=spec.name,
-            binary=self.binary,
-            args=("--alias", spec.name, *spec.argv()),
-            stop_timeout=spec.stop_timeout,
-            load_timeout=self.options.load_timeout,
-            agent_tag=self.tag,
-        )
+        config = child_config(spec, self.binary, self.options.load_timeout, self.tag)
         return ChildProcess(config, on_event=on_event, logs=self.logs_for(spec.name))
 
     def logs_for(self, name: str) -> LogRing:

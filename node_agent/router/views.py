@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from node_agent.child.ports import CHILD_HOST
 from node_agent.core.scheduler import ModelState
 from node_agent.models_schema import CorralInfo, Memory, ModelEntry, ModelStatus, dump
+from node_agent.sources.preset_env import env_lines
 
 if TYPE_CHECKING:
     from node_agent.router.registry import Registry
@@ -30,6 +31,8 @@ class _Listed(Protocol):
     def options(self) -> tuple[tuple[str, str | bool], ...]: ...
     @property
     def mmproj(self) -> str | None: ...
+    @property
+    def env(self) -> tuple[tuple[str, str], ...]: ...
     def argv(self) -> tuple[str, ...]: ...
 
 
@@ -53,6 +56,7 @@ def preset_text(spec: _Listed) -> str:
     for key, value in sorted(spec.options):
         text = ("true" if value else "false") if isinstance(value, bool) else value
         lines.append(f"{key} = {text}")
+    lines.extend(env_lines(spec.env))
     return "\n".join(lines) + "\n\n"
 
 
