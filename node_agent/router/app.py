@@ -16,6 +16,7 @@ test in ``tests/integration/test_compat.py``):
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import json
 import logging
@@ -25,8 +26,10 @@ from typing import Any
 
 from aiohttp import web
 
+from node_agent.core.scheduler import Lease
 from node_agent.errors import ApiError
-from node_agent.router.exchange import begin_exchange
+from node_agent.router.conversations import CONVERSATIONS, conversation_id, setup_conversations
+from node_agent.router.exchange import Exchange, begin_exchange
 from node_agent.router.logs_api import setup_logs
 from node_agent.router.metrics import setup_metrics
 from node_agent.router.model_run import FAKE_TIMING_SECONDS
@@ -200,6 +203,12 @@ async def proxy_post(request: web.Request) -> web.StreamResponse:
     if isinstance(data, dict) and "keep_alive" in data:
         # Ollama's per-request keep_alive: how long the model stays once idle.
         state.registry.keep_alive(name, data["keep_alive"])
+    conv_id = conversation_id(request)
+    if conv_id:
+        send = functools.partial(_send, request, state, name, body)
+        autoload = _autoload(request, state.settings)
+        conversations = request.app[CONVERSATIONS]
+        return await conversations.proxy(request, name, conv_id, autoload=autoload, send=send)
     return await _proxy(request, state, name, body, inference=True)
 
 
@@ -217,12 +226,27 @@ async def _proxy(
         name, autoload=_autoload(request, state.settings), inference=inference
     )
     exchange.leased()
+    return await _send(request, state, name, body, lease, exchange, False)
+
+
+async def _send(
+    request: web.Request,
+    state: AgentState,
+    name: str,
+    body: bytes | None,
+    lease: Lease,
+    exchange: Exchange,
+    detached: bool,
+) -> web.StreamResponse:
+    """Send a leased request to its child, then give the lease back."""
     try:
         if state.registry.fake_timing:
             await asyncio.sleep(FAKE_TIMING_SECONDS)
         port = state.registry.port(lease)
         slots = state.registry.slots(name)
-        return await state.proxy.forward(request, port, body, exchange, slots=slots)
+        return await state.proxy.forward(
+            request, port, body, exchange, slots=slots, detached=detached
+        )
     finally:
         state.registry.release(lease)
 
@@ -327,6 +351,7 @@ def build_app(state: AgentState) -> web.Application:
     # errors_middleware, so routes added after this (metrics, page, logs) still match.
     app.add_routes(routes)
     setup_metrics(app)
+    setup_conversations(app)
     setup_ui(app)
     if state.logs_for is not None:
         setup_logs(app, state.logs_for)
