@@ -14,7 +14,10 @@ conversation (:class:`~node_agent.core.conversations.ConversationBook` decides) 
   parked behind the load: it ends at once with 400 "request cancelled by a stop while the model
   was loading" (llama.cpp ends it only once the load is over).
 
-The id travels in the query string, so it may hold slashes (``org/repo::chat``). Every request
+Deliberate differences (asserted in ``tests/integration/test_conversations.py``): a stop ends a
+parked request at once, not once the load is over; ``GET /v1/stream`` answers 503 for as long as
+the request is parked (b11434: only while the child loads, 404 before, e.g. while it waits for
+room). The id travels in the query string, so it may hold slashes (``org/repo::chat``). Every request
 to a child goes through :meth:`Proxy.forward`, the one place that speaks to children.
 """
 
@@ -155,7 +158,9 @@ class Conversations:
         if route is StreamRoute.RETRY:
             raise ApiError(503, "Stream owner model is loading, retry later")
         if route is StreamRoute.NOT_FOUND:
-            raise ApiError(404, "Stream not found or expired")
+            # b11434 means "Stream not found or expired", but its HTTP layer answers every 404
+            # with this body (measured: its router and its children alike).
+            raise ApiError(404, "File Not Found")
         owner = self.book.owner(conv_id)
         assert owner is not None
         return owner
