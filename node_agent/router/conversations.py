@@ -14,11 +14,11 @@ conversation (:class:`~node_agent.core.conversations.ConversationBook` decides) 
   parked behind the load: it ends at once with 400 "request cancelled by a stop while the model
   was loading" (llama.cpp ends it only once the load is over).
 
-Deliberate differences (asserted in ``tests/integration/test_conversations.py``): a stop ends a
-parked request at once, not once the load is over; ``GET /v1/stream`` answers 503 for as long as
-the request is parked (b11434: only while the child loads, 404 before, e.g. while it waits for
-room). The id travels in the query string, so it may hold slashes (``org/repo::chat``). Every request
-to a child goes through :meth:`Proxy.forward`, the one place that speaks to children.
+Deliberate differences (asserted in ``tests/integration/test_conversations.py``): a stop ends
+a parked request at once, not once the load is over; ``GET /v1/stream`` answers 503 for as long
+as the request is parked (b11434: only while the child loads, 404 before, e.g. while it waits
+for room). The id travels in the query string, so it may hold slashes (``org/repo::chat``).
+Every request to a child goes through :meth:`Proxy.forward`, the one place that speaks to children.
 """
 
 from __future__ import annotations
