@@ -28,6 +28,7 @@ from aiohttp import web
 
 from node_agent.core.scheduler import Lease
 from node_agent.errors import ApiError
+from node_agent.router.chat_ui import serve_chat_ui, setup_chat_ui
 from node_agent.router.conversations import CONVERSATIONS, conversation_id, setup_conversations
 from node_agent.router.exchange import Exchange, begin_exchange
 from node_agent.router.logs_api import setup_logs
@@ -324,7 +325,7 @@ async def ledger(request: web.Request) -> web.StreamResponse:
 
 
 def build_app(state: AgentState) -> web.Application:
-    middlewares: list[Any] = [errors_middleware, cors_middleware]
+    middlewares: list[Any] = [errors_middleware, cors_middleware, serve_chat_ui]
     if state.settings.api_keys:
         middlewares.append(auth_middleware(state.settings.api_keys))
     app = web.Application(
@@ -353,6 +354,7 @@ def build_app(state: AgentState) -> web.Application:
     setup_metrics(app)
     setup_conversations(app)
     setup_ui(app)
+    setup_chat_ui(app, state.binary)
     if state.logs_for is not None:
         setup_logs(app, state.logs_for)
     return app
