@@ -270,7 +270,8 @@ async def list_models(request: web.Request) -> web.StreamResponse:
         await state.reload()
     registry = state.registry
     now = int(time.time())
-    data = [model_entry(registry, name, state.binary, now) for name in registry.specs()]
+    streams = request.app[CONVERSATIONS].supported
+    data = [model_entry(registry, name, state.binary, now, streams) for name in registry.specs()]
     return _json({"data": data, "object": "list"})
 
 

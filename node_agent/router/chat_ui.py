@@ -232,7 +232,7 @@ class ChatUi:
         await self._session.close()
 
 
-def _is_ui_path(path: str) -> bool:
+def is_ui_path(path: str) -> bool:
     """What the UI's own files look like: ``/``, ``/index.html``, ``/_app/…``, and files at the
     top level with an extension (``/favicon.svg``, ``/manifest.webmanifest``, ``/sw.js``)."""
     if path in ("/", "/index.html") or path.startswith("/_app/"):
@@ -261,7 +261,7 @@ async def serve_chat_ui(request: web.Request, handler: Handler) -> web.StreamRes
     the file names are known only to the binary. Before the API key check, like llama.cpp:
     the UI is public (it asks for the key itself)."""
     unmatched = isinstance(request.match_info.http_exception, web.HTTPNotFound)
-    if request.method not in ("GET", "HEAD") or not unmatched or not _is_ui_path(request.path):
+    if request.method not in ("GET", "HEAD") or not unmatched or not is_ui_path(request.path):
         return await handler(request)
     asset = await request.app[CHAT_UI].asset(request.path)
     if asset is None:

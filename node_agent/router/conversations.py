@@ -36,7 +36,6 @@ from node_agent.core.conversations import ConversationBook, StreamRoute, detache
 from node_agent.core.scheduler import Lease, ModelState
 from node_agent.errors import ApiError
 from node_agent.router.exchange import Exchange, begin_exchange
-from node_agent.router.registry import Registry
 from node_agent.router.state import STATE, AgentState
 
 log = logging.getLogger("corral.conversations")
@@ -56,8 +55,9 @@ Send = Callable[[Lease, Exchange, bool], Awaitable[web.StreamResponse]]
 class Conversations:
     """The conversation book, carried out: parked requests' stop signals and detached tasks."""
 
-    def __init__(self, registry: Registry) -> None:
-        self._registry = registry
+    def __init__(self, state: AgentState) -> None:
+        self._state = state
+        self._registry = state.registry
         self.book = ConversationBook()
         self._stops: dict[int, asyncio.Event] = {}  # parked ticket -> set by a stop
         self._tasks = TaskSet("conversations")
@@ -88,7 +88,7 @@ class Conversations:
         ticket = remembered.ticket
         ready = self.state_of(name) in (ModelState.LOADED, ModelState.SLEEPING)
         exchange = begin_exchange(request, name)
-        serve = self._serve(name, conv_id, ticket, exchange, autoload=autoload, send=send)
+        serve = self._serve(request, name, conv_id, ticket, exchange, autoload=autoload, send=send)
         if not detaches(ticket, ready):
             return await serve
         # Shielded: the handler's cancellation (its client went away) leaves this task going.
@@ -100,6 +100,7 @@ class Conversations:
 
     async def _serve(
         self,
+        request: web.Request,
         name: str,
         conv_id: str,
         ticket: int,
@@ -169,7 +170,7 @@ class Conversations:
         child = self._registry.child(name)
         return child.port if child is not None else None
 
-    async def stream(self, request: web.Request, state: AgentState) -> web.StreamResponse:
+    async def stream(self, request: web.Request) -> web.StreamResponse:
         conv_id = _conv_id(request)
         owner = self._owner(conv_id)
         # A lease keeps the child from being evicted while its replay is read; the replay takes
@@ -177,36 +178,48 @@ class Conversations:
         lease = await self._registry.acquire(owner, autoload=False, inference=False)
         try:
             port = self._registry.port(lease)
-            response = await state.proxy.forward(
+            response = await self._state.proxy.forward(
                 request, port, None, slots=self._registry.slots(owner), gated=False
             )
             if response.status == 404 and not response.prepared:
-                await self._check_support(request, state, owner, port)
+                await self._check_support(request, owner, port)
+            self._learn(response.status)
             return response
         finally:
             self._registry.release(lease)
 
-    async def _check_support(
-        self, request: web.Request, state: AgentState, owner: str, port: int
-    ) -> None:
-        """A 404 from the child: its session is gone, or its binary has no sessions at all.
-        One that has them answers ``GET /v1/stream`` without an id with 400."""
-        if self.supported is None:
-            probe = request.clone(rel_url="/v1/stream", method="GET")
-            answer = await state.proxy.forward(
-                probe, port, None, slots=self._registry.slots(owner), gated=False
-            )
-            self.supported = answer.status == 400
-            log.info("%s has conversation streams: %s", state.binary, self.supported)
+    async def _check_support(self, request: web.Request, owner: str, port: int) -> None:
+        """A 404 from the child: its session is gone, or its binary has no sessions at all."""
+        await self._probe(request, owner, port)
         if not self.supported:
             raise ApiError(
                 501,
-                f"the llama-server of model '{owner}' ({state.binary}) has no conversation "
-                "streams (X-Conversation-Id, /v1/stream): use a llama-server that has them "
-                "(b10434 and b11434 do, see README)",
+                f"the llama-server of model '{owner}' ({self._state.binary}) has no "
+                "conversation streams (X-Conversation-Id, /v1/stream): use a llama-server "
+                "that has them (b10434 and b11434 do, see README)",
             )
 
-    async def lookup(self, request: web.Request, state: AgentState) -> web.StreamResponse:
+    async def _probe(self, request: web.Request, owner: str, port: int) -> None:
+        """Ask the child whether it keeps sessions at all: one that does answers
+        ``GET /v1/stream`` without an id with 400, one that does not has no such route (404)."""
+        if self.supported is not None:
+            return
+        probe = request.clone(rel_url="/v1/stream")  # a GET that has read no body
+        answer = await self._state.proxy.forward(
+            probe, port, None, slots=self._registry.slots(owner), gated=False
+        )
+        self._learn(answer.status)
+
+    def _learn(self, status: int) -> None:
+        """What a child's answer to a stream route says of its binary (``GET /models`` shows
+        it): a route it has answers 2xx or 400, one it lacks 404 (the stream GET's own 404 is
+        settled by :meth:`_probe`)."""
+        if self.supported is not None or status not in (200, 204, 400, 404):
+            return
+        self.supported = status != 404
+        log.info("%s has conversation streams: %s", self._state.binary, self.supported)
+
+    async def lookup(self, request: web.Request) -> web.StreamResponse:
         try:
             data = json.loads(await request.read())
         except ValueError:
@@ -222,7 +235,9 @@ class Conversations:
         found: list[Any] = []
         for owner, owned in per_model.items():
             body = json.dumps({"conversation_ids": owned}).encode()
-            answer = await self._ask(request, state, owner, body)
+            answer = await self._ask(request, owner, body)
+            if answer is not None:
+                self._learn(answer.status)
             if answer is not None and answer.status == 200:
                 try:
                     entries = json.loads(answer.body)  # type: ignore[arg-type]
@@ -232,12 +247,14 @@ class Conversations:
                     found.extend(e for e in entries if isinstance(e, dict))
         return web.json_response(found)
 
-    async def stop(self, request: web.Request, state: AgentState) -> web.StreamResponse:
+    async def stop(self, request: web.Request) -> web.StreamResponse:
         conv_id = _conv_id(request)
         route = self.book.route(conv_id, self.state_of)
         owner = self.book.owner(conv_id)
         if route is StreamRoute.PROXY and owner is not None:
-            await self._ask(request, state, owner, None)  # idempotent on the child
+            answer = await self._ask(request, owner, None)  # idempotent on the child
+            if answer is not None:
+                self._learn(answer.status)
         elif owner is not None:
             log.info("stop for conv_id=%s while model=%s loads: cancelling", conv_id, owner)
         else:
@@ -246,7 +263,7 @@ class Conversations:
         return web.Response(status=204, content_type="application/json")
 
     async def _ask(
-        self, request: web.Request, state: AgentState, owner: str, body: bytes | None
+        self, request: web.Request, owner: str, body: bytes | None
     ) -> web.Response | None:
         """Forward a small control request (lookup, stop) to ``owner``'s child, past the slots'
         gate; None when the child is gone or does not answer in time."""
@@ -255,7 +272,7 @@ class Conversations:
             return None
         try:
             answer = await asyncio.wait_for(
-                state.proxy.forward(
+                self._state.proxy.forward(
                     request, port, body, slots=self._registry.slots(owner), gated=False
                 ),
                 CONTROL_TIMEOUT,
@@ -296,16 +313,16 @@ def conversation_id(request: web.Request) -> str:
 
 def setup_conversations(app: web.Application) -> None:
     """Add the stream routes and the conversation book (call from build_app)."""
-    conversations = app[CONVERSATIONS] = Conversations(app[STATE].registry)
+    conversations = app[CONVERSATIONS] = Conversations(app[STATE])
 
     async def stream(request: web.Request) -> web.StreamResponse:
-        return await conversations.stream(request, request.app[STATE])
+        return await conversations.stream(request)
 
     async def lookup(request: web.Request) -> web.StreamResponse:
-        return await conversations.lookup(request, request.app[STATE])
+        return await conversations.lookup(request)
 
     async def stop(request: web.Request) -> web.StreamResponse:
-        return await conversations.stop(request, request.app[STATE])
+        return await conversations.stop(request)
 
     app.router.add_get("/v1/stream", stream)
     app.router.add_post("/v1/streams/lookup", lookup)

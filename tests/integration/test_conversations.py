@@ -110,6 +110,8 @@ def test_a_client_that_drops_during_the_load_can_resume_from_0(agent: AgentProce
     assert replay.headers["content-type"].startswith("text/event-stream")
     assert replay.body.rstrip().endswith(b"data: [DONE]"), replay.body[-200:]
     assert "Paris" in content_of(replay.body)
+    # Its child was asked once whether it keeps sessions: GET /models says so.
+    assert agent.models()[MODEL_NAME]["corral"]["conversation_streams"] is True
     # A replay from an offset gives the rest of the same bytes.
     tail = call(agent.port, "GET", stream_path(CONV, 100))
     assert tail.status == 200 and tail.body == replay.body[100:]
