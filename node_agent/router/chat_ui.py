@@ -23,6 +23,7 @@ import contextlib
 import gzip
 import logging
 import os
+import secrets
 import subprocess
 import tempfile
 import time
@@ -119,7 +120,10 @@ class UiServer:
         self._port = reserve_port()
         # LLAMA_ARG_* of the agent's environment would reach it as options (a model to load).
         env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_")}
-        args = ["--host", CHILD_HOST, "--port", str(self._port)]
+        # A key nobody knows: its UI files stay public (llama.cpp's rule), every other endpoint
+        # of this helper (its POST /models downloads…) answers 401 to whatever else is local.
+        key = secrets.token_urlsafe(24)
+        args = ["--host", CHILD_HOST, "--port", str(self._port), "--api-key", key]
         self._proc = await asyncio.create_subprocess_exec(
             self.binary,
             *args,

@@ -86,7 +86,10 @@ class Conversations:
         remembered = self.book.remember(conv_id, name)
         self._cancel(remembered.cancelled)
         ticket = remembered.ticket
-        ready = self.state_of(name) in (ModelState.LOADED, ModelState.SLEEPING)
+        # Ready: it takes the request now (a model draining for an unload must load again).
+        ready = self.state_of(name) in (ModelState.LOADED, ModelState.SLEEPING) and not (
+            self._registry.scheduler.view(name).stopping
+        )
         exchange = begin_exchange(request, name)
         serve = self._serve(request, name, conv_id, ticket, exchange, autoload=autoload, send=send)
         if not detaches(ticket, ready):
