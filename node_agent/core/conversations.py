@@ -54,6 +54,7 @@ class _Entry:
 class ConversationStatistics:
     conversations: int
     parked: int
+    sending: int
 
 
 class ConversationBook:
@@ -64,6 +65,7 @@ class ConversationBook:
         self._tickets = itertools.count(1)
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._parked: dict[int, str] = {}  # ticket -> its conversation
+        self._sending: set[int] = set()  # tickets leased, their request on its way to the child
 
     def remember(self, conv_id: str, model: str) -> Remembered:
         """Register a request of ``conv_id`` for ``model`` (an empty id registers nothing)."""
@@ -100,6 +102,22 @@ class ConversationBook:
         """The parked request got its model (or gave up): a stop no longer cancels its wait."""
         self._parked.pop(ticket, None)
 
+    def sending(self, ticket: int, underway: bool) -> None:
+        """The request with ``ticket`` is on its way to its child (``underway``), or done."""
+        if underway:
+            self._sending.add(ticket)
+        else:
+            self._sending.discard(ticket)
+
+    def after_miss(self, conv_id: str) -> StreamRoute:
+        """The child knows no session for ``conv_id``: a retry while the conversation's current
+        request is still on its way there (the child makes the session once it reads it), else
+        not found."""
+        entry = self._entries.get(conv_id)
+        if entry is not None and entry.ticket in self._sending:
+            return StreamRoute.RETRY
+        return StreamRoute.NOT_FOUND
+
     def forget(self, conv_id: str) -> tuple[int, ...]:
         """A stop: drop ``conv_id``; returns the tickets of its parked requests, to cancel."""
         self._entries.pop(conv_id, None)
@@ -129,7 +147,9 @@ class ConversationBook:
         return tickets
 
     def statistics(self) -> ConversationStatistics:
-        return ConversationStatistics(conversations=len(self._entries), parked=len(self._parked))
+        return ConversationStatistics(
+            conversations=len(self._entries), parked=len(self._parked), sending=len(self._sending)
+        )
 
 
 def detaches(ticket: int, ready_on_arrival: bool) -> bool:

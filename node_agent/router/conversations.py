@@ -43,6 +43,7 @@ log = logging.getLogger("corral.conversations")
 HEADER = "X-Conversation-Id"
 CANCELLED = "request cancelled by a stop while the model was loading"
 MISSING_ID = "Missing conversation id in path"
+LOADING = "Stream owner model is loading, retry later"
 # Lookups and stops ask a child a small JSON question; llama.cpp gives them 250 ms on the
 # loopback. Ours allow for a busy machine: a child that does not answer is skipped.
 CONTROL_TIMEOUT = 5.0
@@ -119,7 +120,11 @@ class Conversations:
             self._registry.release(lease)
             log.info("request for conv_id=%s cancelled while model=%s was loading", conv_id, name)
             raise ApiError(400, CANCELLED)
-        return await send(lease, exchange, True)
+        self.book.sending(ticket, True)
+        try:
+            return await send(lease, exchange, True)
+        finally:
+            self.book.sending(ticket, False)
 
     async def _acquire(self, name: str, conv_id: str, ticket: int, *, autoload: bool) -> Lease:
         """The lease, unless a stop for the conversation comes first (then 400, cancelled)."""
@@ -160,7 +165,7 @@ class Conversations:
         """The model whose child holds ``conv_id``'s session, or the route's error."""
         route = self.book.route(conv_id, self.state_of)
         if route is StreamRoute.RETRY:
-            raise ApiError(503, "Stream owner model is loading, retry later")
+            raise ApiError(503, LOADING)
         if route is StreamRoute.NOT_FOUND:
             # b11434 means "Stream not found or expired", but its HTTP layer answers every 404
             # with this body (measured: its router and its children alike).
@@ -186,6 +191,8 @@ class Conversations:
             )
             if response.status == 404 and not response.prepared:
                 await self._check_support(request, owner, port)
+                if self.book.after_miss(conv_id) is StreamRoute.RETRY:
+                    raise ApiError(503, LOADING)
             self._learn(response.status)
             return response
         finally:

@@ -102,11 +102,16 @@ def test_a_client_that_drops_during_the_load_can_resume_from_0(agent: AgentProce
         "message": "Stream owner model is loading, retry later",
         "type": "unavailable_error",
     }
+
     # Once loaded, the request reached the child although its client was gone: replay from 0.
-    replay: Answer = until(
-        lambda: (a := call(agent.port, "GET", stream_path(CONV, 0))).status == 200 and a,
-        "the session to appear",
-    )
+    # Until its session exists, the route says "retry" (never "not found", which would make a
+    # client give up), also between the lease and the child reading the request.
+    def replay_or_retry() -> Answer | None:
+        answer = call(agent.port, "GET", stream_path(CONV, 0))
+        assert answer.status in (200, 503), answer
+        return answer if answer.status == 200 else None
+
+    replay: Answer = until(replay_or_retry, "the session to appear")
     assert replay.headers["content-type"].startswith("text/event-stream")
     assert replay.body.rstrip().endswith(b"data: [DONE]"), replay.body[-200:]
     assert "Paris" in content_of(replay.body)

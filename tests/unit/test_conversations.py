@@ -105,3 +105,21 @@ def test_only_a_conversation_that_waited_detaches() -> None:
     assert detaches(7, ready_on_arrival=False)
     assert not detaches(7, ready_on_arrival=True)
     assert not detaches(0, ready_on_arrival=True)
+
+
+def test_a_miss_while_the_request_is_on_its_way_is_a_retry() -> None:
+    book = ConversationBook()
+    ticket = book.remember("c", "m").ticket
+    assert book.after_miss("c") is StreamRoute.NOT_FOUND
+    book.sending(ticket, True)
+    assert book.after_miss("c") is StreamRoute.RETRY
+    assert book.statistics().sending == 1
+    # A newer request of the conversation: the old one's session is not the one asked for.
+    newer = book.remember("c", "m").ticket
+    assert book.after_miss("c") is StreamRoute.NOT_FOUND
+    book.sending(newer, True)
+    book.sending(ticket, False)
+    assert book.after_miss("c") is StreamRoute.RETRY
+    book.sending(newer, False)
+    assert book.after_miss("c") is StreamRoute.NOT_FOUND
+    assert book.after_miss("unknown") is StreamRoute.NOT_FOUND
