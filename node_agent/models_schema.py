@@ -56,6 +56,9 @@ class CorralInfo(_Schema):
     failures: int
     retry_in: float  # seconds until a model in crash-loop backoff may load again
     memory: Memory | None = None  # only with the memory ledger on
+    # Whether the binary's children keep conversation sessions (``/v1/stream``); None until a
+    # child of it answered a stream route.
+    conversation_streams: bool | None = None
 
 
 class ModelEntry(_Schema):

@@ -27,9 +27,12 @@ from typing import Any
 
 from aiohttp import web
 
+from node_agent.core.scheduler import Lease
 from node_agent.errors import ApiError
 from node_agent.router.browser_guard import cors_headers, guard_middleware
-from node_agent.router.exchange import begin_exchange
+from node_agent.router.chat_ui import serve_chat_ui, setup_chat_ui
+from node_agent.router.conversations import CONVERSATIONS, conversation_id, setup_conversations
+from node_agent.router.exchange import Exchange, begin_exchange
 from node_agent.router.form_fields import MULTIPART, multipart_fields
 from node_agent.router.logs_api import setup_logs
 from node_agent.router.metrics import setup_metrics
@@ -185,6 +188,12 @@ async def post_body(
     if isinstance(data, dict) and "keep_alive" in data:
         # Ollama's per-request keep_alive: how long the model stays once idle.
         state.registry.keep_alive(name, data["keep_alive"])
+    conv_id = conversation_id(request)
+    if conv_id:
+        send = partial(_send, request, state, name, body, buffered=buffered)
+        autoload = _autoload(request, state.settings)
+        conversations = request.app[CONVERSATIONS]
+        return await conversations.proxy(request, name, conv_id, autoload=autoload, send=send)
     return await _proxy(request, state, name, body, inference=True, buffered=buffered)
 
 
@@ -208,13 +217,29 @@ async def _proxy(
         name, autoload=_autoload(request, state.settings), inference=inference
     )
     exchange.leased()
+    return await _send(request, state, name, body, lease, exchange, False, buffered=buffered)
+
+
+async def _send(
+    request: web.Request,
+    state: AgentState,
+    name: str,
+    body: bytes | None,
+    lease: Lease,
+    exchange: Exchange,
+    detached: bool,
+    *,
+    buffered: bool = False,
+) -> web.StreamResponse:
+    """Send a leased request to its child, then give the lease back (``detached`` and
+    ``buffered``: see :meth:`Proxy.forward`)."""
     try:
         if state.registry.fake_timing:
             await asyncio.sleep(FAKE_TIMING_SECONDS)
         port = state.registry.port(lease)
         slots = state.registry.slots(name)
         response = await state.proxy.forward(
-            request, port, body, exchange, slots=slots, buffered=buffered
+            request, port, body, exchange, slots=slots, buffered=buffered, detached=detached
         )
     finally:
         state.registry.release(lease)
@@ -244,7 +269,8 @@ async def list_models(request: web.Request) -> web.StreamResponse:
         await state.reload()
     registry = state.registry
     now = int(time.time())
-    data = [model_entry(registry, name, state.binary, now) for name in registry.specs()]
+    streams = request.app[CONVERSATIONS].supported
+    data = [model_entry(registry, name, state.binary, now, streams) for name in registry.specs()]
     return _json({"data": data, "object": "list"})
 
 
@@ -300,7 +326,7 @@ async def ledger(request: web.Request) -> web.StreamResponse:
 
 def build_app(state: AgentState) -> web.Application:
     browser = state.settings.browser
-    middlewares: list[Any] = [errors_middleware, guard_middleware(browser)]
+    middlewares: list[Any] = [errors_middleware, guard_middleware(browser), serve_chat_ui]
     if state.settings.api_keys:
         middlewares.append(auth_middleware(state.settings.api_keys))
     app = web.Application(
@@ -331,7 +357,9 @@ def build_app(state: AgentState) -> web.Application:
             app, state.settings.vertex, PROXIED_POST, partial(post_body, buffered=True), health
         )
     setup_metrics(app)
+    setup_conversations(app)
     setup_ui(app)
+    setup_chat_ui(app, state.binary)
     if state.logs_for is not None:
         setup_logs(app, state.logs_for)
     return app

@@ -60,7 +60,9 @@ def preset_text(spec: _Listed) -> str:
     return "\n".join(lines) + "\n\n"
 
 
-def model_entry(registry: Registry, name: str, binary: str, now: int) -> dict[str, Any]:
+def model_entry(
+    registry: Registry, name: str, binary: str, now: int, streams: bool | None = None
+) -> dict[str, Any]:
     """One entry of ``GET /models``, built from the schema the operator parses with."""
     spec: Any = registry.spec(name)
     view = registry.scheduler.view(name)
@@ -94,6 +96,7 @@ def model_entry(registry: Registry, name: str, binary: str, now: int) -> dict[st
         error=view.error if view.failed else None,
         failures=view.failures,
         retry_in=math.ceil(max(0.0, view.retry_at - registry.now()) * 10) / 10,
+        conversation_streams=streams,
         **memory,
     )
     modalities = ["text", "image"] if spec.mmproj else ["text"]
