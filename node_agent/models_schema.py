@@ -41,6 +41,8 @@ class Memory(_Schema):
     max: dict[str, int] | None
     effective: dict[str, int] | None
     held: dict[str, int]
+    # Where the ledger placed it (automatic GPU placement), None when it does not place it.
+    placement: dict[str, Any] | None = None
 
 
 class CorralInfo(_Schema):
@@ -54,6 +56,9 @@ class CorralInfo(_Schema):
     failures: int
     retry_in: float  # seconds until a model in crash-loop backoff may load again
     memory: Memory | None = None  # only with the memory ledger on
+    # Whether the binary's children keep conversation sessions (``/v1/stream``); None until a
+    # child of it answered a stream route.
+    conversation_streams: bool | None = None
 
 
 class ModelEntry(_Schema):

@@ -51,11 +51,14 @@ class ChildConfig:
 
 
 def child_environment(
-    config: ChildConfig, port: int, base: Mapping[str, str] | None = None
+    config: ChildConfig, base: Mapping[str, str] | None = None, *, port: int = 0
 ) -> dict[str, str]:
     """The agent's environment, then the model's ``env``, then what the supervisor needs
     (the child's own API key among it: ``child.keys``)."""
     env = dict(os.environ if base is None else base)
+    # Google Cloud's AIP_MODE would make a child take the agent's AIP_HTTP_PORT (b11434's
+    # router passes it on, and none of its children loads): Vertex is the agent's business.
+    env.pop("AIP_MODE", None)
     env.update(config.env)
     # Its presence turns llama.cpp's parent–child protocol on; the pinned binary ignores the
     # value (llama.cpp's router passes its own port, so we do too where we know it).
@@ -91,7 +94,7 @@ async def spawn(config: ChildConfig, port: int) -> asyncio.subprocess.Process:
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
-            env=child_environment(config, port),
+            env=child_environment(config, port=port),
             # Its own process group: a stop can SIGKILL everything it started, and a
             # Ctrl-C in the agent's terminal does not reach it before the agent decides.
             start_new_session=True,

@@ -47,19 +47,22 @@ async def read_body(request: web.Request) -> bytes:
 
 
 async def read_json(request: web.Request) -> tuple[bytes, Any]:
-    """The body as read, and its JSON document: whole when small, else (parsed in a worker
-    process) its top-level scalar fields only."""
+    """The body as read, and its JSON document (:func:`json_document`)."""
     body = await read_body(request)
-    if len(body) <= OFF_LOOP_BYTES:
-        return body, parse_json_body(body)
-    if not body.strip():
-        parse_json_body(body)  # its message
+    return body, await json_document(body)
+
+
+async def json_document(body: bytes) -> Any:
+    """The body's JSON document: whole when small, else (parsed in a worker process) its
+    top-level scalar fields only."""
+    if len(body) <= OFF_LOOP_BYTES or not body.strip():
+        return parse_json_body(body)
     async with _large:
         loop = asyncio.get_running_loop()
         error, data = await loop.run_in_executor(_worker(), top_level_fields, body)
     if error is not None:
         raise ApiError(400, error)
-    return body, data
+    return data
 
 
 @functools.cache

@@ -233,14 +233,29 @@ class Proxy:
         *,
         slots: int,
         model: str = "",
+        buffered: bool = False,
+        gated: bool = True,
+        detached: bool = False,
     ) -> web.StreamResponse:
         """Send ``request`` (with ``body`` already read) to the child on ``port``, which
-        serves ``slots`` requests at once."""
+        serves ``slots`` requests at once; ``buffered``: answer in one piece, never a stream.
+
+        ``gated=False`` skips the slots' gate, for requests that take no slot (the
+        conversation streams' replays, lookups and stops: a stop must not queue behind the
+        generations it stops). ``detached``: a client that goes away does not end the
+        exchange; the child's answer is read to its end (the child's session buffer keeps
+        it for a later ``GET /v1/stream``, and the lease holds the model meanwhile)."""
         link_id, link = await self._link(port, slots)
         self._book.enter(link_id)
         try:
+            if not gated:
+                return await self._forward(
+                    link.session, request, port, body, exchange, buffered, detached
+                )
             async with self._slot(link, model or f"on port {port}"):
-                return await self._forward(link.session, request, port, body, exchange)
+                return await self._forward(
+                    link.session, request, port, body, exchange, buffered, detached
+                )
         finally:
             if self._book.leave(link_id):
                 await self._close(link_id)
@@ -252,6 +267,8 @@ class Proxy:
         port: int,
         body: bytes | None,
         exchange: Exchange | None,
+        buffered: bool = False,
+        detached: bool = False,
     ) -> web.StreamResponse:
         url = f"http://{CHILD_HOST}:{port}{request.rel_url}"
         headers = _forward_headers(request.headers)
@@ -261,8 +278,9 @@ class Proxy:
         upstream = await self._send(session, request, url, headers, body, port)
         async with upstream:
             out_headers = _forward_headers(upstream.headers)
-            if upstream.content_length is not None and "chunked" not in upstream.headers.get(
-                "Transfer-Encoding", ""
+            if buffered or (
+                upstream.content_length is not None
+                and "chunked" not in upstream.headers.get("Transfer-Encoding", "")
             ):
                 try:
                     payload = await upstream.read()
@@ -279,7 +297,13 @@ class Proxy:
             if upstream.connection is not None and upstream.connection.protocol is not None:
                 upstream.connection.protocol.force_close()
             response = web.StreamResponse(status=upstream.status, headers=out_headers)
-            await response.prepare(request)
+            try:
+                await response.prepare(request)
+            except ConnectionResetError:
+                if not detached:
+                    raise
+                await _drain(upstream, exchange)  # the client left while the model loaded
+                return response
             try:
                 try:
                     async for chunk in upstream.content.iter_any():
@@ -305,6 +329,8 @@ class Proxy:
                 # to answer; leaving ``upstream`` unread closes its connection, and the child
                 # stops generating.
                 log.debug("client went away mid-stream from port %d", port)
+                if detached:
+                    await _drain(upstream, exchange)
             return response
 
     async def _write(self, request: web.Request, response: web.StreamResponse, data: bytes) -> None:
@@ -324,3 +350,13 @@ class Proxy:
             if request.transport is not None:
                 request.transport.abort()
             raise ConnectionResetError("the client stopped reading") from None
+
+
+async def _drain(upstream: aiohttp.ClientResponse, exchange: Exchange | None) -> None:
+    """Read a detached stream to its end without a client (see ``Proxy.forward``)."""
+    try:
+        async for chunk in upstream.content.iter_any():
+            if exchange is not None:
+                exchange.chunk(chunk)
+    except aiohttp.ClientError as exc:
+        log.warning("a detached stream ended early: %s", exc)

@@ -1,4 +1,4 @@
-"""The status page: ``GET /ui`` (and ``/`` redirects to it).
+"""The status page: ``GET /ui`` (``/`` is llama.cpp's chat UI, see ``chat_ui.py``).
 
 One static HTML file with inline script and style (no build step): it reads the agent's own
 API (``/models``, ``/ledger``, ``/models/sse``, ``POST /models/load|unload``) like any other
@@ -13,7 +13,7 @@ import collections
 import hashlib
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from importlib import resources
 from typing import Any
 
@@ -83,18 +83,6 @@ def page_headers(body: bytes) -> dict[str, str]:
     }
 
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-@web.middleware
-async def root_redirect(request: web.Request, handler: Handler) -> web.StreamResponse:
-    # A middleware, not a route: build_app's catch-all route already matches "/" and aiohttp
-    # resolves routes in registration order.
-    if request.path == "/" and request.method in ("GET", "HEAD"):
-        raise web.HTTPFound("/ui")
-    return await handler(request)
-
-
 def setup_ui(app: web.Application) -> None:
     """Serve the status page (call from build_app)."""
     body = page()  # read once: a missing file fails at startup, not on the first visit
@@ -115,5 +103,4 @@ def setup_ui(app: web.Application) -> None:
 
     app.router.add_get("/ui", status_page)
     app.router.add_get("/ui/recent", recent_events)
-    app.middlewares.append(root_redirect)
     app.cleanup_ctx.append(recent.lifecycle)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from node_agent.child.ports import CHILD_HOST
 from node_agent.core.scheduler import ModelState
 from node_agent.models_schema import CorralInfo, Memory, ModelEntry, ModelStatus, dump
+from node_agent.sources.preset_env import env_lines
 
 if TYPE_CHECKING:
     from node_agent.router.registry import Registry
@@ -30,6 +31,8 @@ class _Listed(Protocol):
     def options(self) -> tuple[tuple[str, str | bool], ...]: ...
     @property
     def mmproj(self) -> str | None: ...
+    @property
+    def env(self) -> tuple[tuple[str, str], ...]: ...
     def argv(self) -> tuple[str, ...]: ...
 
 
@@ -53,11 +56,17 @@ def preset_text(spec: _Listed) -> str:
     for key, value in sorted(spec.options):
         text = ("true" if value else "false") if isinstance(value, bool) else value
         lines.append(f"{key} = {text}")
+    lines.extend(env_lines(spec.env))
     return "\n".join(lines) + "\n\n"
 
 
 def model_entry(
-    registry: Registry, name: str, binary: str, now: int, slot_queued: int = 0
+    registry: Registry,
+    name: str,
+    binary: str,
+    now: int,
+    streams: bool | None = None,
+    slot_queued: int = 0,
 ) -> dict[str, Any]:
     """One entry of ``GET /models``, built from the schema the operator parses with;
     ``slot_queued`` requests wait for one of its child's slots (they count as queued)."""
@@ -93,6 +102,7 @@ def model_entry(
         error=view.error if view.failed else None,
         failures=view.failures,
         retry_in=math.ceil(max(0.0, view.retry_at - registry.now()) * 10) / 10,
+        conversation_streams=streams,
         **memory,
     )
     modalities = ["text", "image"] if spec.mmproj else ["text"]

@@ -18,8 +18,9 @@ means ``x = false``; ``version`` is reserved and skipped. Preset-only keys: ``lo
 ``stop-timeout``, ``alias`` (comma-separated) and Corral's ``ttl``, ``pin``, ``priority``,
 ``model-sha256`` (64 hex digits: the agent downloads ``model-url`` itself and checks it) and
 ``hf-revision`` (the agent downloads ``hf-repo``/``hf-file`` at that revision itself), each in
-the section that names that source; the operator renders them from a ModelPreset's ``url``
-and ``huggingFace`` sources.
+the section that names that source (the operator renders those two from a ModelPreset's
+``url`` and ``huggingFace`` sources); ``env.NAME = value``, the model's own environment
+(``sources.preset_env``: device and memory variables only).
 
 Where llama.cpp is silent or lax, Corral refuses with file and line: an unknown key (llama.cpp
 also refuses, without a line), a router-level key (llama.cpp silently drops it), a duplicate
@@ -42,6 +43,7 @@ from typing import TypeVar
 
 from node_agent.errors import ConfigError
 from node_agent.sources.options import llama_options, parse_bool
+from node_agent.sources.preset_env import ENV_PREFIX, parse_env_entry
 from node_agent.sources.spec import ROUTER_KEYS, OptionValue, PresetLayer
 from node_agent.sources.trust import Restricted
 
@@ -64,6 +66,7 @@ AGENT_KEYS = frozenset(
         "shutdown-timeout",
         "client-timeout",
         "max-connections",
+        "allowed-hosts",
         "log-level",
     }
 )
@@ -210,6 +213,7 @@ def ini_value(value: str) -> str:
 def _interpret(section: _Section, path: str, policy: Restricted | None) -> PresetLayer:
     table = llama_options()
     options: dict[str, OptionValue] = {}
+    env: dict[str, str] = {}
     extras: dict[str, object] = {}
     seen: dict[str, tuple[str, int]] = {}
     where = f"[{section.name}]"
@@ -234,6 +238,13 @@ def _interpret(section: _Section, path: str, policy: Restricted | None) -> Prese
 
     for key, value, line in section.entries:
         if key == "version":  # reserved by llama.cpp for future use
+            continue
+        if key.startswith(ENV_PREFIX):
+            # A restricted preset sets no environment at all (the operator renders none).
+            refuse_restricted("env", value, key, line)
+            once(key, key, line)
+            name, text = parse_env_entry(key, value, where, path=path, line=line)
+            env[name] = text
             continue
         if key in PRESET_ONLY:
             name = PRESET_ONLY[key]
@@ -303,6 +314,7 @@ def _interpret(section: _Section, path: str, policy: Restricted | None) -> Prese
         model_sha256=_get(extras, "model-sha256", str),
         hf_revision=_get(extras, "hf-revision", str),
         origin=f"{path}:{section.line}",
+        env=tuple(env.items()),
     )
 
 

@@ -18,6 +18,8 @@ OptionValue = str | bool
 """A value option's text, or a flag's on/off (off renders as its ``--no-`` form)."""
 
 Options = tuple[tuple[str, OptionValue], ...]
+Env = tuple[tuple[str, str], ...]
+"""A model's own environment variables (``env.NAME`` preset keys, ``sources.preset_env``)."""
 
 T = TypeVar("T")
 
@@ -72,6 +74,8 @@ class PresetLayer:
     hf_revision: str | None = None
     origin: str | None = None
     """``file:line`` of the INI section, for error messages."""
+    env: Env = ()
+    """Only the variables this layer sets (merged key by key, like options)."""
 
     def over(self, below: PresetLayer) -> PresetLayer:
         """This layer merged on top of ``below`` (the ``[*]`` cascade)."""
@@ -86,7 +90,12 @@ class PresetLayer:
             model_sha256=_pick(self.model_sha256, below.model_sha256),
             hf_revision=_pick(self.hf_revision, below.hf_revision),
             origin=self.origin or below.origin,
+            env=_merge_env(below.env, self.env),
         )
+
+
+def _merge_env(below: Env, top: Env) -> Env:
+    return tuple({**dict(below), **dict(top)}.items())
 
 
 def _pick(top: T | None, below: T | None) -> T | None:
@@ -125,6 +134,8 @@ class ModelSpec:
     hf_revision: str | None = None
     """Corral: the Hugging Face revision (commit, branch or tag) of ``hf-repo``/``hf-file``,
     which llama-server cannot pin; the agent downloads that exact file itself."""
+    env: Env = ()
+    """The child's own environment variables, on top of the agent's (``env.NAME`` keys)."""
 
     def get(self, name: str) -> OptionValue | None:
         """An option's value by canonical name (``ctx-size``), or None when unset."""
@@ -169,6 +180,7 @@ class ModelSpec:
             priority=_or(layer.priority, self.priority),
             model_sha256=_pick(layer.model_sha256, self.model_sha256),
             hf_revision=_pick(layer.hf_revision, self.hf_revision),
+            env=_merge_env(self.env, layer.env),
         )
 
 

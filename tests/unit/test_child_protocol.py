@@ -106,7 +106,7 @@ class TestConfig:
             agent_tag="127.0.0.1:8080",
             router_port=8080,
         )
-        env = child_environment(config, 1234, base={"HOME": "/agent-home", "PATH": "/bin"})
+        env = child_environment(config, base={"HOME": "/agent-home", "PATH": "/bin"})
         assert env["PATH"] == "/bin"  # inherited
         assert env["HOME"] == "/model-home"  # the model's env wins over the agent's
         assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"  # the ledger depends on it
@@ -115,7 +115,7 @@ class TestConfig:
         assert env[AGENT_PID_ENV].isdigit()
 
     def test_untagged_by_default(self) -> None:
-        env = child_environment(ChildConfig(name="m", binary=Path("/x"), args=()), 1234, base={})
+        env = child_environment(ChildConfig(name="m", binary=Path("/x"), args=()), base={})
         assert TAG_ENV not in env and env["LLAMA_SERVER_ROUTER_PORT"] == "0"
 
 

@@ -1,0 +1,31 @@
+"""The chat UI's files: which paths are the UI's, and the status page link in ``/``."""
+
+from __future__ import annotations
+
+import gzip
+
+from node_agent.router.chat_ui import STATUS_LINK, Asset, is_ui_path, with_status_link
+
+HTML = b"<html><body><div id=app></div></body></html>"
+
+
+def test_ui_paths() -> None:
+    for path in ("/", "/index.html", "/_app/immutable/bundle.x.js", "/favicon.svg", "/sw.js"):
+        assert is_ui_path(path), path
+    for path in ("/models", "/v1/models", "/v1/chat/completions", "/ui", "/a/b.js", "/health"):
+        assert not is_ui_path(path), path
+
+
+def test_the_status_link_goes_before_the_end_of_the_body() -> None:
+    headers = (("Content-Type", "text/html"), ("Content-Encoding", "gzip"), ("ETag", '"1"'))
+    linked = with_status_link(Asset(200, headers, gzip.compress(HTML)))
+    assert gzip.decompress(linked.body) == HTML.replace(b"</body>", STATUS_LINK + b"</body>")
+    # Its bytes changed: the binary's ETag no longer names them.
+    assert dict(linked.headers) == {"Content-Type": "text/html", "Content-Encoding": "gzip"}
+    plain = with_status_link(Asset(200, (("Content-Type", "text/html"),), HTML))
+    assert plain.body.endswith(STATUS_LINK + b"</body></html>")
+
+
+def test_a_page_without_a_body_is_left_alone() -> None:
+    asset = Asset(200, (), b"no body here")
+    assert with_status_link(asset) is asset
