@@ -61,7 +61,7 @@ def health_once(port: int, timeout: float = 30.0) -> float:
     start = time.monotonic()
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
-            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
             if not _status_line(s).startswith(b"HTTP/1.1 200"):
                 return float("inf")
     except OSError:
@@ -148,11 +148,11 @@ def slow_connections(port: int, idle: int, slow_head: int, slow_body: int) -> li
         s.settimeout(None)
         if i >= idle + slow_head:
             s.sendall(
-                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                 b'Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{"mod'
             )
         elif i >= idle:
-            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
         out.append(s)
     return out
 
@@ -173,7 +173,8 @@ def stalled_stream(port: int, model: str, max_tokens: int) -> socket.socket:
         }
     ).encode()
     s.sendall(
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\n"
         + f"Content-Length: {len(body)}\r\n\r\n".encode()
         + body
     )
@@ -192,7 +193,7 @@ def post_raw(port: int, path: str, body: bytes, timeout: float = 120.0) -> tuple
     start = time.monotonic()
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
         s.sendall(
-            f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
         )
         s.sendall(body)

@@ -7,8 +7,11 @@ attacks with the default limits are ``hack/attack-figures.py``.
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +27,16 @@ from tests.integration.attacks import (
 from tests.integration.harness import chat
 
 CLIENT_TIMEOUT = 2.0
+
+
+@contextlib.contextmanager
+def closing_all(sockets: list[socket.socket]) -> Iterator[None]:
+    """Close the attack's sockets however the test ends (a leak fails a later test)."""
+    try:
+        yield
+    finally:
+        for s in sockets:
+            s.close()
 
 
 def wait_for(check: Any, within: float) -> None:
@@ -45,8 +58,9 @@ def test_row_6_slow_and_idle_connections_are_closed_and_health_keeps_answering(
         "48",
     )
     probe = Probe(agent.port, agent.proc.pid)
-    with probe.running():
-        sockets = slow_connections(agent.port, idle=50, slow_head=50, slow_body=50)
+    sockets = slow_connections(agent.port, idle=0, slow_head=0, slow_body=0)
+    with probe.running(), closing_all(sockets):
+        sockets += slow_connections(agent.port, idle=50, slow_head=50, slow_body=50)
         time.sleep(0.5)
         # Over the bound (150 > 48): idle and slow ones were closed for newcomers ...
         assert sum(map(is_open, sockets)) <= 48
@@ -56,8 +70,6 @@ def test_row_6_slow_and_idle_connections_are_closed_and_health_keeps_answering(
         # ... and the rest go once the client timeout has passed.
         wait_for(lambda: not any(map(is_open, sockets)), CLIENT_TIMEOUT * 10)
     print(f"\nrow 6 (150 slow/idle, --max-connections 48): {probe.summary()}")
-    for s in sockets:
-        s.close()
 
 
 def test_row_7_a_client_that_does_not_read_is_queued_and_cut_off(
@@ -79,8 +91,9 @@ def test_row_7_a_client_that_does_not_read_is_queued_and_cut_off(
     )
     assert agent.post("/v1/chat/completions", chat("demo-tiny"))[0] == 200  # loaded
     probe = Probe(agent.port, agent.proc.pid)
-    with probe.running():
-        stalled = [stalled_stream(agent.port, "demo-tiny", 4000) for _ in range(2)]
+    stalled: list[socket.socket] = []
+    with probe.running(), closing_all(stalled):
+        stalled += [stalled_stream(agent.port, "demo-tiny", 4000) for _ in range(2)]
         queued: list[int] = []
 
         def watch() -> None:
@@ -103,8 +116,6 @@ def test_row_7_a_client_that_does_not_read_is_queued_and_cut_off(
         assert "the client took no data for 6s (--client-timeout): cutting it off" in agent.log()
         assert agent.post("/v1/chat/completions", chat("demo-tiny"))[0] == 200
     print(f"\nrow 7 (-np 2, 2 non-readers, 503 after {waited:.1f} s): {probe.summary()}")
-    for s in stalled:
-        s.close()
 
 
 def test_row_8_a_large_body_does_not_stall_other_clients(start_agent: Any, demo_dir: Path) -> None:
