@@ -31,12 +31,15 @@ from node_agent.child.state import ChildEvent
 from node_agent.config import AgentOptions, llama_server_arg, parse_agent_args
 from node_agent.errors import ApiError, BinaryError, ConfigError, CorralError
 from node_agent.extras import install_hint
+from node_agent.mcp.config import load_servers
+from node_agent.mcp.servers import McpServers
 from node_agent.memory.devices import open_probes
 from node_agent.router.app import build_app
 from node_agent.router.memory import MemoryWatch
 from node_agent.router.proxy import Proxy
 from node_agent.router.registry import Registry
 from node_agent.router.state import AgentState, RouterSettings
+from node_agent.router.tools_api import security_warning
 from node_agent.sources.catalog import Catalog, diff_catalogs, load_catalog
 from node_agent.sources.hf_cache import hub_dir
 from node_agent.sources.options import use_options_of
@@ -67,6 +70,10 @@ llama-server router options (same names, defaults and LLAMA_ARG_* variables):
                               serve HTTPS with this PEM certificate and key (both needed)
   -to, --timeout SECONDS      read/write timeout towards the children (default 3600)
   --sleep-idle-seconds N      children unload their model after N idle seconds
+  --mcp-servers-config FILE, --mcp-servers-json JSON
+                              MCP servers (Cursor's "mcpServers" format) that the agent runs
+                              for GET/POST /tools; never passed to the children
+  --ui-mcp-proxy              serve /cors-proxy for the web UI's remote MCP servers
 
 Corral's own:
   --llama-server PATH         the llama-server binary (else $LLAMA_SERVER, PATH, corral[cpu])
@@ -114,6 +121,8 @@ class Agent:
             shutdown_timeout=options.shutdown_timeout,
         )
         self.logs: dict[str, LogRing] = {}
+        servers = load_servers(options.mcp_servers_config, options.mcp_servers_json)
+        self.mcp = McpServers(servers) if servers else None
         self._runner: web.AppRunner | None = None
         self._tasks = TaskSet("agent")
         preset = options.models_preset
@@ -218,9 +227,19 @@ class Agent:
             api_keys=tuple(self.options.api_keys),
             build_info=self.build_info,
             max_body_bytes=self.options.max_body_size,
+            cors_proxy=self.options.ui_mcp_proxy,
         )
+        if self.mcp is not None:
+            await self.mcp.warm_up()  # before listening, as llama.cpp does
+        log.warning("%s", security_warning(self.mcp, self.options.ui_mcp_proxy))
         state = AgentState(
-            self.registry, self.proxy, settings, self.reload, str(self.binary), self.logs_for
+            self.registry,
+            self.proxy,
+            settings,
+            self.reload,
+            str(self.binary),
+            self.logs_for,
+            self.mcp,
         )
         app = build_app(state)
         app.cleanup_ctx.append(self._lifetime)
@@ -252,6 +271,8 @@ class Agent:
         await self._tasks.close()
         await self.registry.close()
         await self.proxy.close()
+        if self.mcp is not None:
+            await self.mcp.close()
 
     async def stop(self) -> None:
         """Close the registry first (nothing new is admitted or spawned from here on), then

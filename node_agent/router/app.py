@@ -32,6 +32,7 @@ from node_agent.router.metrics import setup_metrics
 from node_agent.router.model_run import FAKE_TIMING_SECONDS
 from node_agent.router.registry import Registry
 from node_agent.router.state import PROXIED_GET, PROXIED_POST, STATE, AgentState, RouterSettings
+from node_agent.router.tools_api import setup_tools
 from node_agent.router.ui import setup_ui
 from node_agent.router.views import model_entry, router_props
 
@@ -328,6 +329,7 @@ def build_app(state: AgentState) -> web.Application:
     app.add_routes(routes)
     setup_metrics(app)
     setup_ui(app)
+    setup_tools(app, state.mcp_servers, state.settings.cors_proxy)
     if state.logs_for is not None:
         setup_logs(app, state.logs_for)
     return app

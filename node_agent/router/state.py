@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from node_agent.child.logs import LogRing
+from node_agent.mcp.servers import McpServers
 from node_agent.router.proxy import Proxy
 from node_agent.router.registry import Registry
 
@@ -48,6 +49,7 @@ class RouterSettings:
     api_keys: tuple[str, ...]
     build_info: str
     max_body_bytes: int = 64 * 1024 * 1024
+    cors_proxy: bool = False  # --ui-mcp-proxy
 
 
 Reloader = Callable[[], Awaitable[None]]
@@ -62,6 +64,7 @@ class AgentState:
     reload: Reloader
     binary: str
     logs_for: LogsFor | None = None  # the model's log ring, for GET /models/logs
+    mcp_servers: McpServers | None = None  # the agent's own, for /tools
 
 
 STATE: web.AppKey[AgentState] = web.AppKey("corral_state", AgentState)

@@ -121,5 +121,5 @@ def router_props(settings: RouterSettings) -> dict[str, Any]:
         "default_generation_settings": {"params": None, "n_ctx": 0},
         "ui_settings": {},
         "build_info": settings.build_info,
-        "cors_proxy_enabled": False,
+        "cors_proxy_enabled": settings.cors_proxy,
     }
