@@ -11,6 +11,7 @@ left are killed and the agent exits.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import importlib.util
 import logging
 import os
@@ -50,6 +51,10 @@ from node_agent.version import version_line
 log = logging.getLogger("corral.agent")
 
 LOG_LINES = 2000  # stderr lines kept per model
+# Imported in the background once the agent listens: GET /models and the first request's
+# metrics need them, start-up does not (pydantic and prometheus_client are ~40% of the
+# import time; agent start with 1000 models, bench S6).
+IMPORTED_LATER = ("node_agent.models_schema", "node_agent.router.metrics_families")
 PRESET_POLL_SECONDS = 1.0  # the kubelet syncs ConfigMap volumes every ~60 s: 1 s is plenty
 
 HELP = """\
@@ -231,7 +236,6 @@ class Agent:
         )
         if self.mcp is not None:
             await self.mcp.warm_up()  # before listening, as llama.cpp does
-        log.warning("%s", security_warning(self.mcp, self.options.ui_mcp_proxy))
         state = AgentState(
             self.registry,
             self.proxy,
@@ -258,6 +262,8 @@ class Agent:
         # (load-on-startup) die with it (PR_SET_PDEATHSIG).
         listening = await startup.listen(self._runner, self.options.host, self.options.port, tls)
         self.port = listening.port
+        log.warning("%s", security_warning(self.mcp, self.options.ui_mcp_proxy))
+        self._tasks.spawn(asyncio.to_thread(_import_all, IMPORTED_LATER), "imports")
         for warning in startup.source_warnings(self.options, self.env, self.catalog):
             log.warning("%s", warning)
         log.info("listening on %s (%d models)", listening.url, len(self.catalog))
@@ -290,6 +296,11 @@ class Agent:
         """The bound passed or a second signal came: kill the children, then finish."""
         log.warning("forcing the shutdown (%s): killing the children", why)
         self.registry.kill()
+
+
+def _import_all(modules: Sequence[str]) -> None:
+    for module in modules:
+        importlib.import_module(module)
 
 
 def _watch_children_with_pidfds() -> None:

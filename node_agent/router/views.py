@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from node_agent.child.ports import CHILD_HOST
 from node_agent.core.scheduler import ModelState
-from node_agent.models_schema import CorralInfo, Memory, ModelEntry, ModelStatus, dump
 
 if TYPE_CHECKING:
     from node_agent.router.registry import Registry
@@ -58,6 +57,10 @@ def preset_text(spec: _Listed) -> str:
 
 def model_entry(registry: Registry, name: str, binary: str, now: int) -> dict[str, Any]:
     """One entry of ``GET /models``, built from the schema the operator parses with."""
+    # Imported at first use: pydantic is a third of the agent's import time, and start-up
+    # does not need it (the agent imports it in the background once it listens).
+    from node_agent.models_schema import CorralInfo, Memory, ModelEntry, ModelStatus, dump
+
     spec: Any = registry.spec(name)
     view = registry.scheduler.view(name)
     child = registry.child(name)
