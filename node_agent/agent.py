@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from aiohttp import web
@@ -43,7 +44,7 @@ from node_agent.router.state import AgentState, RouterSettings
 from node_agent.router.tools_api import security_warning
 from node_agent.sources.catalog import Catalog, diff_catalogs, load_catalog
 from node_agent.sources.hf_cache import hub_dir
-from node_agent.sources.options import use_options_of
+from node_agent.sources.options import read_options_early, use_options_of
 from node_agent.sources.preset_dir import directory_version, preset_files
 from node_agent.sources.spec import ModelSpec
 from node_agent.version import version_line
@@ -365,7 +366,9 @@ def main(argv: Sequence[str]) -> int:
     missing: BinaryError | None = None
     try:
         binary = find_llama_server(llama_server_arg(argv), env)
-        binary_version = check_llama_server(binary)
+        with ThreadPoolExecutor(1) as pool:
+            pool.submit(read_options_early, binary)
+            binary_version = check_llama_server(binary)
         use_options_of(binary, binary_version)
     except BinaryError as exc:
         missing = exc
