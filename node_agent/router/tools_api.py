@@ -158,18 +158,39 @@ async def _proxy_session(app: web.Application) -> Any:
 
 
 def _target(raw: str) -> URL:
-    """The ``?url=`` to proxy to; llama.cpp's checks and messages (each a 500 there)."""
+    """The ``?url=`` to proxy to, split as llama.cpp splits it (``common_http_parse_url``),
+    with its checks and messages (each a 500 there)."""
+    scheme, sep, rest = raw.partition("://")
+    if not sep:
+        raise ApiError(500, "invalid URL: no scheme")
+    if scheme not in ("http", "https"):
+        raise ApiError(500, f"unsupported URL scheme: {scheme}")
+    authority, _, path = rest.partition("/")
+    userinfo, at, hostport = authority.rpartition("@")
+    if not at:
+        hostport = authority
+    host, colon, port = hostport.rpartition(":") if not hostport.endswith("]") else ("", "", "")
+    if not colon:
+        host, port = hostport, ""
+    host = host.removeprefix("[").removesuffix("]")
+    if not host:
+        raise ApiError(500, "invalid target URL: missing host")
+    if userinfo.partition(":")[2]:
+        raise ApiError(500, "authentication in target URL is not supported")
+    if port and not port.isdigit():
+        raise ApiError(400, f"invalid port in target URL: {port}")
+    path, _, query = path.partition("?")
     try:
-        url = URL(raw)
+        return URL.build(
+            scheme=scheme,
+            host=host,
+            port=int(port) if port else None,
+            path="/" + path,
+            query_string=query,
+            encoded=True,
+        )
     except ValueError as exc:
         raise ApiError(500, f"invalid target URL: {exc}") from exc
-    if not url.host:
-        raise ApiError(500, "invalid target URL: missing host")
-    if url.password:
-        raise ApiError(500, "authentication in target URL is not supported")
-    if url.scheme not in ("http", "https"):
-        raise ApiError(500, f"unsupported URL scheme in target URL: {url.scheme}")
-    return url
 
 
 async def cors_proxy_request(request: web.Request) -> web.StreamResponse:
@@ -195,4 +216,6 @@ async def cors_proxy_request(request: web.Request) -> web.StreamResponse:
             await response.write_eof()
             return response
     except aiohttp.ClientError as exc:
-        raise ApiError(500, f"the proxied request to {url.host} failed: {exc}") from exc
+        # llama.cpp's words and shape: a 500 whose body is only "proxy error: <why>".
+        log.warning("cors-proxy: %s %s failed: %s", request.method, url.with_query(None), exc)
+        return web.Response(status=500, text=f"proxy error: {exc}", content_type="application/json")

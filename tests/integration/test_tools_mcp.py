@@ -9,12 +9,14 @@ definitions, a chat completion with them in ``tools``, the model's tool call run
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -289,3 +291,65 @@ def test_a_bad_mcp_config_is_a_clear_error(tmp_path: Path, b11434: Path) -> None
         )
         assert proc.returncode != 0 and expected in proc.stderr, (flag, proc.stderr)
         assert time.monotonic() - started < 30
+
+
+class _Echo(http.server.BaseHTTPRequestHandler):
+    """What the proxy is pointed at: answers with what it received."""
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.dumps(
+            {
+                "method": self.command,
+                "path": self.path,
+                "x_token": self.headers.get("X-Token"),
+                "origin": self.headers.get("Origin"),
+                "body": self.rfile.read(length).decode(),
+            }
+        ).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_the_cors_proxy_when_asked_for_answers_like_llama_cpp(
+    tmp_path: Path, demo_dir: Path, b11434: Path
+) -> None:
+    upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    target = f"http://127.0.0.1:{upstream.server_address[1]}/mcp?x=1"
+    folder = tmp_path / "models"
+    folder.mkdir()
+    args = ["--models-dir", str(folder), "--ui-mcp-proxy"]
+    router = LlamaRouter(str(b11434), args, tmp_path / "llama-router.log")
+    agent = AgentProcess(["--llama-server", str(b11434), *args])
+    pair = Pair(router.port, agent.port, agent, router)
+    try:
+        # Only the X-Llama-Server-Proxy-Header-* headers reach the target, prefix removed.
+        sent = {"X-Llama-Server-Proxy-Header-X-Token": "t0k", "X-Token": "not-this"}
+        for method, body in (("GET", None), ("POST", {"jsonrpc": "2.0"})):
+            peer, corral = pair.both(method, f"/cors-proxy?url={target}", body, headers=sent)
+            assert (corral.status, corral.json()) == (peer.status, peer.json()), method
+            assert corral.json()["x_token"] == "t0k" and corral.json()["path"] == "/mcp?x=1"
+        for bad in ("nope", "ftp://h/x", "http://u:secret@h/", "http:///x"):
+            peer, corral = pair.both("GET", f"/cors-proxy?url={bad}")
+            assert_same(f"GET /cors-proxy?url={bad}", peer, corral)
+        # Nothing listens there: llama.cpp's 500 with a body of "proxy error: <why>".
+        peer, corral = pair.both("GET", "/cors-proxy?url=http://127.0.0.1:1/")
+        assert corral.status == peer.status == 500
+        assert corral.body.startswith(b"proxy error: ") and peer.body.startswith(b"proxy error: ")
+        peer, corral = pair.both("GET", "/props")
+        assert corral.json()["cors_proxy_enabled"] is peer.json()["cors_proxy_enabled"] is True
+        assert "security: router mode, MCP proxy (experimental) enabled" in agent.log()
+    finally:
+        router.stop()
+        agent.stop()
+        upstream.shutdown()
+        upstream.server_close()
