@@ -290,6 +290,8 @@ class Agent:
             self.options.shutdown_timeout,
         )
         self.registry.begin_close()
+        if self.mcp is not None:
+            await self.mcp.close()
         if self._runner is not None:
             await self._runner.cleanup()
 

@@ -118,8 +118,9 @@ class McpServers:
         )
 
     async def close(self) -> None:
-        """Refuse further calls and end every running server."""
+        """Refuse further calls and end every running server; a call in flight answers
+        "cancelled" (llama.cpp's shutdown flag), so it does not hold the shutdown up."""
         self._closed = True
         sessions = list(self._sessions.values())
         self._sessions.clear()
-        await asyncio.gather(*(s.close() for s in sessions))
+        await asyncio.gather(*(s.close("cancelled") for s in sessions))

@@ -136,9 +136,11 @@ class StdioSession:
             return _tool_response(reply["result"])
         return {"error": "invalid response from MCP server"}
 
-    async def close(self) -> None:
-        """End the server and its process group; idempotent."""
+    async def close(self, why: str = "transport closed") -> None:
+        """End the server and its process group; a call still waiting answers ``why``.
+        Idempotent."""
         self._running = False
+        self._fail_pending(why)
         proc = self._proc
         if proc is not None and proc.returncode is None:
             if proc.stdin is not None:
@@ -150,7 +152,6 @@ class StdioSession:
                 _signal_group(proc.pid, signal.SIGKILL)
                 await proc.wait()
         await self._tasks.close()
-        self._fail_pending("transport closed")
 
     # -- the JSON-RPC session ------------------------------------------------------------
 

@@ -37,6 +37,7 @@ TOOLS = [
                      "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}},
     {"name": "crash", "description": "Exit at once", "inputSchema": {"type": "object"}},
     {"name": "fail", "description": "A tool error", "inputSchema": {"type": "object"}},
+    {"name": "sleep", "description": "Take a minute", "inputSchema": {"type": "object"}},
 ]
 for line in sys.stdin:
     msg = json.loads(line)
@@ -50,6 +51,9 @@ for line in sys.stdin:
         result = {"tools": TOOLS}
     elif params.get("name") == "crash":
         os._exit(3)
+    elif params.get("name") == "sleep":
+        import time
+        time.sleep(60)
     elif params.get("name") == "fail":
         result = {"content": [{"type": "text", "text": "no can do"}], "isError": True}
     else:
@@ -116,7 +120,12 @@ def test_tools_list_the_mcp_servers_tools_like_llama_cpp(tools_pair: tuple[Pair,
     peer, corral = pair.both("GET", "/tools")
     assert_same("GET /tools", peer, corral)
     assert corral.json() == peer.json()  # names, definitions, permissions: all equal
-    assert [t["tool"] for t in corral.json()] == ["stub_add", "stub_crash", "stub_fail"]
+    assert [t["tool"] for t in corral.json()] == [
+        "stub_add",
+        "stub_crash",
+        "stub_fail",
+        "stub_sleep",
+    ]
     # The command that does not exist is logged and left out; the agent goes on.
     assert "failed to spawn 'missing'" in pair.agent.log()
     assert "security: router mode, MCP servers (experimental) enabled" in pair.agent.log()
@@ -353,3 +362,25 @@ def test_the_cors_proxy_when_asked_for_answers_like_llama_cpp(
         agent.stop()
         upstream.shutdown()
         upstream.server_close()
+
+
+def test_a_tool_call_in_flight_does_not_hold_the_shutdown_up(tmp_path: Path, b11434: Path) -> None:
+    servers, starts = mcp_config(tmp_path)
+    agent = AgentProcess(["--llama-server", str(b11434), "--mcp-servers-json", servers])
+    answers: list[Any] = []
+    calling = threading.Thread(
+        target=lambda: answers.append(tool_call(agent.port, "stub_sleep", {}))
+    )
+    try:
+        calling.start()
+        deadline = time.monotonic() + 20
+        while stub_starts(starts) < 2 and time.monotonic() < deadline:  # warm-up, then the call
+            time.sleep(0.05)
+        started = time.monotonic()
+        agent.proc.send_signal(signal.SIGTERM)
+        calling.join(30)
+        assert answers == [{"error": "cancelled"}]  # llama.cpp's word for it
+        assert agent.proc.wait(30) == 0
+        assert time.monotonic() - started < 15  # not the tool's minute
+    finally:
+        agent.stop()
