@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import importlib
 import importlib.util
 import logging
 import os
 import signal
 import sys
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from aiohttp import web
@@ -32,6 +34,8 @@ from node_agent.child.state import ChildEvent
 from node_agent.config import AgentOptions, llama_server_arg, parse_agent_args
 from node_agent.errors import ApiError, BinaryError, ConfigError, CorralError
 from node_agent.extras import install_hint
+from node_agent.mcp.config import load_servers
+from node_agent.mcp.servers import McpServers
 from node_agent.memory.devices import open_probes
 from node_agent.router.app import build_app
 from node_agent.router.browser_guard import start_warnings
@@ -39,10 +43,11 @@ from node_agent.router.memory import MemoryWatch
 from node_agent.router.proxy import Proxy
 from node_agent.router.registry import Registry
 from node_agent.router.state import AgentState, RouterSettings
+from node_agent.router.tools_api import security_warning
 from node_agent.router.vertex import vertex_from_env
 from node_agent.sources.catalog import Catalog, diff_catalogs, load_catalog
 from node_agent.sources.hf_cache import hub_dir
-from node_agent.sources.options import use_options_of
+from node_agent.sources.options import read_options_early, use_options_of
 from node_agent.sources.preset_dir import directory_version, preset_files
 from node_agent.sources.spec import ModelSpec
 from node_agent.version import version_line
@@ -50,6 +55,10 @@ from node_agent.version import version_line
 log = logging.getLogger("corral.agent")
 
 LOG_LINES = 2000  # stderr lines kept per model
+# Imported in the background once the agent listens: GET /models and the first request's
+# metrics need them, start-up does not (pydantic and prometheus_client are ~40% of the
+# import time; agent start with 1000 models, bench S6).
+IMPORTED_LATER = ("node_agent.models_schema", "node_agent.router.metrics_families")
 PRESET_POLL_SECONDS = 1.0  # the kubelet syncs ConfigMap volumes every ~60 s: 1 s is plenty
 
 HELP = """\
@@ -74,6 +83,10 @@ llama-server router options (same names, defaults and LLAMA_ARG_* variables):
                               the other CORS headers, as llama-server's
   -to, --timeout SECONDS      read/write timeout towards the children (default 3600)
   --sleep-idle-seconds N      children unload their model after N idle seconds
+  --mcp-servers-config FILE, --mcp-servers-json JSON
+                              MCP servers (Cursor's "mcpServers" format) that the agent runs
+                              for GET/POST /tools; never passed to the children
+  --ui-mcp-proxy              serve /cors-proxy for the web UI's remote MCP servers
 
 Corral's own:
   --llama-server PATH         the llama-server binary (else $LLAMA_SERVER, PATH, corral[cpu])
@@ -139,6 +152,10 @@ class Agent:
             shutdown_timeout=options.shutdown_timeout,
         )
         self.logs: dict[str, LogRing] = {}
+        servers = load_servers(options.mcp_servers_config, options.mcp_servers_json)
+        self.mcp = McpServers(servers) if servers else None
+        # llama.cpp's rule (arg.cpp): MCP servers given make `localhost` the CORS default.
+        self._mcp_enabled = bool(options.mcp_servers_config or options.mcp_servers_json)
         self._runner: web.AppRunner | None = None
         self._tasks = TaskSet("agent")
         preset = options.models_preset
@@ -236,11 +253,20 @@ class Agent:
             api_keys=tuple(self.options.api_keys),
             build_info=self.build_info,
             max_body_bytes=self.options.max_body_size,
-            browser=startup.browser_policy(self.options),
+            browser=startup.browser_policy(self.options, tools_enabled=self._mcp_enabled),
             vertex=vertex_from_env(self.env),
+            cors_proxy=self.options.ui_mcp_proxy,
         )
+        if self.mcp is not None:
+            await self.mcp.warm_up()  # before listening, as llama.cpp does
         state = AgentState(
-            self.registry, self.proxy, settings, self.reload, str(self.binary), self.logs_for
+            self.registry,
+            self.proxy,
+            settings,
+            self.reload,
+            str(self.binary),
+            self.logs_for,
+            self.mcp,
         )
         app = build_app(state)
         app.cleanup_ctx.append(self._lifetime)
@@ -259,9 +285,14 @@ class Agent:
         # (load-on-startup) die with it (PR_SET_PDEATHSIG).
         listening = await startup.listen(self._runner, self.options.host, self.options.port, tls)
         self.port = listening.port
+        log.warning("%s", security_warning(self.mcp, self.options.ui_mcp_proxy))
+        self._tasks.spawn(asyncio.to_thread(_import_all, IMPORTED_LATER), "imports")
         for warning in startup.source_warnings(self.options, self.env, self.catalog):
             log.warning("%s", warning)
-        for warning in start_warnings(settings.browser, settings.api_keys):
+        tools_default = self._mcp_enabled and self.options.cors_origins is None
+        for warning in start_warnings(
+            settings.browser, settings.api_keys, tools_default=tools_default
+        ):
             log.warning("%s", warning)
         log.info("listening on %s (%d models)", listening.url, len(self.catalog))
 
@@ -274,6 +305,8 @@ class Agent:
         await self._tasks.close()
         await self.registry.close()
         await self.proxy.close()
+        if self.mcp is not None:
+            await self.mcp.close()
 
     async def stop(self) -> None:
         """Close the registry first (nothing new is admitted or spawned from here on), then
@@ -284,6 +317,8 @@ class Agent:
             self.options.shutdown_timeout,
         )
         self.registry.begin_close()
+        if self.mcp is not None:
+            await self.mcp.close()
         if self._runner is not None:
             await self._runner.cleanup()
 
@@ -291,6 +326,11 @@ class Agent:
         """The bound passed or a second signal came: kill the children, then finish."""
         log.warning("forcing the shutdown (%s): killing the children", why)
         self.registry.kill()
+
+
+def _import_all(modules: Sequence[str]) -> None:
+    for module in modules:
+        importlib.import_module(module)
 
 
 def _watch_children_with_pidfds() -> None:
@@ -368,7 +408,9 @@ def main(argv: Sequence[str]) -> int:
     missing: BinaryError | None = None
     try:
         binary = find_llama_server(llama_server_arg(argv), env)
-        binary_version = check_llama_server(binary)
+        with ThreadPoolExecutor(1) as pool:
+            pool.submit(read_options_early, binary)
+            binary_version = check_llama_server(binary)
         use_options_of(binary, binary_version)
     except BinaryError as exc:
         missing = exc

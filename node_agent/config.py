@@ -57,6 +57,11 @@ class AgentOptions:
     timeout: int = 3600
     sleep_idle_seconds: int = -1
     """-1 = children never sleep."""
+    mcp_servers_config: str | None = None
+    mcp_servers_json: str | None = None
+    """MCP servers the agent runs for ``/tools`` (never passed to children)."""
+    ui_mcp_proxy: bool = False
+    """Serve ``/cors-proxy`` (llama.cpp's web UI reaches remote MCP servers through it)."""
     # Corral's own.
     llama_server: str | None = None
     models_memory_margin: int | None = None
@@ -156,6 +161,11 @@ def parse_agent_args(argv: Sequence[str], env: Mapping[str, str]) -> AgentOption
                 f"{flag} names one model, but corral agent serves many: put models in "
                 "--models-dir, or name them in a --models-preset file"
             )
+        if name in _NOT_RUN_HERE:
+            if name == "agent" and match.negated:
+                values["ui_mcp_proxy"] = False  # --no-agent: llama.cpp turns both off
+                continue
+            raise ConfigError(f"{flag}: {_NOT_RUN_HERE[name]}")
         if name in _ROUTER:
             field, what, convert = _ROUTER[name]
             if opt.is_flag:
@@ -387,6 +397,22 @@ _ROUTER: dict[str, tuple[str, str, Callable[[str], object]]] = {
     "cors-credentials": ("cors_credentials", "a boolean", _bool),
     "timeout": ("timeout", "a number of seconds", _int_at_least(0)),
     "sleep-idle-seconds": ("sleep_idle_seconds", "seconds (-1: never)", _int_at_least(-1)),
+    "mcp-servers-config": ("mcp_servers_config", "a JSON file of MCP servers", _identity),
+    "mcp-servers-json": ("mcp_servers_json", "JSON with MCP server definitions", _identity),
+    "webui-mcp-proxy": ("ui_mcp_proxy", "a boolean", _bool),
+}
+
+# llama.cpp options that Corral does not carry out (yet): an error, never silently dropped.
+_BUILT_IN_TOOLS = (
+    "llama.cpp's built-in tools (read_file, exec_shell_command, ...) do not run in corral "
+    "agent; serve tools through an MCP server (--mcp-servers-config or --mcp-servers-json)"
+)
+_NOT_RUN_HERE = {
+    "tools": _BUILT_IN_TOOLS,
+    "tools-runtime": "runs llama.cpp's built-in tools in an isolate, and " + _BUILT_IN_TOOLS,
+    "agent": "turns on llama.cpp's built-in tools and the MCP proxy, and "
+    + _BUILT_IN_TOOLS
+    + "; give --ui-mcp-proxy for the proxy",
 }
 
 # Corral's own flags (no llama-server option has these names).
@@ -409,13 +435,18 @@ def _router_flag(flag: str) -> Match | None:
     """A router flag that the binary in use does not list (an older llama-server): the router
     is Corral, so its own flags never depend on the children's binary."""
     match = generated_options().flag(flag)
-    return match if match is not None and match.option.name in _ROUTER else None
+    known = match is not None and match.option.name in _ROUTER.keys() | _NOT_RUN_HERE.keys()
+    return match if known else None
 
 
 def _apply_env(
     env: Mapping[str, str], values: dict[str, object], keys: list[str], key_files: list[str]
 ) -> None:
     table = generated_options()  # the router's env names are Corral's own (see _router_flag)
+    for name, why in _NOT_RUN_HERE.items():
+        var = table.named(name).env
+        if var is not None and env.get(var):
+            raise ConfigError(f"${var}: {why}")
     for name, (field, what, convert) in _ROUTER.items():
         var = table.named(name).env
         if var is None or var not in env:

@@ -40,6 +40,7 @@ from node_agent.router.missing_endpoint import NOT_FOUND, endpoint_missing, rout
 from node_agent.router.model_run import FAKE_TIMING_SECONDS
 from node_agent.router.registry import Registry
 from node_agent.router.state import PROXIED_GET, PROXIED_POST, STATE, AgentState, RouterSettings
+from node_agent.router.tools_api import setup_tools
 from node_agent.router.ui import setup_ui
 from node_agent.router.vertex import setup_vertex
 from node_agent.router.views import model_entry, router_props
@@ -360,6 +361,7 @@ def build_app(state: AgentState) -> web.Application:
     setup_conversations(app)
     setup_ui(app)
     setup_chat_ui(app, state.binary)
+    setup_tools(app, state.mcp_servers, state.settings.cors_proxy)
     if state.logs_for is not None:
         setup_logs(app, state.logs_for)
     return app

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from node_agent.child.logs import LogRing
+from node_agent.mcp.servers import McpServers
 from node_agent.router.browser_guard import BrowserPolicy
 from node_agent.router.proxy import Proxy
 from node_agent.router.registry import Registry
@@ -66,6 +67,7 @@ class RouterSettings:
     max_body_bytes: int = 64 * 1024 * 1024
     browser: BrowserPolicy = field(default_factory=BrowserPolicy)
     vertex: Vertex | None = None  # Google Cloud's prediction routes (AIP_MODE=PREDICTION)
+    cors_proxy: bool = False  # --ui-mcp-proxy
 
 
 Reloader = Callable[[], Awaitable[None]]
@@ -80,6 +82,7 @@ class AgentState:
     reload: Reloader
     binary: str
     logs_for: LogsFor | None = None  # the model's log ring, for GET /models/logs
+    mcp_servers: McpServers | None = None  # the agent's own, for /tools
 
 
 STATE: web.AppKey[AgentState] = web.AppKey("corral_state", AgentState)

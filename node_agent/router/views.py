@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from node_agent.child.ports import CHILD_HOST
 from node_agent.core.scheduler import ModelState
-from node_agent.models_schema import CorralInfo, Memory, ModelEntry, ModelStatus, dump
 from node_agent.sources.preset_env import env_lines
 
 if TYPE_CHECKING:
@@ -64,6 +63,10 @@ def model_entry(
     registry: Registry, name: str, binary: str, now: int, streams: bool | None = None
 ) -> dict[str, Any]:
     """One entry of ``GET /models``, built from the schema the operator parses with."""
+    # Imported at first use: pydantic is a third of the agent's import time, and start-up
+    # does not need it (the agent imports it in the background once it listens).
+    from node_agent.models_schema import CorralInfo, Memory, ModelEntry, ModelStatus, dump
+
     spec: Any = registry.spec(name)
     view = registry.scheduler.view(name)
     child = registry.child(name)
@@ -128,5 +131,5 @@ def router_props(settings: RouterSettings) -> dict[str, Any]:
         "default_generation_settings": {"params": None, "n_ctx": 0},
         "ui_settings": {},
         "build_info": settings.build_info,
-        "cors_proxy_enabled": False,
+        "cors_proxy_enabled": settings.cors_proxy,
     }

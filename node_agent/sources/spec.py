@@ -30,6 +30,10 @@ SOURCE_CACHE = "cache"
 SOURCE_MODELS_DIR = "models_dir"
 SOURCE_PRESET = "preset"
 
+# Router-run tools and MCP servers (node_agent.mcp, router/tools_api.py).
+TOOL_KEYS = frozenset(
+    {"tools", "tools-runtime", "mcp-servers-config", "mcp-servers-json", "webui-mcp-proxy", "agent"}
+)
 # Router settings: one value for the whole agent, meaningless per model (the preset parser
 # refuses them, llama.cpp's unset_reserved_args drops them from a child's arguments).
 ROUTER_KEYS = frozenset(
@@ -44,6 +48,9 @@ ROUTER_KEYS = frozenset(
         "models-preset",
         "models-max",
         "models-autoload",
+        # They run programs: only the agent's own command line may turn them on, and the
+        # agent runs them itself (llama.cpp's router also hands them to every child).
+        *TOOL_KEYS,
     }
 )
 # Options the agent owns for every child and never passes through: the router settings, and
