@@ -30,6 +30,7 @@ from node_agent.router.exchange import begin_exchange
 from node_agent.router.logs_api import setup_logs
 from node_agent.router.metrics import setup_metrics
 from node_agent.router.model_run import FAKE_TIMING_SECONDS
+from node_agent.router.models_api import download_entries, setup_models_api
 from node_agent.router.registry import Registry
 from node_agent.router.state import PROXIED_GET, PROXIED_POST, STATE, AgentState, RouterSettings
 from node_agent.router.ui import setup_ui
@@ -245,7 +246,12 @@ async def list_models(request: web.Request) -> web.StreamResponse:
         await state.reload()
     registry = state.registry
     now = int(time.time())
-    data = [model_entry(registry, name, state.binary, now) for name in registry.specs()]
+    data = [
+        model_entry(registry, name, state.binary, now)
+        for name, spec in registry.specs().items()
+        if not spec.hidden  # a cache entry a preset's dedup-cache-models hides
+    ]
+    data += download_entries(state, now)
     return _json({"data": data, "object": "list"})
 
 
@@ -327,6 +333,7 @@ def build_app(state: AgentState) -> web.Application:
     # errors_middleware, so routes added after this (metrics, page, logs) still match.
     app.add_routes(routes)
     setup_metrics(app)
+    setup_models_api(app)
     setup_ui(app)
     if state.logs_for is not None:
         setup_logs(app, state.logs_for)

@@ -1,0 +1,219 @@
+"""``POST /models`` / ``DELETE /models`` through the real agent, from a local Hugging Face hub
+(``hf_server``) serving generated GGUFs: the events, the listing, the files in the cache (the
+layout llama.cpp writes), a refused overlapping download, a resumed partial one, a cancelled
+one, a request that waits for a download and is then served by a real child."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from node_agent.sources.hf_cache import hub_dir, scan_hf_cache
+from tests.integration.harness import AgentProcess, chat, http
+from tests.integration.hf_server import HubServer, start_hub
+from tests.integration.model_events import EventLog, wait_until
+
+REPO = "corral-test/tiny"
+MODEL = f"{REPO}:Q8_0"
+
+
+@pytest.fixture
+def hub(demo_dir: Path) -> Iterator[HubServer]:
+    server = start_hub()
+    server.add(
+        REPO,
+        {
+            "tiny-Q8_0.gguf": (demo_dir / "demo-tiny.gguf").read_bytes(),
+            "tiny-F16.gguf": (demo_dir / "demo-small.gguf").read_bytes(),
+            "README.md": b"a test repository\n",
+        },
+    )
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def agent_env(tmp_path: Path, hub: HubServer) -> dict[str, str]:
+    return {"HF_HOME": str(tmp_path / "hf"), "MODEL_ENDPOINT": hub.url + "/", "LLAMA_CACHE": ""}
+
+
+Start = Callable[..., AgentProcess]
+
+
+@pytest.fixture
+def agent(start_agent: Start, agent_env: dict[str, str]) -> AgentProcess:
+    return start_agent("--models-max", "1", "-c", "512", env=agent_env)
+
+
+def repo_dir(env: dict[str, str]) -> Path:
+    return Path(env["HF_HOME"], "hub", "models--corral-test--tiny")
+
+
+def listed(agent: AgentProcess) -> dict[str, dict[str, Any]]:
+    return agent.models()
+
+
+@pytest.fixture
+def sse(start_agent: Start) -> Iterator[Callable[[int], EventLog]]:
+    # After start_agent: the streams close before the agents stop (an open one holds a stop).
+
+    logs: list[EventLog] = []
+
+    def open_log(port: int) -> EventLog:
+        logs.append(EventLog(port))
+        return logs[-1]
+
+    yield open_log
+    for log in logs:
+        log.close()
+
+
+Sse = Callable[[int], EventLog]
+
+
+def test_download_events_listing_and_cache_layout(
+    sse: Sse, agent: AgentProcess, hub: HubServer, agent_env: dict[str, str], demo_dir: Path
+) -> None:
+    events = sse(agent.port)
+    hub.hold(300_000)  # the download stays on its way until released
+    assert agent.post("/models", {"model": MODEL}) == (200, {"success": True})
+
+    events.wait(lambda: "download_progress" in events.names(MODEL), "progress")
+    during = listed(agent)[MODEL]
+    assert during["status"]["value"] == "downloading"
+    assert during["source"] == "cache" and during["can_remove"] is True
+    assert agent.post("/models", {"model": MODEL}) == (
+        400,
+        {
+            "error": {
+                "code": 400,
+                "message": f"model '{MODEL}' already exists",
+                "type": "invalid_request_error",
+            }
+        },
+    )
+    hub.release()
+    events.wait(lambda: "models_reload" in [e["event"] for e in events.events], "the reload")
+
+    assert events.names(MODEL) == ["model_status", "download_progress", "download_finished"]
+    first = events.of(MODEL)[0]
+    assert first["data"] == {"status": "downloading"}
+    progress = [e["data"]["progress"] for e in events.of(MODEL) if "progress" in e.get("data", {})]
+    (url,) = progress[-1]
+    size = (demo_dir / "demo-tiny.gguf").stat().st_size
+    assert url.endswith(f"/{REPO}/resolve/{hub.commit(REPO)}/tiny-Q8_0.gguf")
+    assert progress[-1][url] == {"done": size, "total": size}
+    after = listed(agent)[MODEL]
+    assert after["status"]["value"] == "unloaded"
+    assert after["source"] == "cache" and after["can_remove"] is True
+
+    # llama.cpp's layout: refs/main, a blob named by its SHA-256, a relative snapshot link.
+    folder = repo_dir(agent_env)
+    commit = hub.commit(REPO)
+    assert (folder / "refs" / "main").read_text() == commit
+    sha = hashlib.sha256((demo_dir / "demo-tiny.gguf").read_bytes()).hexdigest()
+    link = folder / "snapshots" / commit / "tiny-Q8_0.gguf"
+    assert os.readlink(link) == f"../../blobs/{sha}"
+    assert (folder / "blobs" / sha).stat().st_size == size
+    assert [s.name for s in scan_hf_cache(hub_dir(agent_env))] == [MODEL]  # Corral's own scan
+
+    # Served by a real child from the cache.
+    status, body = agent.post("/v1/chat/completions", chat(MODEL), timeout=120)
+    assert status == 200, body
+
+
+def test_a_download_sharing_files_with_one_on_its_way_is_refused(
+    agent: AgentProcess, hub: HubServer
+) -> None:
+    hub.hold(100_000)
+    assert agent.post("/models", {"model": MODEL})[0] == 200
+    # Another name for the same file (the tag matches case-insensitively).
+    status, body = agent.post("/models", {"model": f"{REPO}:q8_0"})
+    assert status == 400
+    assert body["error"]["message"] == (
+        f"model '{REPO}:q8_0' shares files with '{MODEL}', which is downloading; "
+        "try again once it is done"
+    )
+    # A different file of the same repository is not in the way.
+    assert agent.post("/models", {"model": f"{REPO}:F16"})[0] == 200
+    hub.release()
+
+
+def test_a_partial_download_resumes_after_a_restart(
+    sse: Sse, start_agent: Start, hub: HubServer, agent_env: dict[str, str], demo_dir: Path
+) -> None:
+    first = start_agent(env=agent_env)
+    hub.hold(400_000)
+    assert first.post("/models", {"model": MODEL})[0] == 200
+    blobs = repo_dir(agent_env) / "blobs"
+    partial: list[Path] = []
+    wait_until(
+        lambda: (
+            bool(partial := list(blobs.glob("*.downloadInProgress")))
+            and partial[0].stat().st_size >= 400_000
+        ),
+        "the partial file",
+    )
+    first.proc.send_signal(signal.SIGKILL)  # no chance to clean up: a crash, a node reboot
+    first.proc.wait()
+    hub.release()
+    (partial,) = blobs.glob("*.downloadInProgress")
+
+    second = start_agent(env=agent_env)
+    events = sse(second.port)
+    assert second.post("/models", {"model": MODEL})[0] == 200
+    events.wait_event(MODEL, "download_finished")
+
+    resumed = hub.resolves()[-1]
+    assert resumed.range == "bytes=400000-"
+    blob = blobs / partial.name.removesuffix(".downloadInProgress")
+    assert blob.read_bytes() == (demo_dir / "demo-tiny.gguf").read_bytes()
+    assert not list(blobs.glob("*.downloadInProgress"))
+
+
+def test_unload_cancels_a_download_and_delete_removes_a_model(
+    sse: Sse, agent: AgentProcess, hub: HubServer, agent_env: dict[str, str]
+) -> None:
+    events = sse(agent.port)
+    hub.hold(100_000)
+    assert agent.post("/models", {"model": MODEL})[0] == 200
+    events.wait_event(MODEL, "download_progress")
+    assert agent.post("/models/unload", {"model": MODEL}) == (200, {"success": True})
+    events.wait_event(MODEL, "download_failed")
+    assert MODEL not in listed(agent)
+    assert not list((repo_dir(agent_env) / "blobs").glob("*"))  # the partial file is gone
+    hub.release()
+
+    assert agent.post("/models", {"model": MODEL})[0] == 200
+    events.wait_event(MODEL, "download_finished")
+    events.wait(lambda: MODEL in listed(agent), "the cache model")
+    assert http("DELETE", f"{agent.url}/models?model={MODEL}") == (200, {"success": True})
+    events.wait_event(MODEL, "model_remove")
+    assert MODEL not in listed(agent)
+    assert not list((repo_dir(agent_env) / "blobs").glob("*"))
+    assert scan_hf_cache(hub_dir(agent_env)) == []
+
+
+def test_a_request_for_a_downloading_model_waits_for_it(
+    agent: AgentProcess, hub: HubServer
+) -> None:
+    hub.hold(100_000)
+    assert agent.post("/models", {"model": MODEL})[0] == 200
+    import threading
+
+    answer: list[tuple[int, Any]] = []
+    waiter = threading.Thread(
+        target=lambda: answer.append(agent.post("/v1/chat/completions", chat(MODEL), timeout=120))
+    )
+    waiter.start()
+    waiter.join(1.0)
+    assert not answer  # still waiting: llama.cpp would have answered 400 "not running"
+    hub.release()
+    waiter.join(120)
+    assert answer and answer[0][0] == 200, answer
