@@ -309,6 +309,7 @@ async def transfer(
                 async for chunk in response.content.iter_chunked(CHUNK):
                     done += len(chunk)
                     if bound is not None and done > bound:
+                        part.unlink(missing_ok=True)  # not worth resuming
                         raise DownloadError(
                             f"download of {shown} stopped: the body is larger than "
                             f"{'declared' if total is not None and bound == total else 'allowed'}"
