@@ -7,7 +7,7 @@ answered with 206), as llama.cpp b11434's ``common/hf-cache.cpp`` and ``common/d
 read them. Both llama.cpp's router (``MODEL_ENDPOINT``) and Corral's agent download from it.
 
 Tests steer it: :meth:`HubServer.hold` stops every body after some bytes until
-:meth:`HubServer.release` (a download "on its way"), ``cut_after`` drops the connection mid-body
+:meth:`HubServer.release` (a download "on its way"), ``pace`` makes bodies trickle, ``cut_after`` drops the connection mid-body
 (a partial file to resume), ``redirect`` answers a resolve with a 302 elsewhere, ``endless``
 streams a body that never ends.
 """
@@ -18,11 +18,13 @@ import hashlib
 import json
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 CHUNK = 64 * 1024
+PACED_CHUNK = 16 * 1024
 
 
 @dataclass
@@ -43,6 +45,7 @@ class HubServer:
     cut_after: int | None = None  # bytes of a body sent before the connection is dropped
     redirect: str | None = None  # a resolve answers 302 to this URL + the file's path
     endless: bool = False  # resolve bodies never end (and declare no length)
+    pace: float | None = None  # seconds between 16 KiB pieces: a download that trickles
     token: str | None = None  # when set, API calls without "Bearer <token>" get 401
     _gate: threading.Event = field(default_factory=threading.Event)
     _server: ThreadingHTTPServer | None = None
@@ -210,7 +213,9 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             if hub.cut_after is not None:
                 limit = min(limit, hub.cut_after)
-            end = min(sent + CHUNK, limit)
+            end = min(sent + (PACED_CHUNK if hub.pace else CHUNK), limit)
+            if hub.pace:
+                time.sleep(hub.pace)
             if end <= sent:
                 continue
             try:
