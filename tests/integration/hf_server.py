@@ -7,9 +7,9 @@ answered with 206), as llama.cpp b11434's ``common/hf-cache.cpp`` and ``common/d
 read them. Both llama.cpp's router (``MODEL_ENDPOINT``) and Corral's agent download from it.
 
 Tests steer it: :meth:`HubServer.hold` stops every body after some bytes until
-:meth:`HubServer.release` (a download "on its way"), ``pace`` makes bodies trickle, ``cut_after`` drops the connection mid-body
-(a partial file to resume), ``redirect`` answers a resolve with a 302 elsewhere, ``endless``
-streams a body that never ends.
+:meth:`HubServer.release` (a download "on its way"), ``pace`` makes bodies trickle,
+``redirect`` answers a resolve with a 302 elsewhere, ``endless`` streams a body that never
+ends, ``token`` makes every call need ``Authorization: Bearer <token>``.
 """
 
 from __future__ import annotations
@@ -42,11 +42,10 @@ class HubServer:
     repos: dict[str, dict[str, bytes]] = field(default_factory=dict)
     requests: list[Request] = field(default_factory=list)
     hold_after: int | None = None  # bytes of each body sent before waiting for release()
-    cut_after: int | None = None  # bytes of a body sent before the connection is dropped
     redirect: str | None = None  # a resolve answers 302 to this URL + the file's path
     endless: bool = False  # resolve bodies never end (and declare no length)
     pace: float | None = None  # seconds between 16 KiB pieces: a download that trickles
-    token: str | None = None  # when set, API calls without "Bearer <token>" get 401
+    token: str | None = None  # when set, calls without "Bearer <token>" get 401
     _gate: threading.Event = field(default_factory=threading.Event)
     _server: ThreadingHTTPServer | None = None
     url: str = ""
@@ -207,12 +206,6 @@ class _Handler(BaseHTTPRequestHandler):
                 hub._gate.wait()
             elif hub.hold_after is not None:
                 limit = min(limit, hub.hold_after)
-            if hub.cut_after is not None and sent >= hub.cut_after:
-                self.close_connection = True
-                self.connection.shutdown(2)
-                return
-            if hub.cut_after is not None:
-                limit = min(limit, hub.cut_after)
             end = min(sent + (PACED_CHUNK if hub.pace else CHUNK), limit)
             if hub.pace:
                 time.sleep(hub.pace)

@@ -217,3 +217,19 @@ def test_a_request_for_a_downloading_model_waits_for_it(
     hub.release()
     waiter.join(120)
     assert answer and answer[0][0] == 200, answer
+
+
+def test_the_hf_token_goes_to_the_hub(
+    start_agent: Start, hub: HubServer, agent_env: dict[str, str]
+) -> None:
+    token = "hf_" + "a1" * 18
+    hub.token = token
+    agent = start_agent(env={**agent_env, "HF_TOKEN": token})
+    assert agent.post("/models", {"model": MODEL})[0] == 200
+    wait_until(lambda: MODEL in listed(agent) and agent.state(MODEL) == "unloaded", "the model")
+    assert {r.authorization for r in hub.requests} == {f"Bearer {token}"}
+
+    other = start_agent(env={**agent_env, "HF_TOKEN": ""})  # no token: the hub says 401
+    status, body = other.post("/models", {"model": f"{REPO}:F16"})
+    assert status == 400
+    assert "needs a valid token (--hf-token or HF_TOKEN)" in body["error"]["message"]
