@@ -119,7 +119,7 @@ class Downloads:
         if exists(name):  # the plan took a while: a reload may have brought it
             raise ApiError(400, f"model '{name}' already exists")
         self._begin(name, plan.blobs)
-        self._run(name, self._repo(name, plan))
+        self._run(name, self._repo(name, plan), becomes_model=True)
 
     async def _repo(self, name: str, plan: hf_hub.RepoPlan) -> None:
         def progress(url: str, done: int, total: int | None) -> None:
@@ -150,7 +150,7 @@ class Downloads:
                 self._errors.pop(name, None)
                 return  # fetch() would trust it too: no download, no events
             self._begin(name, frozenset({str(plan.destination)}))
-            self._run(name, self._preset(name, plan))
+            self._run(name, self._preset(name, plan), becomes_model=False)
         await self.wait(name, queue_timeout=queue_timeout, max_queue=max_queue)
         error = self._errors.get(name)
         if error is not None:
@@ -193,10 +193,12 @@ class Downloads:
         self._publish(name, "model_status", {"status": "downloading"})
         log.info("model=%s: downloading", name)
 
-    def _run(self, name: str, work: Awaitable[None]) -> None:
-        self._tasks[name] = self._taskset.spawn(self._own(name, work), f"download:{name}")
+    def _run(self, name: str, work: Awaitable[None], *, becomes_model: bool) -> None:
+        """``becomes_model``: the files make a new cache model (a reload lists it)."""
+        task = self._taskset.spawn(self._own(name, work, becomes_model), f"download:{name}")
+        self._tasks[name] = task
 
-    async def _own(self, name: str, work: Awaitable[None]) -> None:
+    async def _own(self, name: str, work: Awaitable[None], becomes_model: bool) -> None:
         try:
             await work
         except asyncio.CancelledError:
@@ -211,7 +213,7 @@ class Downloads:
             self._over(name, ok=False)
             return
         self._publish(name, "download_finished")
-        if self.on_finished is not None:
+        if becomes_model and self.on_finished is not None:
             try:
                 await self.on_finished()  # the new files become a cache model
             except ApiError as exc:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -205,8 +206,6 @@ def test_a_request_for_a_downloading_model_waits_for_it(
 ) -> None:
     hub.hold(100_000)
     assert agent.post("/models", {"model": MODEL})[0] == 200
-    import threading
-
     answer: list[tuple[int, Any]] = []
     waiter = threading.Thread(
         target=lambda: answer.append(agent.post("/v1/chat/completions", chat(MODEL), timeout=120))
@@ -233,3 +232,50 @@ def test_the_hf_token_goes_to_the_hub(
     status, body = other.post("/models", {"model": f"{REPO}:F16"})
     assert status == 400
     assert "needs a valid token (--hf-token or HF_TOKEN)" in body["error"]["message"]
+
+
+def test_a_preset_download_holds_no_slot_and_no_memory(
+    sse: Sse, start_agent: Start, hub: HubServer, tmp_path: Path, demo_dir: Path
+) -> None:
+    """``--models-max 1``: a loaded model stays loaded while another one's file downloads
+    (llama.cpp counts a downloading child against the limit); the ledger holds nothing for
+    the download; the model loads once its file is in."""
+    data = (demo_dir / "demo-tiny.gguf").read_bytes()
+    ini = tmp_path / "presets.ini"
+    ini.write_text(
+        f"[local]\nmodel = {demo_dir / 'demo-tiny.gguf'}\n\n"
+        f"[remote]\nmodel-url = {hub.url}/{REPO}/resolve/main/tiny-Q8_0.gguf\n"
+        f"model-sha256 = {hashlib.sha256(data).hexdigest()}\n"
+    )
+    agent = start_agent(
+        "--models-preset",
+        str(ini),
+        "--models-max",
+        "1",
+        "--memory-limit",
+        "host=4GiB",
+        "-c",
+        "512",
+        env={"LLAMA_CACHE": str(tmp_path / "cache")},
+    )
+    events = sse(agent.port)
+    assert agent.post("/v1/chat/completions", chat("local"))[0] == 200
+    hub.hold(300_000)
+    answers: list[tuple[int, Any]] = []
+    waiter = threading.Thread(
+        target=lambda: answers.append(agent.post("/v1/chat/completions", chat("remote")))
+    )
+    waiter.start()
+    events.wait_event("remote", "download_progress")
+
+    assert agent.state("remote") == "downloading"
+    assert agent.state("local") == "loaded"  # not evicted for a download
+    _, ledger = agent.get("/ledger")
+    held = {m for device in ledger["devices"] for m in device.get("held", {})}
+    assert held == {"local"}
+
+    hub.release()
+    waiter.join(120)
+    assert answers and answers[0][0] == 200, answers
+    assert agent.state("remote") == "loaded" and agent.state("local") == "unloaded"
+    assert events.names("remote")[:3] == ["model_status", "download_progress", "download_finished"]
