@@ -279,3 +279,30 @@ def test_a_preset_download_holds_no_slot_and_no_memory(
     assert answers and answers[0][0] == 200, answers
     assert agent.state("remote") == "loaded" and agent.state("local") == "unloaded"
     assert events.names("remote")[:3] == ["model_status", "download_progress", "download_finished"]
+
+
+def test_shards_and_the_projector_come_along(
+    sse: Sse, agent: AgentProcess, hub: HubServer, agent_env: dict[str, str]
+) -> None:
+    files = {
+        "big/m-BIG-00001-of-00002.gguf": b"first shard",
+        "big/m-BIG-00002-of-00002.gguf": b"second shard",
+        "mmproj-m-F16.gguf": b"projector",
+        "other-Q8_0.gguf": b"not this one",
+    }
+    hub.add("corral-test/sharded", files)
+    events = sse(agent.port)
+    assert agent.post("/models", {"model": "corral-test/sharded:BIG"})[0] == 200
+    events.wait_event("corral-test/sharded:BIG", "download_finished")
+
+    snapshot = Path(
+        agent_env["HF_HOME"], "hub", "models--corral-test--sharded", "snapshots"
+    ) / hub.commit("corral-test/sharded")
+    got = {str(p.relative_to(snapshot)): p.read_bytes() for p in snapshot.rglob("*.gguf")}
+    assert got == {k: v for k, v in files.items() if not k.startswith("other")}
+    found = {s.name: s for s in scan_hf_cache(hub_dir(agent_env))}
+    assert found["corral-test/sharded:BIG"].cache_mmproj == str(snapshot / "mmproj-m-F16.gguf")
+    progress = [
+        e for e in events.of("corral-test/sharded:BIG") if e["event"] == "download_progress"
+    ]
+    assert len(progress[-1]["data"]["progress"]) == 3  # one entry per file, as llama.cpp sends

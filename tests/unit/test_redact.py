@@ -72,3 +72,29 @@ def test_the_log_filter_redacts_the_final_message() -> None:
     record = logging.LogRecord("x", logging.INFO, "f", 1, "fetching %s", ("http://u:pw@h/m",), None)
     assert RedactingFilter().filter(record)
     assert record.getMessage() == "fetching http://***@h/m"
+
+
+def test_a_childs_log_lines_are_stored_masked() -> None:
+    from node_agent.child.logs import LogRing
+
+    ring = LogRing(10)
+    ring.append("srv  load_model: loading model from 'http://u:pw@h/m.gguf?sig=abc'")
+    assert ring.tail(1) == ["srv  load_model: loading model from 'http://***@h/m.gguf?sig=***'"]
+
+
+def test_the_operators_last_error_is_masked() -> None:
+    import datetime as dt
+
+    from preset_operator.status import node_entry
+
+    now = dt.datetime.now(dt.UTC)
+    entry = node_entry(
+        "node-a",
+        "m",
+        None,
+        None,
+        "download of http://u:pw@h/m failed",
+        now,
+        dt.timedelta(seconds=30),
+    )
+    assert entry["lastError"] == "download of http://***@h/m failed"
