@@ -64,6 +64,10 @@ class DownloadBook:
     def active(self, name: str) -> bool:
         return name in self._entries
 
+    def files(self, name: str) -> frozenset[str]:
+        entry = self._entries.get(name)
+        return entry.files if entry is not None else frozenset()
+
     def names(self) -> list[str]:
         return sorted(self._entries)
 

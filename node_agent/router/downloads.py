@@ -36,6 +36,7 @@ from node_agent.sources.download import (
     DownloadError,
     DownloadPlan,
     Limits,
+    discard_partial,
     fetch,
     with_local_model,
 )
@@ -74,6 +75,7 @@ class Downloads:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._errors: dict[str, str] = {}  # why a model's last download failed
         self._waits: dict[str, asyncio.Event] = {}  # set when a model's download is over
+        self._discard: set[str] = set()  # cancelled for good: their partial files go too
         self._taskset = TaskSet("downloads")
         self._session: aiohttp.ClientSession | None = None
         # The agent's reload: a finished repository becomes a cache model.
@@ -203,8 +205,13 @@ class Downloads:
             await work
         except asyncio.CancelledError:
             # An unload (or the shutdown) cancelled it: over, failed; the cancellation goes on.
+            # An unload discards the partial files (llama.cpp's rule); a shutdown keeps them,
+            # and the next download resumes them.
             self._errors[name] = "the download was cancelled"
             log.info("model=%s: download cancelled", name)
+            if name in self._discard:
+                for path in self._book.files(name):
+                    discard_partial(Path(path))
             self._over(name, ok=False)
             raise
         except (DownloadError, OSError) as exc:
@@ -223,6 +230,7 @@ class Downloads:
     def _over(self, name: str, *, ok: bool) -> None:
         """The download ended: waiters wake to a catalog that has the model (or does not)."""
         self._tasks.pop(name, None)
+        self._discard.discard(name)
         if not ok:
             self._publish(name, "download_failed")
         self._book.end(name)
@@ -265,6 +273,7 @@ class Downloads:
         task = self._tasks.get(name)
         if task is None:
             return False
+        self._discard.add(name)
         task.cancel()
         return True
 

@@ -194,8 +194,8 @@ async def fetch(
     """Download ``url`` into ``dest_dir`` (unless already there and intact); its final path.
 
     ``progress`` gets the fraction done (0..1) when the server sends a length. Raises
-    ChecksumError on a hash mismatch and DownloadError on any other failure; cancelling it
-    removes the partial file, a failure keeps it for the next try to resume.
+    ChecksumError on a hash mismatch and DownloadError on any other failure; a failure or a
+    cancellation keeps the partial file for the next try to resume.
     """
     final = destination(url, dest_dir, sha256)
     lock = _locks.setdefault(final, asyncio.Lock())
@@ -276,11 +276,12 @@ async def transfer(
 
     The bytes go to ``<final>.downloadInProgress`` (llama.cpp's name, so either program resumes
     the other's partial file) and are renamed into place once complete and checked. A partial
-    file left by a failure or a restart is resumed with a ``Range`` request; cancelling removes
-    it (llama.cpp does the same). Redirects are followed only to the same host or an allowed
-    one; the body may not outgrow ``size`` (the declared size), ``Content-Length`` or
-    ``limits.max_bytes``. Errors say what failed without the remote's status or the body's
-    hash (those go to the log): DownloadError, ChecksumError.
+    file left by a failure, a cancellation (a shutdown) or a crash is resumed with a ``Range``
+    request; whoever cancels a download for good removes it (:func:`discard_partial`).
+    Redirects are followed only to the same host or an allowed one; the body may not outgrow
+    ``size`` (the declared size), ``Content-Length`` or ``limits.max_bytes``. Errors say what
+    failed without the remote's status or the body's hash (those go to the log):
+    DownloadError, ChecksumError.
     """
     part = final.with_name(final.name + PARTIAL)
     shown = redact(url)
@@ -327,9 +328,6 @@ async def transfer(
             part.unlink(missing_ok=True)
             raise ChecksumError(shown)
         part.replace(final)
-    except asyncio.CancelledError:
-        part.unlink(missing_ok=True)  # a cancelled download starts over (llama.cpp's rule)
-        raise
     except (aiohttp.ClientError, TimeoutError) as exc:
         log.warning("download of %s failed: %s", shown, redact(str(exc) or type(exc).__name__))
         raise DownloadError(f"download of {shown} failed: the connection failed") from exc
@@ -383,6 +381,11 @@ async def _open(
         finally:
             response.release()
     raise DownloadError(f"download of {redact(url)} failed: too many redirects")
+
+
+def discard_partial(final: Path) -> None:
+    """Remove the partial file of ``final`` (a download cancelled for good: llama.cpp's rule)."""
+    final.with_name(final.name + PARTIAL).unlink(missing_ok=True)
 
 
 def _expected_total(response: aiohttp.ClientResponse, have: int, size: int | None) -> int | None:

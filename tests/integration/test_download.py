@@ -12,7 +12,13 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from node_agent.sources.download import ChecksumError, DownloadError, destination, fetch
+from node_agent.sources.download import (
+    ChecksumError,
+    DownloadError,
+    destination,
+    discard_partial,
+    fetch,
+)
 
 pytestmark = pytest.mark.usefixtures("no_leaked_tasks")
 
@@ -181,15 +187,19 @@ async def test_concurrent_fetches_of_one_url_download_once(server: Server, tmp_p
     assert server.requests == ["/slow/demo-tiny.gguf"]
 
 
-async def test_cancelled_download_leaves_no_partial_file(server: Server, tmp_path: Path) -> None:
+async def test_a_cancelled_download_keeps_its_partial_file_for_the_next(
+    server: Server, tmp_path: Path
+) -> None:
+    # A shutdown cancels: the next agent resumes. An unload discards it (router.downloads).
     url = server.url("slow/demo-tiny.gguf")
     midway = asyncio.Event()
     task = asyncio.create_task(fetch(url, tmp_path, server.sha256, progress=lambda _: midway.set()))
     await midway.wait()
-    assert cache_files(tmp_path)[0].endswith(".downloadInProgress")
-
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
 
+    (partial,) = cache_files(tmp_path)
+    assert partial.endswith(".downloadInProgress")
+    discard_partial(destination(url, tmp_path, server.sha256))
     assert cache_files(tmp_path) == []

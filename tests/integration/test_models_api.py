@@ -146,8 +146,14 @@ def test_a_download_sharing_files_with_one_on_its_way_is_refused(
     hub.release()
 
 
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM], ids=["crash", "shutdown"])
 def test_a_partial_download_resumes_after_a_restart(
-    sse: Sse, start_agent: Start, hub: HubServer, agent_env: dict[str, str], demo_dir: Path
+    how: signal.Signals,
+    sse: Sse,
+    start_agent: Start,
+    hub: HubServer,
+    agent_env: dict[str, str],
+    demo_dir: Path,
 ) -> None:
     first = start_agent(env=agent_env)
     hub.hold(400_000)
@@ -161,8 +167,8 @@ def test_a_partial_download_resumes_after_a_restart(
         ),
         "the partial file",
     )
-    first.proc.send_signal(signal.SIGKILL)  # no chance to clean up: a crash, a node reboot
-    first.proc.wait()
+    first.proc.send_signal(how)  # a crash (no chance to clean up), or a shutdown
+    first.proc.wait(60)
     hub.release()
     (partial,) = blobs.glob("*.downloadInProgress")
 
