@@ -253,6 +253,7 @@ class Downloads:
         if not self._book.join(name, max_queue):
             assert max_queue is not None
             raise queue_full_error(name, max_queue)
+        log.info("request for model=%s waits for its download", name)
         over = self._waits.setdefault(name, asyncio.Event())
         try:
             await asyncio.wait_for(over.wait(), queue_timeout)

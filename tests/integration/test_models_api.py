@@ -312,3 +312,31 @@ def test_shards_and_the_projector_come_along(
         e for e in events.of("corral-test/sharded:BIG") if e["event"] == "download_progress"
     ]
     assert len(progress[-1]["data"]["progress"]) == 3  # one entry per file, as llama.cpp sends
+
+
+def test_waiting_for_a_download_is_bounded_by_the_queue_limits(
+    start_agent: Start, hub: HubServer, agent_env: dict[str, str]
+) -> None:
+    agent = start_agent("--queue-timeout", "1", "--max-queue", "1", env=agent_env)
+    hub.hold(100_000)
+    assert agent.post("/models", {"model": MODEL})[0] == 200
+    answers: list[tuple[int, Any]] = []
+    first = threading.Thread(
+        target=lambda: answers.append(agent.post("/v1/chat/completions", chat(MODEL)))
+    )
+    first.start()
+    wait_until(lambda: bool(answers) or _waiting(agent), "the first waiter")
+    status, body = agent.post("/v1/chat/completions", chat(MODEL))  # a second: over --max-queue
+    assert status == 503
+    assert body["error"]["message"].startswith(f"too many requests are waiting for model '{MODEL}'")
+    first.join(30)
+    assert answers[0][0] == 503
+    assert answers[0][1]["error"]["message"] == (
+        f"model '{MODEL}' did not become available within the queue timeout (1 s): "
+        "its download is still running; try again later"
+    )
+    hub.release()
+
+
+def _waiting(agent: AgentProcess) -> bool:
+    return "waits for its download" in agent.log()
