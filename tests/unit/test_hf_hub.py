@@ -160,3 +160,43 @@ def test_dedup_leaves_an_entry_a_preset_merged_into(tmp_path: Path) -> None:
 def test_dedup_is_llama_cpps_preset_key_with_its_env_name() -> None:
     layer = parse_preset_text("[m]\nmodel = /x.gguf\n__PRESET_DEDUP_CACHE_MODELS = 1\n", "p.ini")
     assert layer.sections["m"].dedup_cache_models is True
+
+
+# -- the agent's download settings -----------------------------------------------------------
+
+
+def test_the_token_comes_from_the_flag_else_the_environment() -> None:
+    from node_agent.agent import download_settings
+    from node_agent.config import parse_agent_args
+
+    env = {"HF_TOKEN": "hf_from_env"}
+    flagged = download_settings(parse_agent_args(["--hf-token", "hf_from_flag"], env), env)
+    assert flagged.token == "hf_from_flag"
+    assert download_settings(parse_agent_args([], env), env).token == "hf_from_env"
+    assert download_settings(parse_agent_args([], {}), {}).token is None
+
+
+def test_download_limits_come_from_the_agents_flags() -> None:
+    from node_agent.agent import download_settings
+    from node_agent.config import parse_agent_args
+
+    args = ["--max-download-size", "2GiB", "--download-redirect-hosts", "cdn.example,.example.net"]
+    settings = download_settings(parse_agent_args([*args, "--load-timeout", "9"], {}), {})
+    assert settings.limits.max_bytes == 2 << 30
+    assert settings.limits.redirect_hosts == ("cdn.example", ".example.net")
+    assert settings.load_timeout == 9
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--max-download-size", "lots"], "--max-download-size expects a size like 20GiB"),
+        (["--download-redirect-hosts", "http://x/"], "--download-redirect-hosts expects host"),
+    ],
+)
+def test_bad_download_flags_are_refused(args: list[str], message: str) -> None:
+    from node_agent.config import parse_agent_args
+    from node_agent.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        parse_agent_args(args, {})
