@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,7 +17,14 @@ from typing import Any
 import pytest
 
 from node_agent.sources.hf_cache import hub_dir, scan_hf_cache
-from tests.integration.harness import AgentProcess, chat, http
+from tests.integration.harness import (
+    AgentProcess,
+    chat,
+    free_port,
+    http,
+    stop_process,
+    wait_healthy,
+)
 from tests.integration.hf_server import HubServer, start_hub
 from tests.integration.model_events import EventLog, wait_until
 
@@ -340,3 +348,30 @@ def test_waiting_for_a_download_is_bounded_by_the_queue_limits(
 
 def _waiting(agent: AgentProcess) -> bool:
     return "waits for its download" in agent.log()
+
+
+def test_llama_server_finds_the_download_offline(
+    sse: Sse, agent: AgentProcess, hub: HubServer, agent_env: dict[str, str], b11434: Path
+) -> None:
+    """The cache Corral wrote is the one llama.cpp reads: ``llama-server -hf … --offline``
+    (b11434, no endpoint reachable) loads the model from it."""
+    events = sse(agent.port)
+    assert agent.post("/models", {"model": MODEL})[0] == 200
+    events.wait_event(MODEL, "download_finished")
+    port = free_port()
+    env = {**os.environ, "HF_HOME": agent_env["HF_HOME"], "MODEL_ENDPOINT": "http://127.0.0.1:9/"}
+    env.pop("LLAMA_CACHE", None)
+    log = agent_env["HF_HOME"] + "/llama-offline.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [str(b11434), "-hf", MODEL, "--offline", "--port", str(port), "-c", "512"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_healthy(proc, port, lambda: Path(log).read_text(errors="replace"), "llama-server -hf")
+        status, _ = http("GET", f"http://127.0.0.1:{port}/health")
+        assert status == 200
+    finally:
+        stop_process(proc)
