@@ -38,6 +38,7 @@ from node_agent.sources.download import (
     Limits,
     discard_partial,
     fetch,
+    use_cached,
     with_local_model,
 )
 from node_agent.sources.hf_cache import hub_dir
@@ -148,9 +149,9 @@ class Downloads:
         requests ask) when it is not. The caller waits at most ``queue_timeout``; the
         download itself at most ``--load-timeout``. Raises ApiError."""
         if not self.active(name):
-            if await asyncio.to_thread(plan.destination.exists):
+            if await asyncio.to_thread(use_cached, plan.destination, plan.sha256):
                 self._errors.pop(name, None)
-                return  # fetch() would trust it too: no download, no events
+                return  # in the cache and verified: no download, no events
             self._begin(name, frozenset({str(plan.destination)}))
             self._run(name, self._preset(name, plan), becomes_model=False)
         await self.wait(name, queue_timeout=queue_timeout, max_queue=max_queue)

@@ -201,7 +201,7 @@ async def fetch(
     lock = _locks.setdefault(final, asyncio.Lock())
     async with lock:
         # In a thread: a file put there without a sidecar is hashed, seconds of CPU per GB.
-        if await asyncio.to_thread(_use_cached, final, sha256):
+        if await asyncio.to_thread(use_cached, final, sha256):
             log.info("using cached %s for %s", final, redact(url))
             return final
         if session is not None:
@@ -212,7 +212,7 @@ async def fetch(
         return final
 
 
-def _use_cached(final: Path, sha256: str | None) -> bool:
+def use_cached(final: Path, sha256: str | None) -> bool:
     """Whether ``final`` is a complete, verified download (hashing it only without a sidecar);
     when not, its folder is made ready for the download."""
     try:
