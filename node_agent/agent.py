@@ -11,6 +11,7 @@ left are killed and the agent exits.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.util
 import logging
 import os
@@ -34,11 +35,13 @@ from node_agent.extras import install_hint
 from node_agent.memory.devices import open_probes
 from node_agent.redact import RedactingFilter, add_secret, add_secrets
 from node_agent.router.app import build_app
+from node_agent.router.browser_guard import start_warnings
 from node_agent.router.downloads import DownloadSettings
 from node_agent.router.memory import MemoryWatch
 from node_agent.router.proxy import Proxy
 from node_agent.router.registry import Registry
 from node_agent.router.state import AgentState, RouterSettings
+from node_agent.router.vertex import vertex_from_env
 from node_agent.sources.catalog import Catalog, diff_catalogs, load_catalog
 from node_agent.sources.download import Limits
 from node_agent.sources.hf_cache import hub_dir
@@ -68,6 +71,10 @@ llama-server router options (same names, defaults and LLAMA_ARG_* variables):
   --api-key-file FILE         keys, one a line
   --ssl-cert-file, --ssl-key-file FILE
                               serve HTTPS with this PEM certificate and key (both needed)
+  --cors-origins ORIGINS      allowed origins (default *; 'localhost': localhost, 127.0.0.1
+                              and [::1] on any port; localhost by default with tools on)
+  --cors-methods, --cors-headers LIST, --cors-credentials / --no-cors-credentials
+                              the other CORS headers, as llama-server's
   -to, --timeout SECONDS      read/write timeout towards the children (default 3600)
   --sleep-idle-seconds N      children unload their model after N idle seconds
 
@@ -87,6 +94,9 @@ Corral's own:
   --shutdown-timeout SECONDS  on SIGTERM: drain and stop within this long, then kill (default
                               30; a second SIGTERM/SIGINT kills at once)
   --log-level LEVEL           debug, info, warning or error (default info)
+  --allowed-hosts NAMES       Host names answered besides local ones (comma-separated; '*':
+                              no check; default: a loopback-bound agent answers only to
+                              localhost names and IP literals, a guard against DNS rebinding)
 
 Any other option is a llama-server option: it is passed to every child (e.g. -c 4096) and
 overrides the presets' values.
@@ -101,6 +111,21 @@ def download_settings(options: AgentOptions, env: Mapping[str, str]) -> Download
         token=token if isinstance(token, str) and token else env.get("HF_TOKEN") or None,
         limits=Limits(options.max_download_size, options.download_redirect_hosts),
         load_timeout=options.load_timeout,
+    )
+
+
+def child_config(
+    spec: ModelSpec, binary: Path, load_timeout: float = 600.0, tag: str | None = None
+) -> ChildConfig:
+    """How a model's child is started: its arguments, its own environment, its timeouts."""
+    return ChildConfig(
+        name=spec.name,
+        binary=binary,
+        args=("--alias", spec.name, *spec.argv()),
+        env=dict(spec.env),
+        stop_timeout=spec.stop_timeout,
+        load_timeout=load_timeout,
+        agent_tag=tag,
     )
 
 
@@ -178,14 +203,7 @@ class Agent:
         return watch
 
     def _make_child(self, spec: ModelSpec, on_event: Callable[[ChildEvent], None]) -> ChildProcess:
-        config = ChildConfig(
-            name=spec.name,
-            binary=self.binary,
-            args=("--alias", spec.name, *spec.argv()),
-            stop_timeout=spec.stop_timeout,
-            load_timeout=self.options.load_timeout,
-            agent_tag=self.tag,
-        )
+        config = child_config(spec, self.binary, self.options.load_timeout, self.tag)
         return ChildProcess(config, on_event=on_event, logs=self.logs_for(spec.name))
 
     def logs_for(self, name: str) -> LogRing:
@@ -238,6 +256,8 @@ class Agent:
             api_keys=tuple(self.options.api_keys),
             build_info=self.build_info,
             max_body_bytes=self.options.max_body_size,
+            browser=startup.browser_policy(self.options),
+            vertex=vertex_from_env(self.env),
         )
         state = AgentState(
             self.registry, self.proxy, settings, self.reload, str(self.binary), self.logs_for
@@ -260,6 +280,8 @@ class Agent:
         listening = await startup.listen(self._runner, self.options.host, self.options.port, tls)
         self.port = listening.port
         for warning in startup.source_warnings(self.options, self.env, self.catalog):
+            log.warning("%s", warning)
+        for warning in start_warnings(settings.browser, settings.api_keys):
             log.warning("%s", warning)
         log.info("listening on %s (%d models)", listening.url, len(self.catalog))
 
@@ -344,6 +366,19 @@ async def serve(
         task.cancel()
 
 
+def with_vertex(options: AgentOptions, env: Mapping[str, str]) -> AgentOptions:
+    """Google Cloud's ``AIP_HTTP_PORT`` replaces ``--port`` (llama.cpp's server-http.cpp)."""
+    vertex = vertex_from_env(env)
+    if vertex is None or vertex.port == options.port:
+        return options
+    log.warning(
+        "Google Cloud Platform compat: overriding server port %d with AIP_HTTP_PORT %d",
+        options.port,
+        vertex.port,
+    )
+    return dataclasses.replace(options, port=vertex.port)
+
+
 def main(argv: Sequence[str]) -> int:
     env = os.environ
     # The binary first: its own --help says which options the flags and presets may use.
@@ -381,6 +416,7 @@ def main(argv: Sequence[str]) -> int:
         print(f"corral agent: {missing}", file=sys.stderr)
         return 1
     try:
+        options = with_vertex(options, env)
         asyncio.run(serve(options, binary, build_info(binary_version), env))
     except CorralError as exc:
         print(f"corral agent: {exc}", file=sys.stderr)

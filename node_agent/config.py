@@ -49,6 +49,11 @@ class AgentOptions:
     ssl_key_file: str | None = None
     ssl_cert_file: str | None = None
     """PEM files: the agent serves HTTPS when both are given (llama-server's TLS flags)."""
+    cors_origins: str | None = None
+    cors_methods: str | None = None
+    cors_headers: str | None = None
+    cors_credentials: bool | None = None
+    """llama-server's CORS flags; None = not given (llama.cpp's defaults, router/browser_guard)."""
     timeout: int = 3600
     sleep_idle_seconds: int = -1
     """-1 = children never sleep."""
@@ -78,6 +83,8 @@ class AgentOptions:
     """On SIGTERM/SIGINT: the whole shutdown (drain, children's exit) takes at most this
     long; then the children left are killed. Below the chart's 60 s grace period."""
     log_level: str = "info"
+    allowed_hosts: str | None = None
+    """``--allowed-hosts``: Host names answered besides local ones; None = by the bind address."""
     child_options: tuple[tuple[str, OptionValue], ...] = ()
     """llama-server options for every child, by canonical name, in command-line order."""
     show_help: bool = False
@@ -387,6 +394,10 @@ _ROUTER: dict[str, tuple[str, str, Callable[[str], object]]] = {
     "api-key-file": ("api_key_file", "a file", _identity),
     "ssl-key-file": ("ssl_key_file", "a PEM private key file", _identity),
     "ssl-cert-file": ("ssl_cert_file", "a PEM certificate file", _identity),
+    "cors-origins": ("cors_origins", "origins (comma-separated, * or localhost)", _identity),
+    "cors-methods": ("cors_methods", "methods (comma-separated)", _identity),
+    "cors-headers": ("cors_headers", "headers (comma-separated)", _identity),
+    "cors-credentials": ("cors_credentials", "a boolean", _bool),
     "timeout": ("timeout", "a number of seconds", _int_at_least(0)),
     "sleep-idle-seconds": ("sleep_idle_seconds", "seconds (-1: never)", _int_at_least(-1)),
 }
@@ -405,6 +416,7 @@ _OWN_FLAGS: dict[str, tuple[str, str, Callable[[str], object]]] = {
     "--max-queue": ("max_queue", "a count (0: no limit)", _count_or_unlimited),
     "--shutdown-timeout": ("shutdown_timeout", "seconds (> 0)", _positive_seconds),
     "--log-level": ("log_level", "one of " + ", ".join(LOG_LEVELS), _log_level),
+    "--allowed-hosts": ("allowed_hosts", "host names (comma-separated; *: no check)", _identity),
 }
 
 

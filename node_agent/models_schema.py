@@ -41,6 +41,8 @@ class Memory(_Schema):
     max: dict[str, int] | None
     effective: dict[str, int] | None
     held: dict[str, int]
+    # Where the ledger placed it (automatic GPU placement), None when it does not place it.
+    placement: dict[str, Any] | None = None
 
 
 class CorralInfo(_Schema):

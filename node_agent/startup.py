@@ -27,6 +27,13 @@ from aiohttp import web
 
 from node_agent.config import AgentOptions
 from node_agent.errors import ConfigError
+from node_agent.router.browser_guard import (
+    DEFAULT_HEADERS,
+    DEFAULT_METHODS,
+    BrowserPolicy,
+    allowed_hosts,
+    cors_origins_default,
+)
 from node_agent.sources.catalog import Catalog
 from node_agent.sources.hf_cache import hub_dir
 from node_agent.sources.models_dir import GGUF, scan_models_dir
@@ -154,6 +161,20 @@ def port_holder(port: int, proc: Path = Path("/proc")) -> str | None:
                     command = b" ".join(a for a in argv[:3] if a).decode(errors="replace")
                     return f"pid {entry.name} ({command})"
     return None
+
+
+def browser_policy(options: AgentOptions, *, tools_enabled: bool = False) -> BrowserPolicy:
+    """What browsers may do (router/browser_guard.py), from the agent's flags.
+
+    ``tools_enabled``: router-run tools or MCP servers are on, which makes ``localhost`` the
+    default of ``--cors-origins`` (llama.cpp's rule: those run programs)."""
+    return BrowserPolicy(
+        origins=cors_origins_default(options.cors_origins, tools_enabled=tools_enabled),
+        methods=options.cors_methods if options.cors_methods is not None else DEFAULT_METHODS,
+        headers=options.cors_headers if options.cors_headers is not None else DEFAULT_HEADERS,
+        credentials=options.cors_credentials is not False,
+        allowed_hosts=allowed_hosts(options.allowed_hosts, options.host),
+    )
 
 
 def source_warnings(options: AgentOptions, env: Mapping[str, str], catalog: Catalog) -> list[str]:

@@ -52,6 +52,9 @@ class ChildConfig:
 def child_environment(config: ChildConfig, base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The agent's environment, then the model's ``env``, then what the supervisor needs."""
     env = dict(os.environ if base is None else base)
+    # Google Cloud's AIP_MODE would make a child take the agent's AIP_HTTP_PORT (b11434's
+    # router passes it on, and none of its children loads): Vertex is the agent's business.
+    env.pop("AIP_MODE", None)
     env.update(config.env)
     # Its presence turns llama.cpp's parent–child protocol on; the pinned binary ignores the
     # value (llama.cpp's router passes its own port, so we do too where we know it).

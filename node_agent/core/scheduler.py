@@ -44,6 +44,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
+from node_agent.core.victims import HOT_USES, keep_value, resident_until
+
 
 class ModelState(enum.Enum):
     """What a model's child is doing (llama.cpp's ``server_model_status`` names)."""
@@ -141,6 +143,10 @@ class _Model:
     failures: int = 0  # failed loads or early crashes in a row
     retry_at: float = 0.0  # no new load before this time (crash-loop backoff)
     drain_until: float | None = None  # while stopping: requests in flight may run until then
+    spawned_at: float | None = None  # when its child was spawned (for its load time)
+    load_seconds: float | None = None  # the last measured load: spawn to ready
+    swapped_in: bool = False  # its load evicted another model (anti-thrash, core.victims)
+    uses: int = 0  # inference requests since it was last ready
 
 
 _USABLE = frozenset({ModelState.LOADED, ModelState.SLEEPING})
@@ -211,10 +217,14 @@ class Statistics:
 class Scheduler:
     """Queue, capacity and victim choice for one agent. Not thread-safe: one owner drives it."""
 
-    def __init__(self, models_max: int, room: RoomCheck | None = None) -> None:
+    def __init__(
+        self, models_max: int, room: RoomCheck | None = None, *, residency_factor: float = 0.0
+    ) -> None:
         # llama.cpp: --models-max <= 0 means unlimited instances.
         self.models_max = models_max
         self.room = room
+        # Anti-thrash (core.victims): no eviction before factor x a model's load time.
+        self.residency_factor = residency_factor
         self._models: dict[str, _Model] = {}
         self._queue: dict[str, _Entry] = {}  # insertion order is queue order
         self._waiting: dict[int, str] = {}  # waiter -> model
@@ -260,6 +270,7 @@ class Scheduler:
         model.in_flight += 1
         if inference:
             model.last_used = now
+            model.uses += 1
         lease = Lease(name, next(self._ids), inference)
         self._leases[lease.id] = lease
         return lease
@@ -386,13 +397,17 @@ class Scheduler:
         agent is closing: nothing is spawned after the signal)."""
         return not self.closing and name in self._models
 
-    def claim_done(self, name: str, *, spawned: bool, reason: str = "") -> None:
+    def claim_done(
+        self, name: str, *, spawned: bool, reason: str = "", now: float | None = None
+    ) -> None:
         """The claimed load spawned a child (now LOADING), or was withdrawn before it could
-        (its waiters fail with ``reason``; no failure is held against the model)."""
+        (its waiters fail with ``reason``; no failure is held against the model). ``now``:
+        the spawn's time, from which the model's load time is measured."""
         entry = self._queue.get(name)
         if spawned:
             model = self._models[name]
             self._set_state(model, ModelState.LOADING)
+            model.spawned_at = now
             model.failed, model.exit_code = False, None
             if entry is not None:
                 entry.spawned = True
@@ -414,6 +429,9 @@ class Scheduler:
         model = self._models[name]
         self._set_state(model, ModelState.LOADED)
         model.last_used = model.ready_at = now
+        model.uses = 0
+        if model.spawned_at is not None:
+            model.load_seconds = max(0.0, now - model.spawned_at)
         entry = self._queue.get(name)
         if entry is not None:
             # The load is done: its waiters lease on their next poll and leave.
@@ -452,6 +470,7 @@ class Scheduler:
             self._record_failure(model, now, reason or f"exit code {exit_code}")
         self._set_state(model, ModelState.UNLOADED)
         model.stopping, model.ready_at, model.drain_until = False, None, None
+        model.swapped_in = False
         model.exit_code = exit_code
         model.in_flight = 0
         for lease_id in [i for i, lease in self._leases.items() if lease.model == name]:
@@ -537,8 +556,13 @@ class Scheduler:
         running, stopping, claimed, _ = self._counts()
         return self.models_max - running + stopping - claimed
 
-    def victim_candidates(self) -> list[str]:
-        """Models that may be stopped to make room, best victim first."""
+    def victim_candidates(self, now: float | None = None) -> list[str]:
+        """Models that may be stopped to make room, best victim first.
+
+        Without ``now``: lowest priority, then least recently used. With ``now`` (evictions
+        to make room): models still within their minimum residency are left out, and among
+        equal priorities the cheapest to lose goes first (:func:`core.victims.keep_value`).
+        """
         candidates = [
             m
             for m in self._models.values()
@@ -548,7 +572,24 @@ class Scheduler:
             and not m.pin
             and m.name not in self._queue
         ]
-        candidates.sort(key=lambda m: (m.priority, m.last_used, m.name))
+        if now is None:
+            candidates.sort(key=lambda m: (m.priority, m.last_used, m.name))
+        else:
+            factor = self.residency_factor
+            candidates = [
+                m
+                for m in candidates
+                if not (m.swapped_in and m.uses >= HOT_USES)
+                or now >= resident_until(m.ready_at, m.load_seconds, factor)
+            ]
+            candidates.sort(
+                key=lambda m: (
+                    m.priority,
+                    keep_value(m.load_seconds, m.last_used, now),
+                    m.last_used,
+                    m.name,
+                )
+            )
         return [m.name for m in candidates]
 
     def expired(self, now: float, ttls: Mapping[str, float]) -> list[str]:
@@ -563,35 +604,39 @@ class Scheduler:
             if name in ttls and now - self._models[name].last_used >= ttls[name]
         ]
 
-    def tick(self) -> list[Eviction]:
+    def tick(self, now: float | None = None) -> list[Eviction]:
         """Choose the victims to stop now; each is already marked stopping when returned.
 
         Instances: while ``free`` is short of the entries that need a load, stop the best
         victim. Memory: while the head's model does not fit, stop one victim at a time (the
         caller waits for it to exit and its memory to show free before ticking again).
+        ``now``: order victims by cost and honour the minimum residency (see
+        :meth:`victim_candidates`).
         """
         victims: list[Eviction] = []
+        head = self._head()
         free = self._free()
         if free is not None:
             needed = self._counts()[3]
             while free < needed:
-                candidates = self.victim_candidates()
+                candidates = self.victim_candidates(now)
                 if not candidates:
-                    break  # only busy models could make room: the queue waits
+                    break  # only busy (or still resident) models could make room: wait
                 self.request_stop(candidates[0])
                 victims.append(Eviction(candidates[0], "count"))
                 free += 1
-        head = self._head()
         if (
             self.room is not None
             and head is not None
             and not any(m.stopping for m in self._models.values())
             and self.room.shortfall(head.model)
         ):
-            victim = self.room.pick_victim(head.model, self.victim_candidates())
+            victim = self.room.pick_victim(head.model, self.victim_candidates(now))
             if victim is not None:
                 self.request_stop(victim)
                 victims.append(Eviction(victim, "memory"))
+        if victims and head is not None:
+            self._models[head.model].swapped_in = True  # it comes in by a swap
         return victims
 
     def stuck(self, name: str) -> bool:

@@ -70,29 +70,40 @@ class HostProbe:
 
 
 def _model_memory(smaps: Path) -> int:
-    """What a child holds for its model: its private pages, less the program's own.
+    """What a child holds for its model: its share of the pages it maps, less the program's.
 
-    Private memory only: shared pages (libc, and the weights of a file two children map)
-    would be counted once per child otherwise. Clean private pages include the model file's
-    mapped pages, which are what a child's weights occupy in RAM; but also, while no other
-    process maps them, the pages of llama-server and its libraries (25 MiB measured for the
-    pinned binary), which belong to no model and drop out of the count the moment a second
-    child shares them. So clean pages of a file the process maps as code (an ELF object: the
+    Proportional shares (``Pss``): a page two processes map counts half to each, so the
+    weights of one file that two children map are counted once in all, not twice, and not
+    zero times (private pages alone would give zero: every page of the file is shared then).
+    The pages of llama-server and its libraries belong to no model (25 MiB measured for the
+    pinned binary): the clean pages of a file the process maps as code (an ELF object: the
     binary, its libraries) are left out; dirty pages all count (heap, KV, repacked weights).
+    A kernel without ``Pss_Dirty`` (before 6.0) gives private pages only, as before.
     """
     try:
         text = smaps.read_text()
     except OSError:  # the process exited between listing and reading: it holds nothing
         return 0
-    mappings: list[list[Any]] = []  # [path, executable, clean bytes, dirty bytes]
+    mappings: list[tuple[str, bool, dict[str, int]]] = []  # path, executable, fields in bytes
     for line in text.splitlines():
         if _MAPPING.match(line):  # "start-end perms offset dev inode [path]"
             parts = line.split(maxsplit=5)
-            mappings.append([parts[5] if len(parts) > 5 else "", "x" in parts[1], 0, 0])
-        elif mappings and line.startswith(("Private_Clean:", "Private_Dirty:")):
-            mappings[-1][2 if line[8] == "C" else 3] = int(line.split()[1]) * 1024
-    code_files = {path for path, code, _, _ in mappings if code and path.startswith("/")}
-    return sum(dirty + (0 if path in code_files else clean) for path, _, clean, dirty in mappings)
+            mappings.append((parts[5] if len(parts) > 5 else "", "x" in parts[1], {}))
+        elif mappings and line.startswith(_FIELDS):
+            key, value = line.split(":", 1)
+            mappings[-1][2][key] = int(value.split()[0]) * 1024
+    code_files = {path for path, code, _ in mappings if code and path.startswith("/")}
+    total = 0
+    for path, _, field in mappings:
+        if "Pss_Dirty" in field:
+            total += field["Pss_Dirty"] if path in code_files else field.get("Pss", 0)
+        else:
+            clean = 0 if path in code_files else field.get("Private_Clean", 0)
+            total += clean + field.get("Private_Dirty", 0)
+    return total
+
+
+_FIELDS = ("Pss:", "Pss_Dirty:", "Private_Clean:", "Private_Dirty:")
 
 
 class NvmlLibrary(Protocol):

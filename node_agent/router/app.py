@@ -5,12 +5,13 @@ request to the proxy. Differences from llama.cpp's router are deliberate and few
 test in ``tests/integration/test_compat.py``):
 
 * a body that is not valid JSON (or is empty, or nests too deeply) is the client's mistake: 400
-  with the parser's message (llama.cpp answers 500 with its parser's message);
+  with the parser's message (the pinned llama.cpp answers 500; b11434 400, as we do);
 * ``/models/load`` for an unknown or missing model says ``model 'X' not found`` or
   ``model name is missing from the request`` (llama.cpp answers the same 404 with
   "File Not Found", which does not say what is missing);
-* ``--api-key`` guards ``/models`` and ``/v1/models`` too (llama.cpp leaves them public): only
-  ``/health`` answers without a key (SPEC, "HTTP API").
+* ``--api-key`` guards ``/models`` and ``/v1/models`` too (the pinned llama.cpp leaves them
+  public; b11434 does not): only ``/health`` answers without a key (SPEC, "HTTP API");
+* what browsers may do (a Host check, no cross-site simple POSTs): ``browser_guard.py``.
 """
 
 from __future__ import annotations
@@ -21,19 +22,24 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
 from typing import Any
 
 from aiohttp import web
 
 from node_agent.errors import ApiError
+from node_agent.router.browser_guard import cors_headers, guard_middleware
 from node_agent.router.exchange import begin_exchange
+from node_agent.router.form_fields import MULTIPART, multipart_fields
 from node_agent.router.logs_api import setup_logs
 from node_agent.router.metrics import setup_metrics
+from node_agent.router.missing_endpoint import NOT_FOUND, endpoint_missing, route_of
 from node_agent.router.model_run import FAKE_TIMING_SECONDS
 from node_agent.router.models_api import download_entries, setup_models_api
 from node_agent.router.registry import Registry
 from node_agent.router.state import PROXIED_GET, PROXIED_POST, STATE, AgentState, RouterSettings
 from node_agent.router.ui import setup_ui
+from node_agent.router.vertex import setup_vertex
 from node_agent.router.views import model_entry, router_props
 
 log = logging.getLogger("corral.http")
@@ -42,19 +48,10 @@ log = logging.getLogger("corral.http")
 # The status page is static and holds no data (it asks for the key itself).
 PUBLIC = frozenset({"/health", "/v1/health", "/", "/ui"})
 
-NOT_FOUND = {"error": {"message": "File Not Found", "type": "not_found_error", "code": 404}}
 MODEL_MISSING = "model name is missing from the request"
 # llama.cpp reads request lines and headers of up to ~32 KiB (a long ``?model=`` name gets its
 # JSON "not found"); aiohttp's default of 8 KiB would answer those with a plain-text 400.
 MAX_LINE_BYTES = 32 * 1024
-
-# llama.cpp answers every CORS preflight itself, before the API key check, with these headers
-# (browser front ends on another origin send one before each POST).
-PREFLIGHT_HEADERS = {
-    "Access-Control-Allow-Credentials": "true",
-    "Access-Control-Allow-Methods": "GET, POST, DELETE, OPTIONS",
-    "Access-Control-Allow-Headers": "*",
-}
 
 
 def _json(data: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
@@ -96,28 +93,6 @@ async def errors_middleware(
     except Exception:
         log.exception("unexpected error in %s %s", request.method, request.path)
         return error_response(ApiError(500, "internal error in the agent (see its log)"))
-
-
-@web.middleware
-async def cors_middleware(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
-    """Answer CORS preflights on any path, as llama.cpp does (200, empty, no key needed)."""
-    if request.method == "OPTIONS":
-        headers = {
-            "Access-Control-Allow-Origin": request.headers.get("Origin", ""),
-            **PREFLIGHT_HEADERS,
-        }
-        return web.Response(status=200, headers=headers, content_type="text/html")
-    return await handler(request)
-
-
-async def _allow_origin(request: web.Request, response: web.StreamResponse) -> None:
-    """llama.cpp echoes the request's ``Origin`` on every answer; a child's own answers (which
-    saw the forwarded header) already carry it."""
-    origin = request.headers.get("Origin")
-    if origin is not None and "Access-Control-Allow-Origin" not in response.headers:
-        response.headers["Access-Control-Allow-Origin"] = origin
 
 
 def given_api_key(headers: Mapping[str, str]) -> str:
@@ -194,14 +169,24 @@ def _canonical(registry: Registry, name: str | None) -> str:
 
 
 async def proxy_post(request: web.Request) -> web.StreamResponse:
+    return await post_body(request, await request.read())
+
+
+async def post_body(
+    request: web.Request, body: bytes, *, buffered: bool = False
+) -> web.StreamResponse:
+    """A model endpoint's POST with its ``body`` read; ``buffered``: the answer in one piece,
+    never streamed (for an answer that goes inside another, as Vertex's predictions)."""
     state = request.app[STATE]
-    body = await request.read()
-    data = parse_json_body(body)
+    if request.content_type == MULTIPART:  # an audio upload: the model is a form field
+        data: Any = multipart_fields(request.headers.get("Content-Type", ""), body)
+    else:
+        data = parse_json_body(body)
     name = _canonical(state.registry, body_model(data) or None)
     if isinstance(data, dict) and "keep_alive" in data:
         # Ollama's per-request keep_alive: how long the model stays once idle.
         state.registry.keep_alive(name, data["keep_alive"])
-    return await _proxy(request, state, name, body, inference=True)
+    return await _proxy(request, state, name, body, inference=True, buffered=buffered)
 
 
 async def proxy_get(request: web.Request) -> web.StreamResponse:
@@ -211,7 +196,13 @@ async def proxy_get(request: web.Request) -> web.StreamResponse:
 
 
 async def _proxy(
-    request: web.Request, state: AgentState, name: str, body: bytes | None, *, inference: bool
+    request: web.Request,
+    state: AgentState,
+    name: str,
+    body: bytes | None,
+    *,
+    inference: bool,
+    buffered: bool = False,
 ) -> web.StreamResponse:
     exchange = begin_exchange(request, name)
     lease = await state.registry.acquire(
@@ -223,9 +214,17 @@ async def _proxy(
             await asyncio.sleep(FAKE_TIMING_SECONDS)
         port = state.registry.port(lease)
         slots = state.registry.slots(name)
-        return await state.proxy.forward(request, port, body, exchange, slots=slots)
+        response = await state.proxy.forward(
+            request, port, body, exchange, slots=slots, buffered=buffered
+        )
     finally:
         state.registry.release(lease)
+    missing = endpoint_missing(
+        response, request.method, route_of(request), state.settings.build_info, state.binary
+    )
+    if missing is not None:
+        raise missing
+    return response
 
 
 async def props(request: web.Request) -> web.StreamResponse:
@@ -306,7 +305,8 @@ async def ledger(request: web.Request) -> web.StreamResponse:
 
 
 def build_app(state: AgentState) -> web.Application:
-    middlewares: list[Any] = [errors_middleware, cors_middleware]
+    browser = state.settings.browser
+    middlewares: list[Any] = [errors_middleware, guard_middleware(browser)]
     if state.settings.api_keys:
         middlewares.append(auth_middleware(state.settings.api_keys))
     app = web.Application(
@@ -315,7 +315,7 @@ def build_app(state: AgentState) -> web.Application:
         handler_args={"max_line_size": MAX_LINE_BYTES, "max_field_size": MAX_LINE_BYTES},
     )
     app[STATE] = state
-    app.on_response_prepare.append(_allow_origin)
+    app.on_response_prepare.append(cors_headers(browser))
     routes = [
         web.get("/health", health),
         web.get("/v1/health", health),
@@ -332,6 +332,10 @@ def build_app(state: AgentState) -> web.Application:
     # No catch-all route: unknown paths and methods become llama.cpp's JSON 404 in
     # errors_middleware, so routes added after this (metrics, page, logs) still match.
     app.add_routes(routes)
+    if state.settings.vertex is not None:
+        setup_vertex(
+            app, state.settings.vertex, PROXIED_POST, partial(post_body, buffered=True), health
+        )
     setup_metrics(app)
     setup_models_api(app)
     setup_ui(app)

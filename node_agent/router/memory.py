@@ -2,6 +2,9 @@
 
 A thin layer over the pure :class:`~node_agent.core.ledger.MemoryLedger`. The scheduler asks
 it (as its ``RoomCheck``) whether the head of the queue fits and which idle model to evict;
+for a model that pins no GPU it first chooses the GPU(s) (``core.placement``, the child's
+side in ``memory.placing``) and asks the ledger about that placement only, so that only
+models on the chosen GPU are evicted;
 the registry tells it when children spawn, become ready, sleep and exit; and it waits, after
 a victim's exit, until the victim's memory really shows free again (GPU drivers report freed
 memory late; the host frees at exit).
@@ -10,6 +13,7 @@ memory late; the host frees at exit).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -17,9 +21,18 @@ from pathlib import Path
 from typing import Any
 
 from node_agent.core.ledger import MemoryLedger, freed_memory_visible
+from node_agent.core.placement import Gpu, Holder, Placement, choose
 from node_agent.errors import CorralError
-from node_agent.memory.devices import CompositeProbe
-from node_agent.sources.spec import ModelSpec
+from node_agent.memory.devices import HOST, CompositeProbe
+from node_agent.memory.placing import (
+    PlacementInput,
+    child_environment,
+    placeable,
+    placement_input,
+    tensor_split,
+)
+from node_agent.sources.preset_env import pins_device
+from node_agent.sources.spec import ModelSpec, OptionValue, merge_options
 
 log = logging.getLogger("corral.ledger")
 
@@ -67,10 +80,25 @@ class MemoryWatch:
         # What each child will take by its own --fit (see prepare): held at least this.
         self._taken: dict[str, dict[str, int]] = {}
         self._warned: set[str] = set()
+        # Automatic placement: each placeable model's figures, its latest plan, and the
+        # placement its running child was started on (fixed until it exits).
+        self._inputs: dict[str, PlacementInput] = {}
+        self._plans: dict[str, Placement] = {}
+        self._placed: dict[str, Placement] = {}
+        # The scheduler's idle victims, best first (the registry's; none until it says).
+        self._candidates: Callable[[], Sequence[str]] = tuple
 
     @property
     def devices(self) -> list[str]:
         return list(self._devices)
+
+    @property
+    def gpus(self) -> list[str]:
+        return [d for d in self._devices if d != HOST]
+
+    def victims_from(self, candidates: Callable[[], Sequence[str]]) -> None:
+        """Where placement reads the idle models it may evict (the scheduler's order)."""
+        self._candidates = candidates
 
     # -- estimates -------------------------------------------------------------------------
 
@@ -96,8 +124,10 @@ class MemoryWatch:
         except (CorralError, OSError, ValueError) as exc:
             log.warning("model=%s: cannot estimate its memory (%s); not checked", spec.name, exc)
             return
-        self.ledger.set_estimate(spec.name, figures.min.per_device(), figures.max.per_device())
         self._estimated[spec.name] = key
+        if self._prepare_placement(spec):
+            return
+        self.ledger.set_estimate(spec.name, figures.min.per_device(), figures.max.per_device())
         # The child's own --fit sizes its context to the device as llama.cpp sees it (on the
         # CPU: all of its RAM, free or not), not to --memory-limit: without a pinned -c it
         # takes the trained context wherever that fits. Its pages fill lazily (a compute
@@ -110,6 +140,80 @@ class MemoryWatch:
             fit = figures
         self._taken[spec.name] = fit.max.per_device()
 
+    # -- placement ---------------------------------------------------------------------------
+
+    def _prepare_placement(self, spec: ModelSpec) -> bool:
+        """Make ``spec``'s placement figures if the ledger places it; False if it does not."""
+        options = _estimator_options(spec)
+        ngl = options.get("n-gpu-layers")
+        path = spec.model_path
+        if path is None or not placeable(options, self.gpus, ngl) or pins_device(spec.env):
+            self._inputs.pop(spec.name, None)
+            return False
+        try:
+            self._inputs[spec.name] = placement_input(Path(path), options, self.gpus)
+        except (CorralError, OSError, ValueError) as exc:
+            log.warning("model=%s: cannot estimate it per GPU (%s); not placed", spec.name, exc)
+            self._inputs.pop(spec.name, None)
+            return False
+        if spec.name not in self._placed:
+            self._plan(spec.name, self._candidates())
+        return True
+
+    def _plan(self, model: str, candidates: Sequence[str]) -> Placement:
+        """Choose ``model``'s placement now and have the ledger count it there."""
+        inputs = self._inputs[model]
+        margin = self.ledger.margin
+        gpus = []
+        for name in inputs.single:
+            avail = self.ledger.available(name, without=model)
+            gpus.append(Gpu(name, None if avail is None else avail - margin))
+        holders = [Holder(c, self.ledger.held(c)) for c in candidates if c != model]
+        plan = choose(gpus, inputs.single, inputs.split_need(), holders)
+        self._plans[model] = plan
+        # The agent pins the context it estimated at (memory.placing): max is min.
+        self.ledger.set_estimate(model, plan.need, plan.need)
+        return plan
+
+    def _replan(self, model: str) -> Placement | None:
+        """A fresh plan for a model the ledger places and that is not running yet."""
+        if model not in self._inputs or model in self._placed:
+            return None
+        return self._plan(model, self._candidates())
+
+    def placed(self, spec: ModelSpec) -> ModelSpec:
+        """``spec`` as its child must start: on the placement chosen now (the load was
+        granted), with its context pinned. Unchanged for a model the ledger does not place."""
+        name = spec.name
+        if name not in self._inputs:
+            return spec
+        plan = self._plan(name, ())  # granted: it fits now (or loads anyway, alone)
+        self._placed[name] = plan
+        self._taken[name] = dict(plan.need)
+        log.info("model=%s placed on %s: %s", name, ",".join(plan.gpus), plan.reason)
+        extra: list[tuple[str, OptionValue]] = []
+        if spec.get("ctx-size") is None:
+            extra.append(("ctx-size", str(self._inputs[name].context)))
+        split = tensor_split(plan)
+        if split is not None:
+            extra.append(("tensor-split", split))
+        env = {**dict(spec.env), **child_environment(plan)}
+        return dataclasses.replace(
+            spec, options=merge_options(spec.options, extra), env=tuple(env.items())
+        )
+
+    def placement(self, model: str) -> dict[str, Any] | None:
+        """Where the model runs (or would go now), for ``GET /models``."""
+        plan = self._placed.get(model) or self._plans.get(model)
+        if plan is None:
+            return None
+        return {
+            **plan.as_dict(),
+            "running": model in self._placed,
+            "env": child_environment(plan),
+            "context": self._inputs[model].context if model in self._inputs else None,
+        }
+
     def refresh(self) -> None:
         """Read the devices and recalibrate external use."""
         self.ledger.calibrate(self.probe.read())
@@ -119,6 +223,9 @@ class MemoryWatch:
     def shortfall(self, model: str) -> bool:
         """Whether ``model`` does not fit now. The scheduler asks this speculatively, many
         times per decision: a model that stops fitting is logged once, until it fits again."""
+        plan = self._replan(model)
+        if plan is not None and plan.kind == "evict":
+            return True  # it fits on its GPU only once the victims there are gone
         short = self.ledger.deficit(model)
         if not short:
             self._warned.discard(model)
@@ -129,7 +236,22 @@ class MemoryWatch:
         return bool(short)
 
     def pick_victim(self, model: str, candidates: Sequence[str]) -> str | None:
-        return self.ledger.pick_victim(model, candidates)
+        """The victim to stop for ``model``, with its justification in the log."""
+        placing = model in self._inputs and model not in self._placed
+        plan = self._plan(model, candidates) if placing else None
+        if plan is not None and plan.kind == "evict":
+            first = plan.victims[0]
+            log.info("model=%s: evicting %s on %s: %s", model, first, plan.gpus[0], plan.reason)
+            return first
+        victim = self.ledger.pick_victim(model, candidates)
+        if victim is not None:
+            short = self.ledger.deficit(model)
+            lacking = ", ".join(f"{d}: {b / MIB:.0f} MiB" for d, b in sorted(short.items()))
+            held = ", ".join(sorted(self.ledger.held(victim)))
+            log.info(
+                "model=%s: evicting %s (it holds %s; short by %s)", model, victim, held, lacking
+            )
+        return victim
 
     def warn_if_short(self, model: str) -> None:
         """Called as a load starts: a load that does not fit went ahead (nothing to evict)."""
@@ -176,6 +298,7 @@ class MemoryWatch:
 
     def unloaded(self, model: str) -> None:
         self.ledger.on_unloaded(model)
+        self._placed.pop(model, None)
 
     # -- views -------------------------------------------------------------------------------
 
@@ -186,6 +309,7 @@ class MemoryWatch:
             "max": dict(fig.max) if fig.max is not None else None,
             "effective": dict(fig.effective) if fig.effective is not None else None,
             "held": dict(self.ledger.held(model)),
+            "placement": self.placement(model),
         }
 
     def statistics(self) -> dict[str, Any]:

@@ -137,8 +137,9 @@ def setup_metrics(app: web.Application) -> None:
 
     def proxied(request: web.Request) -> bool:
         """A request to a proxied route, even one refused before its model was known."""
-        if request.method == "POST":
-            return request.path in posts
+        if request.method == "POST":  # by the route's pattern: /slots/{id_slot}
+            resource = request.match_info.route.resource
+            return (resource.canonical if resource is not None else request.path) in posts
         return request.method == "GET" and request.path in gets and "model" in request.query
 
     metrics = AgentMetrics(app[STATE].registry, proxied)

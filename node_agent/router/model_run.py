@@ -139,7 +139,7 @@ class ModelRun:
         if self.loading:
             return
         self.loading = True
-        self.ctx.sched.claim_done(self.name, spawned=True)
+        self.ctx.sched.claim_done(self.name, spawned=True, now=self.ctx.clock())
         self.ctx.publish(self.name, "model_status", {"status": "loading"})
         self.ctx.wake()
         if self.ctx.sched.closing:  # spawned as the agent began to close: stop it too

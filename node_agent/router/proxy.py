@@ -183,14 +183,15 @@ class Proxy:
         exchange: Exchange | None = None,
         *,
         slots: int,
+        buffered: bool = False,
     ) -> web.StreamResponse:
         """Send ``request`` (with ``body`` already read) to the child on ``port``, which
-        serves ``slots`` requests at once."""
+        serves ``slots`` requests at once; ``buffered``: answer in one piece, never a stream."""
         link_id, link = await self._link(port, slots)
         self._book.enter(link_id)
         try:
             async with link.semaphore:
-                return await self._forward(link.session, request, port, body, exchange)
+                return await self._forward(link.session, request, port, body, exchange, buffered)
         finally:
             if self._book.leave(link_id):
                 await self._close(link_id)
@@ -202,14 +203,16 @@ class Proxy:
         port: int,
         body: bytes | None,
         exchange: Exchange | None,
+        buffered: bool = False,
     ) -> web.StreamResponse:
         url = f"http://{CHILD_HOST}:{port}{request.rel_url}"
         headers = _forward_headers(request.headers)
         upstream = await self._send(session, request, url, headers, body, port)
         async with upstream:
             out_headers = _forward_headers(upstream.headers)
-            if upstream.content_length is not None and "chunked" not in upstream.headers.get(
-                "Transfer-Encoding", ""
+            if buffered or (
+                upstream.content_length is not None
+                and "chunked" not in upstream.headers.get("Transfer-Encoding", "")
             ):
                 try:
                     payload = await upstream.read()

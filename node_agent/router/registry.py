@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from node_agent.aio import Changed, TaskSet
 from node_agent.core.scheduler import Decision, DecisionKind, Lease, ModelState, Scheduler
+from node_agent.core.victims import RESIDENCY_FACTOR
 from node_agent.errors import ApiError
 from node_agent.router.downloads import Downloads, DownloadSettings
 from node_agent.router.events import Event, EventHub
@@ -86,10 +87,13 @@ class Registry:
         clock: Callable[[], float] = time.monotonic,
         fake_timing: bool | None = None,
         shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
+        residency_factor: float = RESIDENCY_FACTOR,
         downloads: DownloadSettings | None = None,
     ) -> None:
-        self._sched = Scheduler(models_max, memory)
+        self._sched = Scheduler(models_max, memory, residency_factor=residency_factor)
         self.memory = memory
+        if memory is not None:
+            memory.victims_from(lambda: self._sched.victim_candidates(self._clock()))
         self.ttl = ttl  # seconds idle before unload, for models without their own ``ttl``
         self.queue_timeout = queue_timeout
         self.max_queue = max_queue
@@ -361,14 +365,17 @@ class Registry:
     def _tick(self) -> None:
         if self.memory is not None:
             self.memory.refresh()
-        for eviction in self._sched.tick():
+        for eviction in self._sched.tick(self._clock()):
             log.info("evicting model=%s to make room (%s)", eviction.model, eviction.reason)
             self._begin_stop(eviction.model, eviction.reason)
 
     def _start(self, name: str) -> None:
         """Start ``name``'s run (the caller holds the scheduler's claim). The model shows
         ``loading`` once the run has spawned its child."""
-        run = self._runs[name] = ModelRun(self._ctx, self._local(name), self._factory)
+        spec = self._local(name)
+        if self.memory is not None:
+            spec = self.memory.placed(spec)  # the GPU(s) it goes to, chosen now
+        run = self._runs[name] = ModelRun(self._ctx, spec, self._factory)
         run.task = self._tasks.spawn(self._own(run), f"run:{name}")
 
     async def _own(self, run: ModelRun) -> None:
@@ -446,6 +453,9 @@ class Registry:
             for name in self._sched.expired(self._clock(), ttls):
                 log.info("model=%s idle for %gs (its ttl): unloading", name, ttls[name])
                 self._stop(name, "ttl")
+            if self._sched.statistics().needed:
+                # A victim's minimum residency may have ended: waiters look again.
+                self._changed.notify()
 
     # -- lifecycle ---------------------------------------------------------------------------
 

@@ -5,15 +5,18 @@ it, and it imports none of them."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiohttp import web
 
 from node_agent.child.logs import LogRing
+from node_agent.router.browser_guard import BrowserPolicy
 from node_agent.router.proxy import Proxy
 from node_agent.router.registry import Registry
+from node_agent.router.vertex import Vertex
 
-# Endpoints whose POST body names the model (llama.cpp's proxy_post routes).
+# Endpoints whose POST body names the model (llama.cpp's proxy_post routes; b11434's table in
+# server.cpp). A multipart body (audio uploads) names it in its ``model`` field.
 PROXIED_POST = (
     "/completion",
     "/completions",
@@ -34,9 +37,22 @@ PROXIED_POST = (
     "/tokenize",
     "/detokenize",
     "/apply-template",
+    # added since b10434 (the pinned binary's children lack /v1/systemone: missing_endpoint.py)
+    "/v1/chat/completions/control",
+    "/responses",
+    "/v1/audio/transcriptions",
+    "/audio/transcriptions",
+    "/v1/systemone",
+    "/chat/completions/input_tokens",
+    "/v1/chat/completions/input_tokens",
+    "/responses/input_tokens",
+    "/v1/responses/input_tokens",
+    "/lora-adapters",
+    "/slots/{id_slot}",
+    "/props",  # POST: the model is in the body, as for every POST (not in ?model=)
 )
 # GET endpoints that name the model in ``?model=`` (they do not make a model younger).
-PROXIED_GET = ("/props", "/metrics", "/slots")
+PROXIED_GET = ("/props", "/metrics", "/slots", "/lora-adapters")
 
 
 @dataclass(frozen=True)
@@ -48,6 +64,8 @@ class RouterSettings:
     api_keys: tuple[str, ...]
     build_info: str
     max_body_bytes: int = 64 * 1024 * 1024
+    browser: BrowserPolicy = field(default_factory=BrowserPolicy)
+    vertex: Vertex | None = None  # Google Cloud's prediction routes (AIP_MODE=PREDICTION)
 
 
 Reloader = Callable[[], Awaitable[None]]

@@ -14,6 +14,7 @@ from node_agent.child.ports import CHILD_HOST
 from node_agent.core.scheduler import ModelState
 from node_agent.models_schema import CorralInfo, Memory, ModelEntry, ModelStatus, dump
 from node_agent.redact import redact, redact_args
+from node_agent.sources.preset_env import env_lines
 from node_agent.sources.spec import SOURCE_CACHE
 
 if TYPE_CHECKING:
@@ -32,6 +33,8 @@ class _Listed(Protocol):
     def options(self) -> tuple[tuple[str, str | bool], ...]: ...
     @property
     def mmproj(self) -> str | None: ...
+    @property
+    def env(self) -> tuple[tuple[str, str], ...]: ...
     def argv(self) -> tuple[str, ...]: ...
 
 
@@ -58,6 +61,7 @@ def preset_text(spec: _Listed) -> str:
     for key, value in sorted(spec.options):
         text = ("true" if value else "false") if isinstance(value, bool) else value
         lines.append(f"{key} = {text}")
+    lines.extend(env_lines(spec.env))
     return redact("\n".join(lines) + "\n\n")
 
 

@@ -237,4 +237,5 @@ def _child_view(spec: ModelSpec) -> tuple[object, ...]:
         spec.mmproj,
         spec.model_sha256,
         spec.hf_revision,
+        sorted(spec.env),
     )

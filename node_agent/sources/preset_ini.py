@@ -11,8 +11,9 @@ means ``x = false``; ``version`` is reserved and skipped. Preset-only keys: ``lo
 ``stop-timeout``, ``dedup-cache-models``, ``alias`` (comma-separated) and Corral's ``ttl``,
 ``pin``, ``priority``, ``model-sha256`` (64 hex digits: the agent downloads ``model-url``
 itself and checks it) and ``hf-revision`` (the agent downloads ``hf-repo``/``hf-file`` at that
-revision itself), each in the section that names that source; the operator renders them from a
-ModelPreset's ``url`` and ``huggingFace`` sources.
+revision itself), each in the section that names that source (the operator renders those two
+from a ModelPreset's ``url`` and ``huggingFace`` sources); ``env.NAME = value``, the model's
+own environment (``sources.preset_env``: device and memory variables only).
 
 Where llama.cpp is silent or lax, Corral refuses with file and line: an unknown key (llama.cpp
 also refuses, without a line), a router-level key (llama.cpp silently drops it), a duplicate
@@ -34,6 +35,7 @@ from typing import TypeVar
 
 from node_agent.errors import ConfigError
 from node_agent.sources.options import llama_options, parse_bool
+from node_agent.sources.preset_env import ENV_PREFIX, parse_env_entry
 from node_agent.sources.spec import ROUTER_KEYS, OptionValue, PresetLayer
 
 GLOBAL_SECTION = "*"
@@ -55,6 +57,7 @@ AGENT_KEYS = frozenset(
         "queue-timeout",
         "max-queue",
         "shutdown-timeout",
+        "allowed-hosts",
         "log-level",
     }
 )
@@ -166,6 +169,7 @@ def _split_sections(text: str, path: str) -> list[_Section]:
 def _interpret(section: _Section, path: str) -> PresetLayer:
     table = llama_options()
     options: dict[str, OptionValue] = {}
+    env: dict[str, str] = {}
     extras: dict[str, object] = {}
     seen: dict[str, tuple[str, int]] = {}
     where = f"[{section.name}]"
@@ -183,6 +187,11 @@ def _interpret(section: _Section, path: str) -> PresetLayer:
 
     for key, value, line in section.entries:
         if key == "version":  # reserved by llama.cpp for future use
+            continue
+        if key.startswith(ENV_PREFIX):
+            once(key, key, line)
+            name, text = parse_env_entry(key, value, where, path=path, line=line)
+            env[name] = text
             continue
         if key in PRESET_ONLY:
             name = PRESET_ONLY[key]
@@ -243,6 +252,7 @@ def _interpret(section: _Section, path: str) -> PresetLayer:
         hf_revision=_get(extras, "hf-revision", str),
         dedup_cache_models=_get(extras, "dedup-cache-models", bool),
         origin=f"{path}:{section.line}",
+        env=tuple(env.items()),
     )
 
 

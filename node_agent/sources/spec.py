@@ -18,6 +18,8 @@ OptionValue = str | bool
 """A value option's text, or a flag's on/off (off renders as its ``--no-`` form)."""
 
 Options = tuple[tuple[str, OptionValue], ...]
+Env = tuple[tuple[str, str], ...]
+"""A model's own environment variables (``env.NAME`` preset keys, ``sources.preset_env``)."""
 
 T = TypeVar("T")
 
@@ -73,6 +75,8 @@ class PresetLayer:
     dedup_cache_models: bool | None = None
     origin: str | None = None
     """``file:line`` of the INI section, for error messages."""
+    env: Env = ()
+    """Only the variables this layer sets (merged key by key, like options)."""
 
     def over(self, below: PresetLayer) -> PresetLayer:
         """This layer merged on top of ``below`` (the ``[*]`` cascade)."""
@@ -88,7 +92,12 @@ class PresetLayer:
             hf_revision=_pick(self.hf_revision, below.hf_revision),
             dedup_cache_models=_pick(self.dedup_cache_models, below.dedup_cache_models),
             origin=self.origin or below.origin,
+            env=_merge_env(below.env, self.env),
         )
+
+
+def _merge_env(below: Env, top: Env) -> Env:
+    return tuple({**dict(below), **dict(top)}.items())
 
 
 def _pick(top: T | None, below: T | None) -> T | None:
@@ -132,6 +141,8 @@ class ModelSpec:
     model (or its draft) already uses."""
     hidden: bool = False
     """A cache entry hidden by a preset's ``dedup-cache-models``: unlisted, still usable."""
+    env: Env = ()
+    """The child's own environment variables, on top of the agent's (``env.NAME`` keys)."""
 
     def get(self, name: str) -> OptionValue | None:
         """An option's value by canonical name (``ctx-size``), or None when unset."""
@@ -177,6 +188,7 @@ class ModelSpec:
             model_sha256=_pick(layer.model_sha256, self.model_sha256),
             hf_revision=_pick(layer.hf_revision, self.hf_revision),
             dedup_cache_models=_or(layer.dedup_cache_models, self.dedup_cache_models),
+            env=_merge_env(self.env, layer.env),
         )
 
 

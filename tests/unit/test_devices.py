@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -142,6 +143,63 @@ def test_host_probe_reads_meminfo_and_smaps_rollup(tmp_path: Path) -> None:
     # the model file, the buffers, the heap and the libraries' written data; not their code
     assert probe.process_usage([42]) == {"host": (60000 + 20000 + 1000 + 400) * 1024}
     assert probe.process_usage([43]) == {}  # exited: holds nothing, no error
+
+
+def test_host_probe_counts_a_shared_model_file_once_in_all(tmp_path: Path) -> None:
+    """Two children mapping one model file: every page of it is shared, none private. Each
+    child counts its proportional share (Pss), so the two together count the file once."""
+    for pid in (42, 43):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "smaps").write_text(
+            "5583b000-5583c000 r-xp 00001000 fe:00 11 /opt/llama-server\n"
+            "Pss:               3500 kB\nPss_Dirty:             0 kB\n"
+            "Private_Clean:        0 kB\nPrivate_Dirty:        0 kB\n"
+            "5583c000-5583d000 rw-p 00002000 fe:00 11 /opt/llama-server\n"
+            "Pss:                 64 kB\nPss_Dirty:            64 kB\n"
+            "Private_Clean:        0 kB\nPrivate_Dirty:       64 kB\n"
+            "7f10a000-7f20b000 r--s 00023000 fe:00 13 /models/m.gguf\n"
+            "Pss:              30000 kB\nPss_Dirty:             0 kB\n"
+            "Private_Clean:        0 kB\nPrivate_Dirty:        0 kB\n"
+            "7f30a000-7f40b000 rw-p 00000000 00:00 0 \n"
+            "Pss:              20000 kB\nPss_Dirty:         20000 kB\n"
+            "Private_Clean:        0 kB\nPrivate_Dirty:    20000 kB\n"
+        )
+    probe = HostProbe(tmp_path)
+    # half the 60000 kB file each, the buffers, the program's written data; not its code
+    assert probe.process_usage([42]) == {"host": (30000 + 20000 + 64) * 1024}
+    assert probe.process_usage([42, 43]) == {"host": 2 * (30000 + 20000 + 64) * 1024}
+
+
+def test_two_processes_mapping_one_file_count_it(tmp_path: Path) -> None:
+    """The same on this machine's kernel: two processes read one 64 MiB file through mmap."""
+    model = tmp_path / "m.gguf"
+    model.write_bytes(os.urandom(64 * MIB))
+    script = (
+        "import mmap, sys\n"
+        "with open(sys.argv[1], 'rb') as f:\n"
+        "    m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)\n"
+        "    sum(m[i] for i in range(0, len(m), 4096))\n"
+        "    print('mapped', flush=True)\n"
+        "    sys.stdin.read()\n"
+    )
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, str(model)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    try:
+        for child in children:
+            assert child.stdout is not None and child.stdout.readline() == "mapped\n"
+        used = HostProbe().process_usage([child.pid for child in children])["host"]
+        assert used >= 63 * MIB  # the file's pages, once in all (0 when only private count)
+    finally:
+        for child in children:
+            child.kill()
+            child.communicate()  # waits, and closes its pipes
 
 
 def test_host_probe_on_this_machine() -> None:
