@@ -37,8 +37,10 @@ from node_agent.extras import install_hint
 from node_agent.mcp.config import load_servers
 from node_agent.mcp.servers import McpServers
 from node_agent.memory.devices import open_probes
+from node_agent.redact import RedactingFilter, add_secret, add_secrets
 from node_agent.router.app import build_app
 from node_agent.router.browser_guard import start_warnings
+from node_agent.router.downloads import DownloadSettings
 from node_agent.router.memory import MemoryWatch
 from node_agent.router.proxy import Proxy
 from node_agent.router.registry import Registry
@@ -46,6 +48,7 @@ from node_agent.router.state import AgentState, RouterSettings
 from node_agent.router.tools_api import security_warning
 from node_agent.router.vertex import vertex_from_env
 from node_agent.sources.catalog import Catalog, diff_catalogs, load_catalog
+from node_agent.sources.download import Limits
 from node_agent.sources.hf_cache import hub_dir
 from node_agent.sources.options import read_options_early, use_options_of
 from node_agent.sources.preset_dir import directory_version, preset_files
@@ -94,6 +97,10 @@ Corral's own:
   --memory-limit DEV=SIZE     cap what models may use on a device (host=8GiB, CUDA0=20GiB)
   --load-timeout SECONDS      kill a child not ready after this long (default 600)
   --max-body-size SIZE        refuse request bodies larger than this with 413 (default 64MiB)
+  --max-download-size SIZE    refuse to download a model file larger than this (e.g. 40GiB)
+  --download-redirect-hosts H[,H]
+                              hosts a download may be redirected to (.example.com: a domain);
+                              its own host and Hugging Face's CDN always are
   --models-ttl SECONDS        unload a model idle this long (a preset's ttl wins; 0: never)
   --queue-timeout SECONDS     a request waiting longer for its model gets 503 + Retry-After
   --max-queue N               at most N requests wait per model; more get 503 + Retry-After
@@ -107,6 +114,17 @@ Corral's own:
 Any other option is a llama-server option: it is passed to every child (e.g. -c 4096) and
 overrides the presets' values.
 """
+
+
+def download_settings(options: AgentOptions, env: Mapping[str, str]) -> DownloadSettings:
+    """``--hf-token`` (else ``$HF_TOKEN``), the endpoint and cache from ``env``, the limits."""
+    token = dict(options.child_options).get("hf-token")
+    return DownloadSettings(
+        env=dict(env),
+        token=token if isinstance(token, str) and token else env.get("HF_TOKEN") or None,
+        limits=Limits(options.max_download_size, options.download_redirect_hosts),
+        load_timeout=options.load_timeout,
+    )
 
 
 def child_config(
@@ -150,7 +168,9 @@ class Agent:
             max_queue=options.max_queue,
             release_port=self.proxy.release_port,
             shutdown_timeout=options.shutdown_timeout,
+            downloads=download_settings(options, self.env),
         )
+        self.registry.downloads.on_finished = self.reload  # a download becomes a cache model
         self.logs: dict[str, LogRing] = {}
         servers = load_servers(options.mcp_servers_config, options.mcp_servers_json)
         self.mcp = McpServers(servers) if servers else None
@@ -429,6 +449,11 @@ def main(argv: Sequence[str]) -> int:
         level=options.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # Secrets never reach the log: the keys and the token by value, the rest by shape.
+    add_secrets(options.api_keys)
+    add_secret(download_settings(options, env).token)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RedactingFilter())
     if missing is not None or binary is None:
         print(f"corral agent: {missing}", file=sys.stderr)
         return 1

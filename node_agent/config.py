@@ -71,7 +71,13 @@ class AgentOptions:
     max_body_size: int = 64 * 1024 * 1024
     """Request bodies larger than this are refused with 413."""
     load_timeout: float = 600.0
-    """A child not ready this long after its spawn is killed and its load fails."""
+    """A child not ready this long after its spawn is killed and its load fails; a preset's
+    download (part of its load) fails past it too."""
+    max_download_size: int | None = None
+    """No file the agent downloads may be larger than this (None: only its declared size)."""
+    download_redirect_hosts: tuple[str, ...] = ()
+    """Hosts (``.suffix`` for a domain) a download may be redirected to, beyond its own host
+    and Hugging Face's CDN."""
     models_ttl: float | None = None
     """Unload a model idle this many seconds; None = never (a preset's ``ttl`` wins)."""
     queue_timeout: float | None = None
@@ -276,6 +282,13 @@ def _body_size(raw: str) -> int:
     return size
 
 
+def _hosts(raw: str) -> tuple[str, ...]:
+    hosts = tuple(h.strip().lower() for h in raw.split(",") if h.strip())
+    if not hosts or any("/" in h or ":" in h or " " in h for h in hosts):
+        raise ValueError("host names, e.g. cdn.example.com,.example.net")
+    return hosts
+
+
 def _positive_seconds(raw: str) -> float:
     seconds = float(raw)
     if not seconds > 0:
@@ -423,6 +436,8 @@ _OWN_FLAGS: dict[str, tuple[str, str, Callable[[str], object]]] = {
     "--models-ttl": ("models_ttl", "seconds (0: never)", _seconds),
     "--load-timeout": ("load_timeout", "seconds (> 0)", _positive_seconds),
     "--max-body-size": ("max_body_size", "a size like 64MiB", _body_size),
+    "--max-download-size": ("max_download_size", "a size like 20GiB", parse_size),
+    "--download-redirect-hosts": ("download_redirect_hosts", "host names, comma-separated", _hosts),
     "--queue-timeout": ("queue_timeout", "seconds (0: wait forever)", _seconds),
     "--max-queue": ("max_queue", "a count (0: no limit)", _count_or_unlimited),
     "--shutdown-timeout": ("shutdown_timeout", "seconds (> 0)", _positive_seconds),

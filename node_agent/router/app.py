@@ -38,6 +38,7 @@ from node_agent.router.logs_api import setup_logs
 from node_agent.router.metrics import setup_metrics
 from node_agent.router.missing_endpoint import NOT_FOUND, endpoint_missing, route_of
 from node_agent.router.model_run import FAKE_TIMING_SECONDS
+from node_agent.router.models_api import download_entries, setup_models_api
 from node_agent.router.registry import Registry
 from node_agent.router.state import PROXIED_GET, PROXIED_POST, STATE, AgentState, RouterSettings
 from node_agent.router.tools_api import setup_tools
@@ -271,7 +272,12 @@ async def list_models(request: web.Request) -> web.StreamResponse:
     registry = state.registry
     now = int(time.time())
     streams = request.app[CONVERSATIONS].supported
-    data = [model_entry(registry, name, state.binary, now, streams) for name in registry.specs()]
+    data = [
+        model_entry(registry, name, state.binary, now, streams)
+        for name, spec in registry.specs().items()
+        if not spec.hidden  # a cache entry a preset's dedup-cache-models hides
+    ]
+    data += download_entries(state, now)
     return _json({"data": data, "object": "list"})
 
 
@@ -359,6 +365,7 @@ def build_app(state: AgentState) -> web.Application:
         )
     setup_metrics(app)
     setup_conversations(app)
+    setup_models_api(app)
     setup_ui(app)
     setup_chat_ui(app, state.binary)
     setup_tools(app, state.mcp_servers, state.settings.cors_proxy)

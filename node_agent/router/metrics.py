@@ -26,6 +26,7 @@ from aiohttp import web
 
 from node_agent.aio import TaskSet
 from node_agent.errors import ApiError
+from node_agent.redact import redact
 from node_agent.router.exchange import EXCHANGE, Exchange
 from node_agent.router.registry import Registry
 from node_agent.router.state import PROXIED_GET, PROXIED_POST, STATE
@@ -77,7 +78,8 @@ class AgentMetrics:
         if self._registry.memory is not None:
             self._registry.memory.refresh()  # the ledger's figures as of this scrape
         return web.Response(
-            body=generate_latest(self.families.registry),
+            # Labels name models (a preset's section name, an alias): never a secret's text.
+            body=redact(generate_latest(self.families.registry).decode()).encode(),
             headers={"Content-Type": CONTENT_TYPE_LATEST},
         )
 

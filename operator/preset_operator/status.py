@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from node_agent.models_schema import dump, parse_entries
+from node_agent.redact import redact
 
 log = logging.getLogger("corral.operator")
 
@@ -136,7 +137,8 @@ def node_entry(
             if model.memory is not None:
                 entry["memory"] = dict(model.memory)
     if last_error:
-        entry["lastError"] = str(last_error)[:1024]
+        # The agent redacts what it serves; an older agent or a conflict text may not have.
+        entry["lastError"] = redact(str(last_error))[:1024]
     return entry
 
 
