@@ -28,13 +28,10 @@ TINY, SMALL = "demo-tiny", "demo-small"
 def pair(demo_dir: Path) -> Iterator[tuple[AgentProcess, AgentProcess]]:
     """Agents A and B, ``--models-max 1`` each, each the other's ``--peer``."""
     ports = free_port(), free_port()
+    common = ["--models-dir", str(demo_dir), "--models-max", "1", "--api-key", KEY]
     agents = [
         AgentProcess(
-            [
-                "--models-dir", str(demo_dir), "--models-max", "1", "--api-key", KEY,
-                "--peer", f"http://127.0.0.1:{other}", "--log-level", "debug",
-            ],  # fmt: skip
-            port=mine,
+            [*common, "--peer", f"http://127.0.0.1:{other}", "--log-level", "debug"], port=mine
         )
         for mine, other in (ports, ports[::-1])
     ]
