@@ -57,6 +57,13 @@ class Choice:
     why: str
 
 
+def effective_state(state: str, queued: int) -> str:
+    """A model not loaded but with requests queued for it is, in effect, loading: it takes its
+    node's next slot. (Without this, a burst that arrives before any load has started sees
+    every model fit everywhere, and every node loads every model.)"""
+    return LOADING if state == UNLOADED and queued > 0 else state
+
+
 def tier(node: Node) -> Tier:
     if node.state == LOADED:
         return Tier.LOADED_IDLE if node.queue == 0 else Tier.LOADED_BUSY

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 import aiohttp
 from aiohttp import web
 
-from node_agent.core.peer_rank import Choice, Node, choose, fits
+from node_agent.core.peer_rank import LOADING, RESIDENT, Choice, Node, choose, effective_state, fits
 from node_agent.models_schema import parse_entries
 from node_agent.router.proxy import Proxy
 from node_agent.router.registry import Registry
@@ -93,8 +93,12 @@ class Peers:
             entries, _ = parse_entries(models)
             peer.models = {
                 name: (
-                    e.status.value,
-                    e.corral.in_flight + e.corral.queued if e.corral is not None else 0,
+                    (
+                        effective_state(e.status.value, e.corral.queued),
+                        e.corral.in_flight + e.corral.queued,
+                    )
+                    if e.corral is not None
+                    else (e.status.value, 0)
                 )
                 for name, e in entries.items()
             }
@@ -120,12 +124,13 @@ class Peers:
         """Where the request for ``name`` is served (the pure core decides)."""
         sched = self._registry.scheduler
         views = {n: sched.view(n) for n in self._registry.specs()}
+        states = {n: effective_state(v.state.value, v.queued) for n, v in views.items()}
         mine = views[name]
         here = Node(
             peer=None,
-            state=mine.state.value,
+            state=states[name],
             queue=mine.in_flight + mine.queued,
-            fits=fits([v.state.value for v in views.values()], self._models_max),
+            fits=fits(list(states.values()), self._models_max),
         )
         peers = [
             Node(
@@ -137,7 +142,14 @@ class Peers:
             for p in self.peers.values()
             if p.reachable and name in p.models
         ]
-        return choose(here, peers, forwarded=FORWARDED in request.headers)
+        choice = choose(here, peers, forwarded=FORWARDED in request.headers)
+        if choice.peer is not None:
+            # Until the next poll, count what was just sent there: the next requests for this
+            # model follow it, and a peer given a model to load is no longer one that fits.
+            peer = self.peers[choice.peer]
+            state, queue = peer.models[name]
+            peer.models[name] = (state if state in RESIDENT else LOADING, queue + 1)
+        return choice
 
     async def forward(
         self, request: web.Request, peer: str, body: bytes | None

@@ -16,6 +16,7 @@ from node_agent.core.peer_rank import (
     Node,
     Tier,
     choose,
+    effective_state,
     fits,
     tier,
 )
@@ -133,3 +134,21 @@ def test_fits_counts_the_models_holding_a_slot(
     states: tuple[str, ...], models_max: int, expected: bool
 ) -> None:
     assert fits(states, models_max) is expected
+
+
+@pytest.mark.parametrize(
+    ("state", "queued", "expected"),
+    [
+        (UNLOADED, 0, UNLOADED),
+        (UNLOADED, 3, LOADING),  # requests wait for it: it takes the next slot
+        (LOADED, 3, LOADED),
+        (SLEEPING, 1, SLEEPING),
+        (LOADING, 0, LOADING),
+    ],
+)
+def test_a_model_with_requests_queued_for_it_is_in_effect_loading(
+    state: str, queued: int, expected: str
+) -> None:
+    assert effective_state(state, queued) == expected
+    # ...so it holds a slot: a node with it queued has no room for another.
+    assert fits([effective_state(state, queued)], 1) is (expected == UNLOADED)
