@@ -27,6 +27,7 @@ import aiohttp
 from aiohttp import web
 
 from node_agent.core.peer_rank import LOADING, RESIDENT, Choice, Node, choose, effective_state, fits
+from node_agent.errors import ApiError
 from node_agent.models_schema import parse_entries
 from node_agent.router.proxy import Proxy
 from node_agent.router.registry import Registry
@@ -157,7 +158,15 @@ class Peers:
         """Send ``request`` to ``peer`` in one hop; its answer streams back as it comes."""
         headers = {FORWARDED: self.agent_id, **self._auth}
         port = urlsplit(peer).port or 0
-        return await self._proxy.forward_to(self._client(), request, peer, port, body, headers)
+        try:
+            return await self._proxy.forward_to(self._client(), request, peer, port, body, headers)
+        except ApiError:
+            # It did not answer, or died mid-answer: the client gets the 502; the requests
+            # after it do not wait for the next poll to stop going there.
+            state = self.peers[peer]
+            state.reachable, state.models, state.error = False, {}, "a forwarded request failed"
+            log.warning("peer %s failed a forwarded request: left out until it answers", peer)
+            raise
 
     async def close(self) -> None:
         if self._session is not None:

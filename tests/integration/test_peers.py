@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from http.client import HTTPConnection
@@ -48,6 +49,12 @@ def states(agent: AgentProcess) -> dict[str, str]:
     status, data = agent.get("/models", headers=AUTH)
     assert status == 200, data
     return {m["id"]: m["status"]["value"] for m in data["data"]}
+
+
+def in_flight(agent: AgentProcess, model: str) -> int:
+    status, data = agent.get("/models", headers=AUTH)
+    assert status == 200, data
+    return next(int(m["corral"]["in_flight"]) for m in data["data"] if m["id"] == model)
 
 
 def loads(agent: AgentProcess) -> float:
@@ -160,3 +167,38 @@ def test_a_peer_that_dies_mid_stream_ends_the_stream_with_an_error(
         while alive(pid):
             assert time.monotonic() < deadline, f"B's child {pid} outlived it"
             time.sleep(0.05)
+
+
+def test_a_peer_that_dies_mid_answer_is_a_502_and_is_left_out(
+    pair: tuple[AgentProcess, AgentProcess],
+) -> None:
+    a, b = pair
+    load(b, TINY)
+    served_by_peer(a, TINY)
+    answers: list[tuple[int, Any, float]] = []
+
+    def ask() -> None:  # a long answer in one piece, forwarded by A to B
+        started = time.monotonic()
+        status, body = post(a, chat(TINY, max_tokens=3000, ignore_eos=True))
+        answers.append((status, body, time.monotonic() - started))
+
+    asker = threading.Thread(target=ask)
+    asker.start()
+    deadline = time.monotonic() + 30
+    while in_flight(b, TINY) == 0:
+        assert time.monotonic() < deadline, "the forwarded request never reached B"
+        time.sleep(0.02)
+    os.kill(b.proc.pid, signal.SIGKILL)
+    killed = time.monotonic()
+    asker.join(timeout=30)
+    assert not asker.is_alive(), "the client still waits for a dead peer"
+    status, body, _ = answers[0]
+    assert status == 502, body
+    assert "the model's server" in body["error"]["message"], body
+    assert time.monotonic() - killed < 15
+    assert f"peer {b.url} failed a forwarded request" in a.log()
+    # The next request is not sent to the dead peer: A loads the model itself.
+    status, body = post(a, chat(TINY))
+    assert status == 200, body
+    assert states(a)[TINY] == "loaded"
+    b.proc.wait()
