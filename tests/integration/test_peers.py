@@ -202,3 +202,28 @@ def test_a_peer_that_dies_mid_answer_is_a_502_and_is_left_out(
     assert status == 200, body
     assert states(a)[TINY] == "loaded"
     b.proc.wait()
+
+
+def test_a_client_that_goes_away_mid_stream_ends_the_peers_work(
+    pair: tuple[AgentProcess, AgentProcess],
+) -> None:
+    a, b = pair
+    load(b, TINY)
+    served_by_peer(a, TINY)
+    conn = HTTPConnection("127.0.0.1", a.port, timeout=60)
+    body = chat(TINY, max_tokens=3000, stream=True, ignore_eos=True)
+    conn.request(
+        "POST",
+        "/v1/chat/completions",
+        json.dumps(body),
+        {**AUTH, "Content-Type": "application/json"},
+    )
+    stream = conn.getresponse()
+    assert stream.readline().startswith(b"data: ")
+    assert in_flight(b, TINY) == 1  # B serves it
+    conn.close()  # the client hangs up; A's handler is cancelled and closes its hop to B
+    # The whole answer takes ~14 s here (measured): B stopping within 5 s is the hang-up.
+    deadline = time.monotonic() + 5
+    while in_flight(b, TINY) != 0:
+        assert time.monotonic() < deadline, "B still serves a request nobody reads"
+        time.sleep(0.05)
