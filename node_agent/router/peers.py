@@ -73,8 +73,10 @@ class Peers:
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
-            # As the proxy's own sessions: the peer's bytes go to the client as they are.
+            # As the proxy's own sessions: the peer's bytes go to the client as they are, and
+            # no connection limit here (aiohttp's default is 100): the peer's own gate limits.
             self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0),
                 timeout=self._timeout,
                 auto_decompress=False,
                 skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
