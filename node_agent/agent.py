@@ -42,6 +42,7 @@ from node_agent.router.app import build_app
 from node_agent.router.browser_guard import start_warnings
 from node_agent.router.downloads import DownloadSettings
 from node_agent.router.memory import MemoryWatch
+from node_agent.router.peers import Peers
 from node_agent.router.proxy import Proxy
 from node_agent.router.registry import Registry
 from node_agent.router.state import AgentState, RouterSettings
@@ -107,6 +108,10 @@ Corral's own:
   --shutdown-timeout SECONDS  on SIGTERM: drain and stop within this long, then kill (default
                               30; a second SIGTERM/SIGINT kills at once)
   --log-level LEVEL           debug, info, warning or error (default info)
+  --peer URL                  another agent (http://HOST:PORT; repeatable): a request for a
+                              model not loaded here goes, in one hop, to the peer where it is
+                              loaded, sleeping or loading, or that has a free slot for it;
+                              peers are asked with this agent's --api-key (one key for all)
   --allowed-hosts NAMES       Host names answered besides local ones (comma-separated; '*':
                               no check; default: a loopback-bound agent answers only to
                               localhost names and IP literals, a guard against DNS rebinding)
@@ -171,6 +176,19 @@ class Agent:
             downloads=download_settings(options, self.env),
         )
         self.registry.downloads.on_finished = self.reload  # a download becomes a cache model
+        self.peers = (
+            Peers(
+                options.peers,
+                agent_id=self.env.get("NODE_NAME") or self.tag,
+                api_key=options.api_keys[0] if options.api_keys else None,
+                registry=self.registry,
+                models_max=options.models_max,
+                proxy=self.proxy,
+                timeout=options.timeout,
+            )
+            if options.peers
+            else None
+        )
         self.logs: dict[str, LogRing] = {}
         servers = load_servers(options.mcp_servers_config, options.mcp_servers_json)
         self.mcp = McpServers(servers) if servers else None
@@ -286,7 +304,8 @@ class Agent:
             self.reload,
             str(self.binary),
             self.logs_for,
-            self.mcp,
+            mcp_servers=self.mcp,
+            peers=self.peers,
         )
         app = build_app(state)
         app.cleanup_ctx.append(self._lifetime)
@@ -321,12 +340,16 @@ class Agent:
         self.registry.start()
         if self._preset_dir is not None:
             self._tasks.spawn(self.watch_presets(self._preset_dir), "preset-watch", forever=True)
+        if self.peers is not None:
+            self._tasks.spawn(self.peers.run(), "peer-poll", forever=True)
         yield
         await self._tasks.close()
         await self.registry.close()
         await self.proxy.close()
         if self.mcp is not None:
             await self.mcp.close()
+        if self.peers is not None:
+            await self.peers.close()
 
     async def stop(self) -> None:
         """Close the registry first (nothing new is admitted or spawned from here on), then

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
+from urllib.parse import urlsplit
 
 from node_agent.errors import ConfigError
 from node_agent.sources.options import Match, generated_options, llama_options, parse_bool
@@ -88,6 +89,8 @@ class AgentOptions:
     """On SIGTERM/SIGINT: the whole shutdown (drain, children's exit) takes at most this
     long; then the children left are killed. Below the chart's 60 s grace period."""
     log_level: str = "info"
+    peers: tuple[str, ...] = ()
+    """Other agents' base URLs (``--peer``, repeatable): requests may go to where a model runs."""
     allowed_hosts: str | None = None
     """``--allowed-hosts``: Host names answered besides local ones; None = by the bind address."""
     child_options: tuple[tuple[str, OptionValue], ...] = ()
@@ -117,6 +120,7 @@ def parse_agent_args(argv: Sequence[str], env: Mapping[str, str]) -> AgentOption
     api_keys: list[str] = []
     api_key_files: list[str] = []
     limits: dict[str, int] = {}
+    peers: list[str] = []
     children: dict[str, OptionValue] = {}
     table = llama_options()
 
@@ -144,6 +148,8 @@ def parse_agent_args(argv: Sequence[str], env: Mapping[str, str]) -> AgentOption
                 if device in limits:
                     raise ConfigError(f"--memory-limit: device {device!r} is given twice")
                 limits[device] = size
+            elif field == "peers":
+                peers.append(_peer_url(raw))
             else:
                 values[field] = _convert(flag, raw, what, convert)
             continue
@@ -216,6 +222,7 @@ def parse_agent_args(argv: Sequence[str], env: Mapping[str, str]) -> AgentOption
         **values,  # type: ignore[arg-type]
         api_keys=tuple(keys),
         memory_limits=tuple(limits.items()),
+        peers=tuple(dict.fromkeys(peers)),
         child_options=tuple(children.items()),
     )
 
@@ -368,6 +375,21 @@ def _memory_limit(raw: str) -> tuple[str, int]:
         raise ConfigError(f"--memory-limit {raw!r}: expected {e}") from None
 
 
+def _peer_url(raw: str) -> str:
+    """``--peer``: another agent's base URL, ``http(s)://host:port`` (no path, no query)."""
+    url = raw.rstrip("/")
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme not in ("http", "https") or not parts.hostname or port is None:
+        raise ConfigError(f"--peer expects another agent's URL, http(s)://HOST:PORT, got {raw!r}")
+    if parts.path or parts.query or parts.fragment or parts.username:
+        raise ConfigError(f"--peer {raw!r}: give only http(s)://HOST:PORT (no path or query)")
+    return url
+
+
 def _split_keys(raw: str, where: str) -> list[str]:
     keys = [k.strip() for k in raw.split(",") if k.strip()]
     if not keys:  # "--api-key ," would otherwise leave every endpoint open, silently
@@ -442,6 +464,7 @@ _OWN_FLAGS: dict[str, tuple[str, str, Callable[[str], object]]] = {
     "--max-queue": ("max_queue", "a count (0: no limit)", _count_or_unlimited),
     "--shutdown-timeout": ("shutdown_timeout", "seconds (> 0)", _positive_seconds),
     "--log-level": ("log_level", "one of " + ", ".join(LOG_LEVELS), _log_level),
+    "--peer": ("peers", "a URL (http://HOST:PORT)", _peer_url),
     "--allowed-hosts": ("allowed_hosts", "host names (comma-separated; *: no check)", _identity),
 }
 

@@ -215,6 +215,11 @@ async def _proxy(
     buffered: bool = False,
 ) -> web.StreamResponse:
     exchange = begin_exchange(request, name)
+    if state.peers is not None and inference:
+        choice = state.peers.choose(name, request)
+        if choice.peer is not None:  # one hop to where the model is (router/peers.py)
+            log.debug("model=%s goes to %s: %s", name, choice.peer, choice.why)
+            return await state.peers.forward(request, choice.peer, body)
     lease = await state.registry.acquire(
         name, autoload=_autoload(request, state.settings), inference=inference
     )

@@ -12,6 +12,7 @@ from aiohttp import web
 from node_agent.child.logs import LogRing
 from node_agent.mcp.servers import McpServers
 from node_agent.router.browser_guard import BrowserPolicy
+from node_agent.router.peers import Peers
 from node_agent.router.proxy import Proxy
 from node_agent.router.registry import Registry
 from node_agent.router.vertex import Vertex
@@ -83,6 +84,7 @@ class AgentState:
     binary: str
     logs_for: LogsFor | None = None  # the model's log ring, for GET /models/logs
     mcp_servers: McpServers | None = None  # the agent's own, for /tools
+    peers: Peers | None = None  # with --peer: where else a request may be served
 
 
 STATE: web.AppKey[AgentState] = web.AppKey("corral_state", AgentState)

@@ -58,6 +58,7 @@ AGENT_KEYS = frozenset(
         "max-queue",
         "shutdown-timeout",
         "allowed-hosts",
+        "peer",
         "log-level",
     }
 )
