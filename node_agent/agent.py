@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import importlib
 import importlib.util
 import logging
 import os
 import signal
 import sys
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -32,27 +35,39 @@ from node_agent.child.state import ChildEvent
 from node_agent.config import AgentOptions, llama_server_arg, parse_agent_args
 from node_agent.errors import ApiError, BinaryError, ConfigError, CorralError
 from node_agent.extras import install_hint
+from node_agent.mcp.config import load_servers
+from node_agent.mcp.servers import McpServers
 from node_agent.memory.devices import open_probes
-from node_agent.models_schema import RefusedPreset
+from node_agent.redact import RedactingFilter, add_secret, add_secrets
 from node_agent.router.app import build_app
 from node_agent.router.browser_guard import start_warnings
 from node_agent.router.connections import BoundedRunner, default_max_connections
+from node_agent.router.downloads import DownloadSettings
 from node_agent.router.memory import MemoryWatch
+from node_agent.router.peers import Peers
 from node_agent.router.proxy import Proxy
 from node_agent.router.registry import Registry
 from node_agent.router.state import AgentState, RouterSettings
+from node_agent.router.tools_api import security_warning
 from node_agent.router.vertex import vertex_from_env
 from node_agent.sources.catalog import Catalog, diff_catalogs, keep_refused, load_catalog
-from node_agent.sources.download import cache_dir
+from node_agent.sources.download import Limits, cache_dir
 from node_agent.sources.hf_cache import hub_dir
-from node_agent.sources.options import use_options_of
+from node_agent.sources.options import read_options_early, use_options_of
 from node_agent.sources.preset_dir import directory_version, preset_files, preset_policy
 from node_agent.sources.spec import ModelSpec
 from node_agent.version import version_line
 
+if TYPE_CHECKING:  # pydantic is imported lazily (start-up time)
+    from node_agent.models_schema import RefusedPreset
+
 log = logging.getLogger("corral.agent")
 
 LOG_LINES = 2000  # stderr lines kept per model
+# Imported in the background once the agent listens: GET /models and the first request's
+# metrics need them, start-up does not (pydantic and prometheus_client are ~40% of the
+# import time; agent start with 1000 models, bench S6).
+IMPORTED_LATER = ("node_agent.models_schema", "node_agent.router.metrics_families")
 PRESET_POLL_SECONDS = 1.0  # the kubelet syncs ConfigMap volumes every ~60 s: 1 s is plenty
 
 HELP = """\
@@ -77,6 +92,10 @@ llama-server router options (same names, defaults and LLAMA_ARG_* variables):
                               the other CORS headers, as llama-server's
   -to, --timeout SECONDS      read/write timeout towards the children (default 3600)
   --sleep-idle-seconds N      children unload their model after N idle seconds
+  --mcp-servers-config FILE, --mcp-servers-json JSON
+                              MCP servers (Cursor's "mcpServers" format) that the agent runs
+                              for GET/POST /tools; never passed to the children
+  --ui-mcp-proxy              serve /cors-proxy for the web UI's remote MCP servers
 
 Corral's own:
   --llama-server PATH         the llama-server binary (else $LLAMA_SERVER, PATH, corral[cpu])
@@ -84,6 +103,10 @@ Corral's own:
   --memory-limit DEV=SIZE     cap what models may use on a device (host=8GiB, CUDA0=20GiB)
   --load-timeout SECONDS      kill a child not ready after this long (default 600)
   --max-body-size SIZE        refuse request bodies larger than this with 413 (default 64MiB)
+  --max-download-size SIZE    refuse to download a model file larger than this (e.g. 40GiB)
+  --download-redirect-hosts H[,H]
+                              hosts a download may be redirected to (.example.com: a domain);
+                              its own host and Hugging Face's CDN always are
   --models-ttl SECONDS        unload a model idle this long (a preset's ttl wins; 0: never)
   --queue-timeout SECONDS     a request waiting longer for its model gets 503 + Retry-After
   --max-queue N               at most N requests wait per model; more get 503 + Retry-After
@@ -94,6 +117,10 @@ Corral's own:
   --max-connections N         at most N client connections (default: from ulimit -n); idle
                               and slow ones are closed first, so /health keeps answering
   --log-level LEVEL           debug, info, warning or error (default info)
+  --peer URL                  another agent (http://HOST:PORT; repeatable): a request for a
+                              model not loaded here goes, in one hop, to the peer where it is
+                              loaded, sleeping or loading, or that has a free slot for it;
+                              peers are asked with this agent's --api-key (one key for all)
   --allowed-hosts NAMES       Host names answered besides local ones (comma-separated; '*':
                               no check; default: a loopback-bound agent answers only to
                               localhost names and IP literals, a guard against DNS rebinding)
@@ -101,6 +128,17 @@ Corral's own:
 Any other option is a llama-server option: it is passed to every child (e.g. -c 4096) and
 overrides the presets' values.
 """
+
+
+def download_settings(options: AgentOptions, env: Mapping[str, str]) -> DownloadSettings:
+    """``--hf-token`` (else ``$HF_TOKEN``), the endpoint and cache from ``env``, the limits."""
+    token = dict(options.child_options).get("hf-token")
+    return DownloadSettings(
+        env=dict(env),
+        token=token if isinstance(token, str) and token else env.get("HF_TOKEN") or None,
+        limits=Limits(options.max_download_size, options.download_redirect_hosts),
+        load_timeout=options.load_timeout,
+    )
 
 
 def child_config(
@@ -149,8 +187,27 @@ class Agent:
             max_queue=options.max_queue,
             release_port=self.proxy.release_port,
             shutdown_timeout=options.shutdown_timeout,
+            downloads=download_settings(options, self.env),
+        )
+        self.registry.downloads.on_finished = self.reload  # a download becomes a cache model
+        self.peers = (
+            Peers(
+                options.peers,
+                agent_id=self.env.get("NODE_NAME") or self.tag,
+                api_key=options.api_keys[0] if options.api_keys else None,
+                registry=self.registry,
+                models_max=options.models_max,
+                proxy=self.proxy,
+                timeout=options.timeout,
+            )
+            if options.peers
+            else None
         )
         self.logs: dict[str, LogRing] = {}
+        servers = load_servers(options.mcp_servers_config, options.mcp_servers_json)
+        self.mcp = McpServers(servers) if servers else None
+        # llama.cpp's rule (arg.cpp): MCP servers given make `localhost` the CORS default.
+        self._mcp_enabled = bool(options.mcp_servers_config or options.mcp_servers_json)
         self._runner: web.AppRunner | None = None
         self._tasks = TaskSet("agent")
         preset = options.models_preset
@@ -211,6 +268,8 @@ class Agent:
 
     def refused_presets(self) -> list[RefusedPreset]:
         """The current catalog's refused presets, for ``GET /models``."""
+        from node_agent.models_schema import RefusedPreset  # pydantic: lazily (start-up time)
+
         return [
             RefusedPreset(origin=r.origin, reason=r.reason, models=list(r.models))
             for r in self.catalog.refused
@@ -267,9 +326,12 @@ class Agent:
             build_info=self.build_info,
             max_body_bytes=self.options.max_body_size,
             client_timeout=self.options.client_timeout,
-            browser=startup.browser_policy(self.options),
+            browser=startup.browser_policy(self.options, tools_enabled=self._mcp_enabled),
             vertex=vertex_from_env(self.env),
+            cors_proxy=self.options.ui_mcp_proxy,
         )
+        if self.mcp is not None:
+            await self.mcp.warm_up()  # before listening, as llama.cpp does
         state = AgentState(
             self.registry,
             self.proxy,
@@ -277,6 +339,8 @@ class Agent:
             self.reload,
             str(self.binary),
             self.logs_for,
+            mcp_servers=self.mcp,
+            peers=self.peers,
             refused=self.refused_presets,
         )
         app = build_app(state)
@@ -300,9 +364,14 @@ class Agent:
         # (load-on-startup) die with it (PR_SET_PDEATHSIG).
         listening = await startup.listen(self._runner, self.options.host, self.options.port, tls)
         self.port = listening.port
+        log.warning("%s", security_warning(self.mcp, self.options.ui_mcp_proxy))
+        self._tasks.spawn(asyncio.to_thread(_import_all, IMPORTED_LATER), "imports")
         for warning in startup.source_warnings(self.options, self.env, self.catalog):
             log.warning("%s", warning)
-        for warning in start_warnings(settings.browser, settings.api_keys):
+        tools_default = self._mcp_enabled and self.options.cors_origins is None
+        for warning in start_warnings(
+            settings.browser, settings.api_keys, tools_default=tools_default
+        ):
             log.warning("%s", warning)
         log.info("listening on %s (%d models)", listening.url, len(self.catalog))
 
@@ -311,10 +380,16 @@ class Agent:
         self.registry.start()
         if self._preset_dir is not None:
             self._tasks.spawn(self.watch_presets(self._preset_dir), "preset-watch", forever=True)
+        if self.peers is not None:
+            self._tasks.spawn(self.peers.run(), "peer-poll", forever=True)
         yield
         await self._tasks.close()
         await self.registry.close()
         await self.proxy.close()
+        if self.mcp is not None:
+            await self.mcp.close()
+        if self.peers is not None:
+            await self.peers.close()
 
     async def stop(self) -> None:
         """Close the registry first (nothing new is admitted or spawned from here on), then
@@ -325,6 +400,8 @@ class Agent:
             self.options.shutdown_timeout,
         )
         self.registry.begin_close()
+        if self.mcp is not None:
+            await self.mcp.close()
         if self._runner is not None:
             await self._runner.cleanup()
 
@@ -332,6 +409,11 @@ class Agent:
         """The bound passed or a second signal came: kill the children, then finish."""
         log.warning("forcing the shutdown (%s): killing the children", why)
         self.registry.kill()
+
+
+def _import_all(modules: Sequence[str]) -> None:
+    for module in modules:
+        importlib.import_module(module)
 
 
 def _watch_children_with_pidfds() -> None:
@@ -409,7 +491,9 @@ def main(argv: Sequence[str]) -> int:
     missing: BinaryError | None = None
     try:
         binary = find_llama_server(llama_server_arg(argv), env)
-        binary_version = check_llama_server(binary)
+        with ThreadPoolExecutor(1) as pool:
+            pool.submit(read_options_early, binary)
+            binary_version = check_llama_server(binary)
         use_options_of(binary, binary_version)
     except BinaryError as exc:
         missing = exc
@@ -428,6 +512,11 @@ def main(argv: Sequence[str]) -> int:
         level=options.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # Secrets never reach the log: the keys and the token by value, the rest by shape.
+    add_secrets(options.api_keys)
+    add_secret(download_settings(options, env).token)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RedactingFilter())
     if missing is not None or binary is None:
         print(f"corral agent: {missing}", file=sys.stderr)
         return 1

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
+from urllib.parse import urlsplit
 
 from node_agent.errors import ConfigError
 from node_agent.sources.options import Match, generated_options, llama_options, parse_bool
@@ -57,6 +58,11 @@ class AgentOptions:
     timeout: int = 3600
     sleep_idle_seconds: int = -1
     """-1 = children never sleep."""
+    mcp_servers_config: str | None = None
+    mcp_servers_json: str | None = None
+    """MCP servers the agent runs for ``/tools`` (never passed to children)."""
+    ui_mcp_proxy: bool = False
+    """Serve ``/cors-proxy`` (llama.cpp's web UI reaches remote MCP servers through it)."""
     # Corral's own.
     llama_server: str | None = None
     models_memory_margin: int | None = None
@@ -66,7 +72,13 @@ class AgentOptions:
     max_body_size: int = 64 * 1024 * 1024
     """Request bodies larger than this are refused with 413."""
     load_timeout: float = 600.0
-    """A child not ready this long after its spawn is killed and its load fails."""
+    """A child not ready this long after its spawn is killed and its load fails; a preset's
+    download (part of its load) fails past it too."""
+    max_download_size: int | None = None
+    """No file the agent downloads may be larger than this (None: only its declared size)."""
+    download_redirect_hosts: tuple[str, ...] = ()
+    """Hosts (``.suffix`` for a domain) a download may be redirected to, beyond its own host
+    and Hugging Face's CDN."""
     models_ttl: float | None = None
     """Unload a model idle this many seconds; None = never (a preset's ``ttl`` wins)."""
     queue_timeout: float | None = None
@@ -82,6 +94,8 @@ class AgentOptions:
     """On SIGTERM/SIGINT: the whole shutdown (drain, children's exit) takes at most this
     long; then the children left are killed. Below the chart's 60 s grace period."""
     log_level: str = "info"
+    peers: tuple[str, ...] = ()
+    """Other agents' base URLs (``--peer``, repeatable): requests may go to where a model runs."""
     allowed_hosts: str | None = None
     """``--allowed-hosts``: Host names answered besides local ones; None = by the bind address."""
     child_options: tuple[tuple[str, OptionValue], ...] = ()
@@ -111,6 +125,7 @@ def parse_agent_args(argv: Sequence[str], env: Mapping[str, str]) -> AgentOption
     api_keys: list[str] = []
     api_key_files: list[str] = []
     limits: dict[str, int] = {}
+    peers: list[str] = []
     children: dict[str, OptionValue] = {}
     table = llama_options()
 
@@ -138,6 +153,8 @@ def parse_agent_args(argv: Sequence[str], env: Mapping[str, str]) -> AgentOption
                 if device in limits:
                     raise ConfigError(f"--memory-limit: device {device!r} is given twice")
                 limits[device] = size
+            elif field == "peers":
+                peers.append(_peer_url(raw))
             else:
                 values[field] = _convert(flag, raw, what, convert)
             continue
@@ -161,6 +178,11 @@ def parse_agent_args(argv: Sequence[str], env: Mapping[str, str]) -> AgentOption
                 f"{flag} names one model, but corral agent serves many: put models in "
                 "--models-dir, or name them in a --models-preset file"
             )
+        if name in _NOT_RUN_HERE:
+            if name == "agent" and match.negated:
+                values["ui_mcp_proxy"] = False  # --no-agent: llama.cpp turns both off
+                continue
+            raise ConfigError(f"{flag}: {_NOT_RUN_HERE[name]}")
         if name in _ROUTER:
             field, what, convert = _ROUTER[name]
             if opt.is_flag:
@@ -205,6 +227,7 @@ def parse_agent_args(argv: Sequence[str], env: Mapping[str, str]) -> AgentOption
         **values,  # type: ignore[arg-type]
         api_keys=tuple(keys),
         memory_limits=tuple(limits.items()),
+        peers=tuple(dict.fromkeys(peers)),
         child_options=tuple(children.items()),
     )
 
@@ -269,6 +292,13 @@ def _body_size(raw: str) -> int:
     if size < 1024:
         raise ValueError("must be at least 1KiB")
     return size
+
+
+def _hosts(raw: str) -> tuple[str, ...]:
+    hosts = tuple(h.strip().lower() for h in raw.split(",") if h.strip())
+    if not hosts or any("/" in h or ":" in h or " " in h for h in hosts):
+        raise ValueError("host names, e.g. cdn.example.com,.example.net")
+    return hosts
 
 
 def _positive_seconds(raw: str) -> float:
@@ -350,6 +380,21 @@ def _memory_limit(raw: str) -> tuple[str, int]:
         raise ConfigError(f"--memory-limit {raw!r}: expected {e}") from None
 
 
+def _peer_url(raw: str) -> str:
+    """``--peer``: another agent's base URL, ``http(s)://host:port`` (no path, no query)."""
+    url = raw.rstrip("/")
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme not in ("http", "https") or not parts.hostname or port is None:
+        raise ConfigError(f"--peer expects another agent's URL, http(s)://HOST:PORT, got {raw!r}")
+    if parts.path or parts.query or parts.fragment or parts.username:
+        raise ConfigError(f"--peer {raw!r}: give only http(s)://HOST:PORT (no path or query)")
+    return url
+
+
 def _split_keys(raw: str, where: str) -> list[str]:
     keys = [k.strip() for k in raw.split(",") if k.strip()]
     if not keys:  # "--api-key ," would otherwise leave every endpoint open, silently
@@ -392,6 +437,22 @@ _ROUTER: dict[str, tuple[str, str, Callable[[str], object]]] = {
     "cors-credentials": ("cors_credentials", "a boolean", _bool),
     "timeout": ("timeout", "a number of seconds", _int_at_least(0)),
     "sleep-idle-seconds": ("sleep_idle_seconds", "seconds (-1: never)", _int_at_least(-1)),
+    "mcp-servers-config": ("mcp_servers_config", "a JSON file of MCP servers", _identity),
+    "mcp-servers-json": ("mcp_servers_json", "JSON with MCP server definitions", _identity),
+    "webui-mcp-proxy": ("ui_mcp_proxy", "a boolean", _bool),
+}
+
+# llama.cpp options that Corral does not carry out (yet): an error, never silently dropped.
+_BUILT_IN_TOOLS = (
+    "llama.cpp's built-in tools (read_file, exec_shell_command, ...) do not run in corral "
+    "agent; serve tools through an MCP server (--mcp-servers-config or --mcp-servers-json)"
+)
+_NOT_RUN_HERE = {
+    "tools": _BUILT_IN_TOOLS,
+    "tools-runtime": "runs llama.cpp's built-in tools in an isolate, and " + _BUILT_IN_TOOLS,
+    "agent": "turns on llama.cpp's built-in tools and the MCP proxy, and "
+    + _BUILT_IN_TOOLS
+    + "; give --ui-mcp-proxy for the proxy",
 }
 
 # Corral's own flags (no llama-server option has these names).
@@ -402,12 +463,15 @@ _OWN_FLAGS: dict[str, tuple[str, str, Callable[[str], object]]] = {
     "--models-ttl": ("models_ttl", "seconds (0: never)", _seconds),
     "--load-timeout": ("load_timeout", "seconds (> 0)", _positive_seconds),
     "--max-body-size": ("max_body_size", "a size like 64MiB", _body_size),
+    "--max-download-size": ("max_download_size", "a size like 20GiB", parse_size),
+    "--download-redirect-hosts": ("download_redirect_hosts", "host names, comma-separated", _hosts),
     "--queue-timeout": ("queue_timeout", "seconds (0: wait forever)", _seconds),
     "--max-queue": ("max_queue", "a count (0: no limit)", _count_or_unlimited),
     "--shutdown-timeout": ("shutdown_timeout", "seconds (> 0)", _positive_seconds),
     "--client-timeout": ("client_timeout", "seconds (> 0)", _positive_seconds),
     "--max-connections": ("max_connections", "a count (>= 1)", _int_at_least(1)),
     "--log-level": ("log_level", "one of " + ", ".join(LOG_LEVELS), _log_level),
+    "--peer": ("peers", "a URL (http://HOST:PORT)", _peer_url),
     "--allowed-hosts": ("allowed_hosts", "host names (comma-separated; *: no check)", _identity),
 }
 
@@ -416,13 +480,18 @@ def _router_flag(flag: str) -> Match | None:
     """A router flag that the binary in use does not list (an older llama-server): the router
     is Corral, so its own flags never depend on the children's binary."""
     match = generated_options().flag(flag)
-    return match if match is not None and match.option.name in _ROUTER else None
+    known = match is not None and match.option.name in _ROUTER.keys() | _NOT_RUN_HERE.keys()
+    return match if known else None
 
 
 def _apply_env(
     env: Mapping[str, str], values: dict[str, object], keys: list[str], key_files: list[str]
 ) -> None:
     table = generated_options()  # the router's env names are Corral's own (see _router_flag)
+    for name, why in _NOT_RUN_HERE.items():
+        var = table.named(name).env
+        if var is not None and env.get(var):
+            raise ConfigError(f"${var}: {why}")
     for name, (field, what, convert) in _ROUTER.items():
         var = table.named(name).env
         if var is None or var not in env:

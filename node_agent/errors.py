@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from node_agent.redact import redact
+
 
 class CorralError(Exception):
     """Base of every error Corral raises on purpose."""
@@ -73,7 +75,11 @@ class ApiError(CorralError):
         return self._TYPES.get(self.status, "server_error")
 
     def body(self) -> dict[str, Any]:
-        error: dict[str, Any] = {"code": self.status, "message": self.message, "type": self.type}
+        """The client's error body, with every secret hidden (issue 16, row 10)."""
+        message = redact(self.message)
+        error: dict[str, Any] = {"code": self.status, "message": message, "type": self.type}
         if self.detail:
-            error["corral"] = self.detail
+            error["corral"] = {
+                k: redact(v) if isinstance(v, str) else v for k, v in self.detail.items()
+            }
         return {"error": error}

@@ -39,6 +39,7 @@ from node_agent.sources.hf_cache import hub_dir
 from node_agent.sources.models_dir import GGUF, scan_models_dir
 from node_agent.sources.preset_dir import preset_files, preset_policy
 from node_agent.sources.preset_ini import load_preset_file
+from node_agent.sources.spec import SOURCE_MODELS_DIR
 
 log = logging.getLogger("corral.agent")
 
@@ -181,7 +182,10 @@ def source_warnings(options: AgentOptions, env: Mapping[str, str], catalog: Cata
     """Sources that were given but give no model, in words a newcomer can act on."""
     warnings: list[str] = []
     models_dir = options.models_dir
-    if models_dir is not None and not scan_models_dir(models_dir):
+    # A model listed from the folder proves it holds one (a rescan of 1000 models delayed the
+    # first answer); only a folder that shows none is looked at again.
+    from_dir = any(spec.source == SOURCE_MODELS_DIR for spec in catalog.models.values())
+    if models_dir is not None and not from_dir and not scan_models_dir(models_dir):
         warnings.append(
             f"--models-dir {models_dir} holds no model: no {GGUF} file at its top level and "
             f"no folder (one level down) with one"

@@ -16,6 +16,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Final
 
+from node_agent.redact import redact
+
 # llama.cpp's log lines look like "0.00.002.452 E srv  start: …": the level letter after the
 # timestamp. Other binaries: the usual words.
 _ERROR_LINE: Final = re.compile(r"^\S+ E |error|failed|couldn't|cannot|unable", re.IGNORECASE)
@@ -81,7 +83,9 @@ class LogRing:
     def append(self, line: str) -> None:
         if self._closed:
             return
-        self._lines.append(line)
+        # A child prints its command line and URLs: masked once here for every reader
+        # (GET /models/logs, the error line in GET /models, the operator's lastError).
+        self._lines.append(redact(line))
         self._next_seq += 1
         self._wake()
 

@@ -410,6 +410,11 @@ class ChildProcess:
         if line is None:  # a binary without the protocol may log to stdout
             self.logs.append(text)
             return
+        if not self._speaks_protocol and line.state == protocol.LOADING:
+            # It will say when it is ready: asking /health meanwhile only costs both sides
+            # CPU (30+ probes per load on a busy machine, bench S4); the ready line restarts
+            # the poller for its one confirming probe.
+            self._pause_poller()
         self._speaks_protocol = True
         if line.state == protocol.LOADING:
             self._progress = line.progress if line.progress is not None else self._progress
@@ -598,10 +603,14 @@ class ChildProcess:
     async def _watch_exit(self, attempt: int, proc: asyncio.subprocess.Process) -> None:
         self._inbox.put_nowait(_Exited(attempt, await proc.wait()))
 
-    def _restart_poller(self, first_delay: float) -> None:
+    def _pause_poller(self) -> None:
         if self._poller is not None:
             self._poller.cancel()  # awaited by _cancel_poller at the end of the spawn
             self._stale_pollers.append(self._poller)
+            self._poller = None
+
+    def _restart_poller(self, first_delay: float) -> None:
+        self._pause_poller()
         assert self._port is not None
         attempt = self._attempt
         self._poller = asyncio.create_task(

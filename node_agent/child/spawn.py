@@ -18,6 +18,18 @@ from node_agent.errors import ChildError, ConfigError
 
 # Chosen by the supervisor for every child; a model's arguments may not set them.
 RESERVED_ARGS: Final = frozenset({"--host", "--port"})
+# The agent runs its MCP servers itself: a child that read these from the inherited
+# environment would start every one of them again (llama.cpp's children do).
+AGENT_ONLY_ENV: Final = frozenset(
+    {
+        "LLAMA_ARG_MCP_SERVERS_CONFIG",
+        "LLAMA_ARG_MCP_SERVERS_JSON",
+        "LLAMA_ARG_UI_MCP_PROXY",
+        "LLAMA_ARG_TOOLS",
+        "LLAMA_ARG_TOOLS_RUNTIME",
+        "LLAMA_ARG_AGENT",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -59,6 +71,8 @@ def child_environment(
     # Google Cloud's AIP_MODE would make a child take the agent's AIP_HTTP_PORT (b11434's
     # router passes it on, and none of its children loads): Vertex is the agent's business.
     env.pop("AIP_MODE", None)
+    for name in AGENT_ONLY_ENV:
+        env.pop(name, None)
     env.update(config.env)
     # Its presence turns llama.cpp's parent–child protocol on; the pinned binary ignores the
     # value (llama.cpp's router passes its own port, so we do too where we know it).

@@ -29,7 +29,6 @@ from aiohttp import web
 
 from node_agent.core.scheduler import Lease
 from node_agent.errors import ApiError
-from node_agent.models_schema import dump
 from node_agent.router.bodies import CLIENT_TIMEOUT, json_document, read_body, read_json
 from node_agent.router.bodies import parse_json_body as parse_json_body  # routes elsewhere use it
 from node_agent.router.browser_guard import cors_headers, guard_middleware
@@ -41,8 +40,10 @@ from node_agent.router.logs_api import setup_logs
 from node_agent.router.metrics import setup_metrics
 from node_agent.router.missing_endpoint import NOT_FOUND, endpoint_missing, route_of
 from node_agent.router.model_run import FAKE_TIMING_SECONDS
+from node_agent.router.models_api import download_entries, setup_models_api
 from node_agent.router.registry import Registry
 from node_agent.router.state import PROXIED_GET, PROXIED_POST, STATE, AgentState, RouterSettings
+from node_agent.router.tools_api import setup_tools
 from node_agent.router.ui import setup_ui
 from node_agent.router.vertex import setup_vertex
 from node_agent.router.views import model_entry, router_props
@@ -199,6 +200,11 @@ async def _proxy(
     buffered: bool = False,
 ) -> web.StreamResponse:
     exchange = begin_exchange(request, name)
+    if state.peers is not None and inference:
+        choice = state.peers.choose(name, request)
+        if choice.peer is not None:  # one hop to where the model is (router/peers.py)
+            log.debug("model=%s goes to %s: %s", name, choice.peer, choice.why)
+            return await state.peers.forward(request, choice.peer, body)
     lease = await state.registry.acquire(
         name, autoload=_autoload(request, state.settings), inference=inference
     )
@@ -267,11 +273,15 @@ async def list_models(request: web.Request) -> web.StreamResponse:
         model_entry(
             registry, name, state.binary, now, streams, state.proxy.queued(_port(registry, name))
         )
-        for name in registry.specs()
+        for name, spec in registry.specs().items()
+        if not spec.hidden  # a cache entry a preset's dedup-cache-models hides
     ]
+    data += download_entries(state, now)
     body: dict[str, Any] = {"data": data, "object": "list"}
     refused = state.refused() if state.refused is not None else []
     if refused:  # Corral: restricted presets refused alone (absent when none)
+        from node_agent.models_schema import dump  # lazily, as views does (start-up time)
+
         body["refused"] = [dump(r) for r in refused]
     return _json(body)
 
@@ -366,8 +376,10 @@ def build_app(state: AgentState) -> web.Application:
         )
     setup_metrics(app)
     setup_conversations(app)
+    setup_models_api(app)
     setup_ui(app)
     setup_chat_ui(app, state.binary)
+    setup_tools(app, state.mcp_servers, state.settings.cors_proxy)
     if state.logs_for is not None:
         setup_logs(app, state.logs_for)
     return app

@@ -40,6 +40,11 @@ OPEN_CORS_WARNING = (
     "security: no API key is set and CORS allows all origins "
     "(see https://github.com/ggml-org/llama.cpp/pull/25655)"
 )
+# ... and for the default that MCP servers switch to (arg.cpp).
+TOOLS_CORS_WARNING = (
+    "server tools or MCP servers are enabled, using localhost as default CORS origin "
+    "(change via --cors-origins)"
+)
 _LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 # The bodies a browser sends cross-origin without asking first (the Fetch standard's
 # CORS-safelisted request header values of Content-Type).
@@ -247,5 +252,12 @@ def cors_headers(
     return set_headers
 
 
-def start_warnings(policy: BrowserPolicy, api_keys: tuple[str, ...]) -> list[str]:
-    return [OPEN_CORS_WARNING] if policy.origins == ANY_ORIGIN and not api_keys else []
+def start_warnings(
+    policy: BrowserPolicy, api_keys: tuple[str, ...], *, tools_default: bool = False
+) -> list[str]:
+    """llama.cpp's warnings about browsers at start; ``tools_default``: MCP servers made
+    ``localhost`` the default of ``--cors-origins``."""
+    warnings = [TOOLS_CORS_WARNING] if tools_default else []
+    if policy.origins == ANY_ORIGIN and not api_keys:
+        warnings.append(OPEN_CORS_WARNING)
+    return warnings

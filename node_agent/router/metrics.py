@@ -19,16 +19,20 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import cached_property
+from typing import TYPE_CHECKING
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from node_agent.aio import TaskSet
 from node_agent.errors import ApiError
+from node_agent.redact import redact
 from node_agent.router.exchange import EXCHANGE, Exchange
-from node_agent.router.metrics_families import Families, LifecycleTracker, SnapshotCollector
 from node_agent.router.registry import Registry
 from node_agent.router.state import PROXIED_GET, PROXIED_POST, STATE
+
+if TYPE_CHECKING:
+    from node_agent.router.metrics_families import Families, LifecycleTracker
 
 log = logging.getLogger("corral.metrics")
 # Its own logger, so the per-request lines can be turned down alone.
@@ -48,18 +52,34 @@ class AgentMetrics:
         proxied: Callable[[web.Request], bool],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.families = Families()
-        self.families.registry.register(SnapshotCollector(registry))
-        self.tracker = LifecycleTracker(self.families)
         self._registry = registry
         self._proxied = proxied
         self._clock = clock
 
+    # Built at first use: prometheus_client is not needed to start listening (the agent
+    # imports it in the background once it listens).
+    @cached_property
+    def families(self) -> Families:
+        from node_agent.router.metrics_families import Families, SnapshotCollector
+
+        families = Families()
+        families.registry.register(SnapshotCollector(self._registry))
+        return families
+
+    @cached_property
+    def tracker(self) -> LifecycleTracker:
+        from node_agent.router.metrics_families import LifecycleTracker
+
+        return LifecycleTracker(self.families)
+
     def scrape(self) -> web.Response:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
         if self._registry.memory is not None:
             self._registry.memory.refresh()  # the ledger's figures as of this scrape
         return web.Response(
-            body=generate_latest(self.families.registry),
+            # Labels name models (a preset's section name, an alias): never a secret's text.
+            body=redact(generate_latest(self.families.registry).decode()).encode(),
             headers={"Content-Type": CONTENT_TYPE_LATEST},
         )
 

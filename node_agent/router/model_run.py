@@ -1,9 +1,10 @@
 """One model's life, from the granted load to the child's exit: its one owner.
 
 The registry makes a :class:`ModelRun` when the scheduler grants a load, and from then on the
-run is the only code that changes that model's runtime state: it downloads the file if asked,
-spawns the child, reports ``loading`` (only once a process exists), ``loaded``, ``sleeping``,
-drains and stops the child when told to, and reports the exit. Every decision it needs (may I
+run is the only code that changes that model's runtime state: it spawns the child, reports
+``loading`` (only once a process exists), ``loaded``, ``sleeping``, drains and stops the child
+when told to, and reports the exit. (A file the agent downloads is in the cache before the
+load is granted: ``router.downloads``.) Every decision it needs (may I
 spawn? is the drain over?) is the scheduler's; the run only carries it out and feeds the
 scheduler the child's events.
 """
@@ -15,7 +16,6 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from node_agent.aio import Changed
@@ -24,7 +24,6 @@ from node_agent.child.process import EXIT_NOT_RUN
 from node_agent.child.state import ChildEvent, EventKind
 from node_agent.core.scheduler import Scheduler
 from node_agent.router.events import Event, EventHub
-from node_agent.sources.download import DownloadError, DownloadPlan, fetch, with_local_model
 from node_agent.sources.spec import ModelSpec
 
 if TYPE_CHECKING:
@@ -90,26 +89,21 @@ class ModelRun:
         ctx: RunContext,
         spec: ModelSpec,
         factory: ChildFactory,
-        download: DownloadPlan | None,
     ) -> None:
         self.ctx = ctx
         self.name = spec.name
         self.spec = spec
-        self.download = download  # the model's file, fetched before the child starts
-        # The child loads the verified file from where fetch() puts it.
-        child_spec = with_local_model(spec, download.destination) if download else spec
-        self.child = factory(child_spec, self._on_child_event)
+        self.child = factory(spec, self._on_child_event)
         logs = self.child.logs
         self.log_seq = logs.statistics().appended if logs is not None else 0
         self.stop_reason: str | None = None  # manual, evict, ttl, reload, shutdown; None: crash
         # Free memory per device just before the stop, and what the model held: after the
         # exit the run waits until that memory shows free again (GPUs report it late).
         self.freed_check: tuple[dict[str, int], dict[str, int]] | None = None
-        self.loading = False  # the scheduler shows the model loading (a process or download)
+        self.loading = False  # the scheduler shows the model loading (a process exists)
         self.started = False  # child.start() was called
         self.task: asyncio.Task[None] | None = None
         self.stop_task: asyncio.Task[None] | None = None
-        self.fetching: asyncio.Task[Path] | None = None
         if ctx.memory is not None:
             # The ledger counts a granted load from the grant on (at its estimate), so that
             # no second load is granted into the same memory before this one has spawned.
@@ -140,8 +134,8 @@ class ModelRun:
             self.ctx.wake()
 
     def _begin_loading(self) -> None:
-        """Something now exists for this load (a process, or a download under way): the model
-        is ``loading`` from here, and not a moment before."""
+        """A process now exists for this load: the model is ``loading`` from here, and not a
+        moment before."""
         if self.loading:
             return
         self.loading = True
@@ -154,7 +148,7 @@ class ModelRun:
     # -- the owner -------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Download, spawn, report ready; then wait for the exit and report that."""
+        """Spawn, report ready; then wait for the exit and report that."""
         ctx, name = self.ctx, self.name
         if ctx.fake_timing:
             await asyncio.sleep(FAKE_TIMING_SECONDS)
@@ -166,9 +160,6 @@ class ModelRun:
             return
         reason = ""
         try:
-            if self.download is not None:
-                self._begin_loading()
-                await self._fetch(self.download)
             self.started = True
             await self.child.start()
         except asyncio.CancelledError:
@@ -213,31 +204,6 @@ class ModelRun:
         }
         ctx.publish(name, "status_change", data)
 
-    async def _fetch(self, plan: DownloadPlan) -> None:
-        """Download the model's file (``downloading`` on /models/sse). Its own task, so that a
-        stop can cancel the download alone and the owner still reports the exit."""
-
-        def progress(value: float) -> None:
-            data = {"status": "downloading", "progress": {"value": value}}
-            self.ctx.publish(self.name, "status_change", data)
-
-        progress(0.0)
-        fetching = self.fetching = asyncio.ensure_future(
-            fetch(plan.url, plan.destination.parent, plan.sha256, progress=progress)
-        )
-        try:
-            await asyncio.wait([fetching])
-        finally:
-            self.fetching = None
-            if not fetching.done():  # the owner itself was cancelled (shutdown)
-                fetching.cancel()
-                await asyncio.wait([fetching])
-        if fetching.cancelled():
-            raise DownloadError(f"stopped while downloading {plan.url}")
-        fetching.result()  # DownloadError / ChecksumError: the load failed, with its reason
-        if self.ctx.memory is not None:  # the estimate needs the file, which now exists
-            self.ctx.memory.prepare(with_local_model(self.spec, plan.destination))
-
     # -- stopping --------------------------------------------------------------------------
 
     async def drain_and_stop(self, release_port: Callable[[int], Awaitable[None]] | None) -> None:
@@ -251,8 +217,6 @@ class ModelRun:
                 break
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), ctx.sched.drain_left(name, ctx.clock()))
-        if self.fetching is not None:
-            self.fetching.cancel()  # a stop during the download ends it (no .part is left)
         # Requests still in flight: the drain deadline cut them; llama-server would finish
         # them before it obeys the exit command, so the child is killed now.
         cut = ctx.sched.view(name).in_flight > 0 if name in ctx.sched else False

@@ -260,6 +260,19 @@ class Proxy:
             if self._book.leave(link_id):
                 await self._close(link_id)
 
+    async def forward_to(
+        self,
+        session: aiohttp.ClientSession,
+        request: web.Request,
+        base: str,
+        port: int,
+        body: bytes | None,
+        headers: Mapping[str, str],
+    ) -> web.StreamResponse:
+        """Send ``request`` to a peer agent at ``base`` (``router/peers.py``), with ``headers``
+        added: the same streaming, cancellation and mid-answer errors as towards a child."""
+        return await self._forward(session, request, port, body, None, base=base, extra=headers)
+
     async def _forward(
         self,
         session: aiohttp.ClientSession,
@@ -269,12 +282,18 @@ class Proxy:
         exchange: Exchange | None,
         buffered: bool = False,
         detached: bool = False,
+        *,
+        base: str | None = None,
+        extra: Mapping[str, str] | None = None,
     ) -> web.StreamResponse:
-        url = f"http://{CHILD_HOST}:{port}{request.rel_url}"
+        url = f"{base or f'http://{CHILD_HOST}:{port}'}{request.rel_url}"
         headers = _forward_headers(request.headers)
-        # The child's own key in place of the client's (child.keys): the agent checked that one.
-        headers.popall("X-Api-Key", None)
-        headers["Authorization"] = f"Bearer {child_key(port)}"
+        if base is None:
+            # A child's own key in place of the client's (child.keys): the agent checked that
+            # one. A peer agent gets its own key in ``extra`` instead.
+            headers.popall("X-Api-Key", None)
+            headers["Authorization"] = f"Bearer {child_key(port)}"
+        headers.update(extra or {})
         upstream = await self._send(session, request, url, headers, body, port)
         async with upstream:
             out_headers = _forward_headers(upstream.headers)

@@ -28,6 +28,7 @@ from node_agent.aio import Changed, TaskSet
 from node_agent.core.scheduler import Decision, DecisionKind, Lease, ModelState, Scheduler
 from node_agent.core.victims import RESIDENCY_FACTOR
 from node_agent.errors import ApiError
+from node_agent.router.downloads import Downloads, DownloadSettings
 from node_agent.router.events import Event, EventHub
 from node_agent.router.keep_alive import parse_keep_alive
 from node_agent.router.model_run import SHUTTING_DOWN, Child, ChildFactory, ModelRun, RunContext
@@ -87,6 +88,7 @@ class Registry:
         fake_timing: bool | None = None,
         shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
         residency_factor: float = RESIDENCY_FACTOR,
+        downloads: DownloadSettings | None = None,
     ) -> None:
         self._sched = Scheduler(models_max, memory, residency_factor=residency_factor)
         self.memory = memory
@@ -106,6 +108,8 @@ class Registry:
         self._changed = Changed()
         self._tasks = TaskSet("registry")
         self._hub = EventHub()
+        # Downloads hold no slot and no memory: the scheduler never sees them.
+        self.downloads = Downloads(self._hub, downloads or DownloadSettings())
         self.shutdown_timeout = shutdown_timeout
         self.fake_timing = (
             bool(os.environ.get(FAKE_TIMING_ENV)) if fake_timing is None else fake_timing
@@ -131,8 +135,9 @@ class Registry:
             self._sched.add_model(name, pin=spec.pin, priority=spec.priority)
 
     def resolve(self, name: str) -> str | None:
-        """The canonical name for a model name or alias, or None when unknown."""
-        if name in self._specs:
+        """The canonical name for a model name or alias (or a download on its way), or None
+        when unknown."""
+        if name in self._specs or self.downloads.active(name):
             return name
         return self._aliases.get(name)
 
@@ -202,6 +207,12 @@ class Registry:
         every request once the agent is closing.
         """
         self._refuse_if_closing()
+        if name not in self._specs:  # only a download so far (POST /models): wait for it
+            await self.downloads.wait(
+                name, queue_timeout=self.queue_timeout, max_queue=self.max_queue
+            )
+            if self.resolve(name) != name:
+                raise failed_error(name, self.downloads.failed(name) or "")
         lease = self._sched.try_lease(name, self._clock(), inference=inference)
         if lease is not None:
             return lease
@@ -209,6 +220,7 @@ class Registry:
             raise ApiError(400, "model is not loaded")
         if self.max_queue is not None and self._sched.view(name).queued >= self.max_queue:
             raise queue_full_error(name, self.max_queue)
+        await self._fetch_first(name)
         lease = await self._admit(name, inference=inference, may_load=autoload, direct=False)
         assert lease is not None
         return lease
@@ -217,9 +229,12 @@ class Registry:
         """``POST /models/load``: start loading ``name``; returns once its child is spawned
         (``loading``), like llama.cpp, or raises when it could not be."""
         self._refuse_if_closing()
+        if name not in self._specs:  # a download on its way (llama.cpp: success, no load)
+            return
         view = self._sched.view(name)
         if (view.state.running or view.claimed) and not view.stopping:
             raise ApiError(400, "model is already running")
+        await self._fetch_first(name)
         await self._admit(name, inference=True, may_load=True, direct=True)
         while True:  # granted: wait for the spawn (the run's first step)
             changed = self._changed.current()
@@ -231,6 +246,15 @@ class Registry:
             raise closing_error()
         if view.failed and not view.state.running:
             raise failed_error(name, view.error or "")
+
+    async def _fetch_first(self, name: str) -> None:
+        """A preset's file the agent downloads itself: in the cache before the load is queued
+        (the download holds no slot and no memory)."""
+        plan = needs_download(self._specs[name])
+        if plan is not None:
+            await self.downloads.fetch_preset(
+                name, plan, queue_timeout=self.queue_timeout, max_queue=self.max_queue
+            )
 
     def _refuse_if_closing(self) -> None:
         if self._sched.closing:
@@ -306,8 +330,18 @@ class Registry:
             raise ApiError(500, f"model name={lease.model} is not running")
         return run.child.port
 
+    async def stop_and_wait(self, name: str) -> None:
+        """Stop ``name`` if it runs (``DELETE /models``); return once its child has exited."""
+        if self.downloads.cancel(name):
+            await self.downloads.wait_cancelled(name)
+        elif name in self._runs:
+            await _wait_all([self._stop(name, "remove")])
+
     def unload(self, name: str) -> None:
-        """``POST /models/unload``: drain and stop ``name``; returns once stopping began."""
+        """``POST /models/unload``: drain and stop ``name``, or cancel its download; returns
+        once stopping began."""
+        if self.downloads.cancel(name):
+            return
         if not self._sched.view(name).state.running:
             raise ApiError(400, "model is not running")
         self._stop(name, "manual")
@@ -319,9 +353,14 @@ class Registry:
             log.info("model=%s: %s -> %s", change.model, change.old.value, change.new.value)
         self._changed.notify()
 
+    def _local(self, name: str) -> ModelSpec:
+        """``name``'s spec, loading its downloaded file when the agent downloads it."""
+        spec = self._specs[name]
+        return self.downloads.local(spec, needs_download(spec))
+
     def _prepare(self, name: str) -> None:
         if self.memory is not None:
-            self.memory.prepare(self._specs[name])
+            self.memory.prepare(self._local(name))
 
     def _tick(self) -> None:
         if self.memory is not None:
@@ -332,11 +371,11 @@ class Registry:
 
     def _start(self, name: str) -> None:
         """Start ``name``'s run (the caller holds the scheduler's claim). The model shows
-        ``loading`` once the run has spawned its child (or begun its download)."""
-        spec = self._specs[name]
+        ``loading`` once the run has spawned its child."""
+        spec = self._local(name)
         if self.memory is not None:
             spec = self.memory.placed(spec)  # the GPU(s) it goes to, chosen now
-        run = self._runs[name] = ModelRun(self._ctx, spec, self._factory, needs_download(spec))
+        run = self._runs[name] = ModelRun(self._ctx, spec, self._factory)
         run.task = self._tasks.spawn(self._own(run), f"run:{name}")
 
     async def _own(self, run: ModelRun) -> None:
@@ -375,6 +414,8 @@ class Registry:
 
     def _publish(self, model: str, event: str, data: dict[str, Any] | None) -> None:
         self._hub.publish(Event(model, event, data))
+
+    publish = _publish  # for the routes that report their own events (DELETE /models)
 
     def events(self) -> AsyncIterator[Event]:
         """Every event from now on, for one ``/models/sse`` client (or metrics, the page)."""
@@ -454,6 +495,7 @@ class Registry:
         self.begin_close()
         await _wait_all([run.stop_task for run in list(self._runs.values())])
         await _wait_all([run.task for run in list(self._runs.values())])
+        await self.downloads.close()
         await self._tasks.close()
 
     def kill(self) -> None:

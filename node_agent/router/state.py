@@ -6,16 +6,21 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from node_agent.child.logs import LogRing
-from node_agent.models_schema import RefusedPreset
+from node_agent.mcp.servers import McpServers
 from node_agent.router.browser_guard import BrowserPolicy
 from node_agent.router.connections import DEFAULT_CLIENT_TIMEOUT
+from node_agent.router.peers import Peers
 from node_agent.router.proxy import Proxy
 from node_agent.router.registry import Registry
 from node_agent.router.vertex import Vertex
+
+if TYPE_CHECKING:  # pydantic is imported lazily (start-up time)
+    from node_agent.models_schema import RefusedPreset
 
 # Endpoints whose POST body names the model (llama.cpp's proxy_post routes; b11434's table in
 # server.cpp). A multipart body (audio uploads) names it in its ``model`` field.
@@ -69,6 +74,7 @@ class RouterSettings:
     client_timeout: float = DEFAULT_CLIENT_TIMEOUT
     browser: BrowserPolicy = field(default_factory=BrowserPolicy)
     vertex: Vertex | None = None  # Google Cloud's prediction routes (AIP_MODE=PREDICTION)
+    cors_proxy: bool = False  # --ui-mcp-proxy
 
 
 Reloader = Callable[[], Awaitable[None]]
@@ -83,6 +89,8 @@ class AgentState:
     reload: Reloader
     binary: str
     logs_for: LogsFor | None = None  # the model's log ring, for GET /models/logs
+    mcp_servers: McpServers | None = None  # the agent's own, for /tools
+    peers: Peers | None = None  # with --peer: where else a request may be served
     refused: Callable[[], list[RefusedPreset]] | None = None  # presets refused alone
 
 

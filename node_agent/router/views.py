@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from node_agent.child.ports import CHILD_HOST
 from node_agent.core.scheduler import ModelState
-from node_agent.models_schema import CorralInfo, Memory, ModelEntry, ModelStatus, dump
+from node_agent.redact import redact, redact_args
 from node_agent.sources.preset_env import env_lines
+from node_agent.sources.spec import SOURCE_CACHE
 
 if TYPE_CHECKING:
     from node_agent.router.registry import Registry
@@ -37,17 +38,20 @@ class _Listed(Protocol):
 
 
 def child_args(binary: str, spec: _Listed, port: int | None) -> list[str]:
-    """The child's full command line, as llama.cpp lists it in ``status.args``."""
-    return [
-        binary,
-        "--host",
-        CHILD_HOST,
-        "--port",
-        str(port or 0),
-        "--alias",
-        spec.name,
-        *spec.argv(),
-    ]
+    """The child's full command line, as llama.cpp lists it in ``status.args`` (secrets
+    hidden)."""
+    return redact_args(
+        [
+            binary,
+            "--host",
+            CHILD_HOST,
+            "--port",
+            str(port or 0),
+            "--alias",
+            spec.name,
+            *spec.argv(),
+        ]
+    )
 
 
 def preset_text(spec: _Listed) -> str:
@@ -57,7 +61,7 @@ def preset_text(spec: _Listed) -> str:
         text = ("true" if value else "false") if isinstance(value, bool) else value
         lines.append(f"{key} = {text}")
     lines.extend(env_lines(spec.env))
-    return "\n".join(lines) + "\n\n"
+    return redact("\n".join(lines) + "\n\n")
 
 
 def model_entry(
@@ -70,6 +74,10 @@ def model_entry(
 ) -> dict[str, Any]:
     """One entry of ``GET /models``, built from the schema the operator parses with;
     ``slot_queued`` requests wait for one of its child's slots (they count as queued)."""
+    # Imported at first use: pydantic is a third of the agent's import time, and start-up
+    # does not need it (the agent imports it in the background once it listens).
+    from node_agent.models_schema import CorralInfo, Memory, ModelEntry, ModelStatus, dump
+
     spec: Any = registry.spec(name)
     view = registry.scheduler.view(name)
     child = registry.child(name)
@@ -77,8 +85,9 @@ def model_entry(
     crash: dict[str, Any] = {}
     if view.failed and view.state is ModelState.UNLOADED:
         crash = {"exit_code": view.exit_code, "failed": True}
+    downloading = registry.downloads.active(name)  # a preset's file, before its load
     status = ModelStatus(
-        value=view.state.value,
+        value="downloading" if downloading else view.state.value,
         args=child_args(binary, spec, child.port if child is not None else None),
         preset=preset_text(spec),
         **crash,
@@ -94,12 +103,14 @@ def model_entry(
     if registry.memory is not None:
         registry.memory.prepare(spec)
         memory["memory"] = Memory(**registry.memory.figures(name))
+    # The child's last error line, or why the agent's download of its file failed.
+    error = view.error if view.failed else registry.downloads.failed(name)
     corral = CorralInfo(
         stopping=view.stopping,
         in_flight=view.in_flight,
         queued=view.queued + slot_queued,
         pid=child.pid if child is not None else None,
-        error=view.error if view.failed else None,
+        error=redact(error) if error is not None else None,
         failures=view.failures,
         retry_in=math.ceil(max(0.0, view.retry_at - registry.now()) * 10) / 10,
         conversation_streams=streams,
@@ -116,7 +127,7 @@ def model_entry(
         status=status,
         architecture={"input_modalities": modalities, "output_modalities": ["text"]},
         source=spec.source,
-        can_remove=False,
+        can_remove=spec.source == SOURCE_CACHE,
         **shown,
         corral=corral,
     )
@@ -134,5 +145,5 @@ def router_props(settings: RouterSettings) -> dict[str, Any]:
         "default_generation_settings": {"params": None, "n_ctx": 0},
         "ui_settings": {},
         "build_info": settings.build_info,
-        "cors_proxy_enabled": False,
+        "cors_proxy_enabled": settings.cors_proxy,
     }

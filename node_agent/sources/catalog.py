@@ -17,10 +17,13 @@ from pathlib import Path
 
 from node_agent.errors import ConfigError
 from node_agent.sources.hf_cache import scan_hf_cache
+from node_agent.sources.hf_hub import resolve_cached
 from node_agent.sources.models_dir import scan_models_dir
+from node_agent.sources.options import llama_options
 from node_agent.sources.preset_ini import PresetFile, load_preset_file
 from node_agent.sources.spec import (
     CHILD_RESERVED,
+    SOURCE_CACHE,
     SOURCE_PRESET,
     ModelSpec,
     OptionValue,
@@ -158,6 +161,7 @@ def load_catalog(
         )
         for name, spec in sorted(merged.items())
     }
+    final = _dedup(final, hub)
     return Catalog(models=final, aliases=_alias_map(final), refused=tuple(refused))
 
 
@@ -201,11 +205,47 @@ def _section_names(path: str) -> tuple[str, ...]:
     return tuple(n for n in names if n != "*")
 
 
+def _named(key: str) -> str:
+    match = llama_options().key(key)
+    return match.option.name if match is not None else key
+
+
+def _dedup(models: dict[str, ModelSpec], hub: Path | None) -> dict[str, ModelSpec]:
+    """llama.cpp's ``dedup-cache-models``: a pure cache entry whose file a preset with the key
+    on already loads (its ``hf-repo``, or its draft's ``spec-draft-hf``) is hidden from the
+    list; it stays usable by its name. Decided afresh on every read (a reload with the key
+    off brings it back)."""
+    used: set[str] = set()
+    for spec in models.values():
+        if not spec.dedup_cache_models:
+            continue
+        for repo_key, file_key in (("hf-repo", "hf-file"), ("spec-draft-hf", "spec-draft-model")):
+            # The binary in use names the draft's options (b10434: hf-repo-draft, model-draft).
+            repo, file = spec.get(_named(repo_key)), spec.get(_named(file_key))
+            if isinstance(repo, str) and repo:
+                path = resolve_cached(hub, repo, file if isinstance(file, str) else None)
+                if path is not None:
+                    used.add(path)
+    if not used:
+        return models
+    return {
+        name: dataclasses.replace(spec, hidden=True)
+        if spec.source == SOURCE_CACHE and resolve_cached(hub, name) in used
+        else spec
+        for name, spec in models.items()
+    }
+
+
 def _with_global(spec: ModelSpec, global_layer: PresetLayer) -> ModelSpec:
     # llama.cpp's cascade(global, presets): the global values first, the model's own on top.
+    if global_layer == _NO_LAYER:  # no [*] section: nothing to cascade (1000 copies saved)
+        return spec
     return dataclasses.replace(
         spec.with_layer(global_layer), options=merge_options(global_layer.options, spec.options)
     )
+
+
+_NO_LAYER = PresetLayer()
 
 
 def _line(origin: str | None) -> int | None:

@@ -16,10 +16,13 @@ files, else ``~/.cache/corral/models``)::
     <key>-<file name>          the verified file; key = expected SHA-256's first 16 digits,
                                else (no hash known) the URL's
     <key>-<file name>.sha256   "<full hex digest> <size in bytes>", written before the rename
-    <key>-<file name>.part     the download in progress
+    <key>-<file name>.downloadInProgress   the download in progress (resumed after a restart)
 
 A file is only renamed into place after its hash checked out, so a final file is complete; its
 sidecar lets a restart trust it after a ``stat`` instead of re-hashing gigabytes.
+
+:func:`transfer` is the one download of the code base: these preset downloads and the
+Hugging Face repositories of ``POST /models`` (``sources.hf_hub``) both go through it.
 """
 
 from __future__ import annotations
@@ -32,14 +35,16 @@ import logging
 import os
 import re
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import quote, unquote, urlsplit
+from typing import Any
+from urllib.parse import quote, unquote, urljoin, urlsplit
 
 import aiohttp
 
 from node_agent.errors import ChildError, ConfigError
+from node_agent.redact import redact
 from node_agent.sources.spec import ModelSpec, OptionValue
 
 log = logging.getLogger("corral.download")
@@ -54,6 +59,20 @@ TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=60)
 # The options a downloaded file replaces: the child must load the local file, not fetch again.
 REMOTE_OPTIONS = ("model-url", "hf-repo", "hf-file")
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9._+-]")
+PARTIAL = ".downloadInProgress"  # llama.cpp's suffix: each resumes the other's partial file
+MAX_REDIRECTS = 5
+# Where Hugging Face redirects its downloads (its LFS and Xet CDNs): allowed from its own hosts.
+HF_CDN_HOSTS = ("huggingface.co", ".huggingface.co", "hf.co", ".hf.co")
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What a download may do (issue 16, row 9)."""
+
+    max_bytes: int | None = None
+    """``--max-download-size``: no file larger than this (None: only the declared size)."""
+    redirect_hosts: tuple[str, ...] = ()
+    """Hosts (or ``.suffix``es) a redirect may lead to, beyond the same host and HF's CDN."""
 
 
 class DownloadError(ChildError):
@@ -63,14 +82,13 @@ class DownloadError(ChildError):
 class ChecksumError(DownloadError):
     """A downloaded file's SHA-256 is not the one the preset names; the file was deleted."""
 
-    def __init__(self, url: str, expected: str, actual: str) -> None:
+    def __init__(self, url: str) -> None:
+        # Neither hash in the message: a client learns nothing of what the remote served.
         super().__init__(
-            f"download of {url} failed its checksum: expected sha256 {expected}, got {actual}; "
-            "the file was deleted (is model-sha256 right, or did the file change upstream?)"
+            f"download of {url} failed: checksum mismatch; the file was deleted (is "
+            "model-sha256 right, or did the file change upstream?)"
         )
         self.url = url
-        self.expected = expected
-        self.actual = actual
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,29 +189,30 @@ async def fetch(
     *,
     session: aiohttp.ClientSession | None = None,
     progress: Callable[[float], None] | None = None,
+    limits: Limits = Limits(),
 ) -> Path:
     """Download ``url`` into ``dest_dir`` (unless already there and intact); its final path.
 
     ``progress`` gets the fraction done (0..1) when the server sends a length. Raises
-    ChecksumError on a hash mismatch and DownloadError on any other failure; cancelling it
-    removes the partial file.
+    ChecksumError on a hash mismatch and DownloadError on any other failure; a failure or a
+    cancellation keeps the partial file for the next try to resume.
     """
     final = destination(url, dest_dir, sha256)
     lock = _locks.setdefault(final, asyncio.Lock())
     async with lock:
         # In a thread: a file put there without a sidecar is hashed, seconds of CPU per GB.
-        if await asyncio.to_thread(_use_cached, final, sha256):
-            log.info("using cached %s for %s", final, url)
+        if await asyncio.to_thread(use_cached, final, sha256):
+            log.info("using cached %s for %s", final, redact(url))
             return final
         if session is not None:
-            await _download(session, url, final, sha256, progress)
+            await _download(session, url, final, sha256, progress, limits)
         else:
             async with aiohttp.ClientSession(timeout=TIMEOUT) as own:
-                await _download(own, url, final, sha256, progress)
+                await _download(own, url, final, sha256, progress, limits)
         return final
 
 
-def _use_cached(final: Path, sha256: str | None) -> bool:
+def use_cached(final: Path, sha256: str | None) -> bool:
     """Whether ``final`` is a complete, verified download (hashing it only without a sidecar);
     when not, its folder is made ready for the download."""
     try:
@@ -207,7 +226,7 @@ def _use_cached(final: Path, sha256: str | None) -> bool:
     # No (or a stale) sidecar: a file put there by hand, or a sidecar write that failed.
     actual = _hash_file(final)
     if sha256 is not None and actual != sha256:
-        log.warning("cached %s has sha256 %s, not %s: downloading again", final, actual, sha256)
+        log.warning("cached %s has the wrong sha256: downloading again", final)
         final.unlink(missing_ok=True)
         return False
     _write_sidecar(final, actual, size)
@@ -220,49 +239,203 @@ async def _download(
     final: Path,
     sha256: str | None,
     progress: Callable[[float], None] | None,
+    limits: Limits,
 ) -> None:
-    part = final.with_name(final.name + ".part")
-    digest = hashlib.sha256()
-    size = 0
     reported = 0.0
-    log.info("downloading %s to %s", url, final)
-    try:
-        async with session.get(url) as response:
-            if response.status != 200:
-                raise DownloadError(f"download of {url} failed: HTTP {response.status}")
-            total = response.content_length
-            # Hashing and writing on the loop: per 1 MiB chunk both take well under a
-            # millisecond (page cache), cheaper than a thread hop each.
-            with part.open("wb") as out:
-                async for chunk in response.content.iter_chunked(CHUNK):
-                    digest.update(chunk)
-                    out.write(chunk)
-                    size += len(chunk)
-                    if progress is not None and total:
-                        done = min(size / total, 1.0)
-                        if done - reported >= PROGRESS_STEP:
-                            reported = done
-                            progress(done)
-            if total is not None and size != total:
-                raise DownloadError(f"download of {url} ended early: {size} of {total} bytes")
-        actual = digest.hexdigest()
-        if sha256 is not None and actual != sha256:
-            raise ChecksumError(url, sha256, actual)
-        # Sidecar first, then the atomic rename: a final file always has its record.
-        _write_sidecar(final, actual, size)
-        part.replace(final)
-    except BaseException as exc:
-        # Also on cancellation (a stop during the download): never leave a .part to be
-        # mistaken for progress; the next load starts over.
-        part.unlink(missing_ok=True)
-        if isinstance(exc, aiohttp.ClientError | TimeoutError):
-            raise DownloadError(f"download of {url} failed: {exc or type(exc).__name__}") from exc
-        if isinstance(exc, OSError):
-            raise DownloadError(f"download of {url} to {part} failed: {exc}") from exc
-        raise
+
+    def fraction(done: int, total: int | None) -> None:
+        nonlocal reported
+        if progress is not None and total:
+            value = min(done / total, 1.0)
+            if value - reported >= PROGRESS_STEP:
+                reported = value
+                progress(value)
+
+    actual, size = await transfer(
+        session, url, final, sha256=sha256, progress=fraction, limits=limits
+    )
+    # Sidecar after the rename is fine: a final file without one is only hashed again.
+    _write_sidecar(final, actual, size)
     if progress is not None and reported < 1.0:
         progress(1.0)
-    log.info("downloaded %s (%d bytes, sha256 %s)", final, size, actual)
+
+
+async def transfer(
+    session: aiohttp.ClientSession,
+    url: str,
+    final: Path,
+    *,
+    sha256: str | None = None,
+    size: int | None = None,
+    headers: Mapping[str, str] | None = None,
+    progress: Callable[[int, int | None], None] | None = None,
+    limits: Limits = Limits(),
+) -> tuple[str, int]:
+    """Download ``url`` to ``final``; its (sha256, size). The one transfer of the code base:
+    preset downloads and ``POST /models`` both come here.
+
+    The bytes go to ``<final>.downloadInProgress`` (llama.cpp's name, so either program resumes
+    the other's partial file) and are renamed into place once complete and checked. A partial
+    file left by a failure, a cancellation (a shutdown) or a crash is resumed with a ``Range``
+    request; whoever cancels a download for good removes it (:func:`discard_partial`).
+    Redirects are followed only to the same host or an allowed one; the body may not outgrow
+    ``size`` (the declared size), ``Content-Length`` or ``limits.max_bytes``. Errors say what
+    failed without the remote's status or the body's hash (those go to the log):
+    DownloadError, ChecksumError.
+    """
+    part = final.with_name(final.name + PARTIAL)
+    shown = redact(url)
+    await asyncio.to_thread(final.parent.mkdir, parents=True, exist_ok=True)
+    digest, have = await asyncio.to_thread(_resume_state, part)
+    cap = limits.max_bytes
+    if size is not None and cap is not None and size > cap:
+        raise DownloadError(
+            f"download of {shown} refused: it is {size} bytes, over --max-download-size ({cap})"
+        )
+    try:
+        async with _open(session, url, dict(headers or {}), have, limits) as response:
+            if have and response.status != 206:
+                have, digest = 0, hashlib.sha256()  # the server ignored the range: start over
+            total = _expected_total(response, have, size)
+            if cap is not None and total is not None and total > cap:
+                raise DownloadError(
+                    f"download of {shown} refused: it is {total} bytes, over "
+                    f"--max-download-size ({cap})"
+                )
+            bound = min(b for b in (total, cap) if b is not None) if (total or cap) else None
+            done = have
+            if progress is not None:
+                progress(done, total)
+            with part.open("ab" if have else "wb") as out:
+                async for chunk in response.content.iter_chunked(CHUNK):
+                    done += len(chunk)
+                    if bound is not None and done > bound:
+                        part.unlink(missing_ok=True)  # not worth resuming
+                        raise DownloadError(
+                            f"download of {shown} stopped: the body is larger than "
+                            f"{'declared' if total is not None and bound == total else 'allowed'}"
+                            f" ({bound} bytes)"
+                        )
+                    digest.update(chunk)
+                    out.write(chunk)
+                    if progress is not None:
+                        progress(done, total)
+            if total is not None and done != total:
+                raise DownloadError(f"download of {shown} ended early: {done} of {total} bytes")
+        actual = digest.hexdigest()
+        if sha256 is not None and actual != sha256:
+            log.warning("download of %s: sha256 %s, expected %s", shown, actual, sha256)
+            part.unlink(missing_ok=True)
+            raise ChecksumError(shown)
+        part.replace(final)
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        log.warning("download of %s failed: %s", shown, redact(str(exc) or type(exc).__name__))
+        raise DownloadError(f"download of {shown} failed: the connection failed") from exc
+    except OSError as exc:
+        raise DownloadError(f"download of {shown} to {part} failed: {exc.strerror}") from exc
+    log.info("downloaded %s to %s (%d bytes, sha256 %s)", shown, final, done, actual)
+    return actual, done
+
+
+@contextlib.asynccontextmanager
+async def _open(
+    session: aiohttp.ClientSession,
+    url: str,
+    headers: dict[str, str],
+    have: int,
+    limits: Limits,
+) -> AsyncIterator[aiohttp.ClientResponse]:
+    """GET ``url`` following only allowed redirects; the response once it is the file's."""
+    if have:
+        headers["Range"] = f"bytes={have}-"
+    current = url
+    for _ in range(MAX_REDIRECTS + 1):
+        sent = headers if same_host(url, current) else _without_auth(headers)
+        response = await session.get(current, headers=sent, allow_redirects=False)
+        try:
+            if response.status in (301, 302, 303, 307, 308):
+                target = urljoin(current, response.headers.get("Location", ""))
+                if not redirect_allowed(url, target, limits.redirect_hosts):
+                    log.warning(
+                        "download of %s: refused a redirect to %s", redact(url), redact(target)
+                    )
+                    raise DownloadError(
+                        f"download of {redact(url)} refused: it redirects to another host "
+                        f"({urlsplit(target).hostname}), which is not allowed"
+                    )
+                current = target
+                continue
+            if response.status not in (200, 206):
+                log.warning("download of %s: HTTP %d", redact(current), response.status)
+                raise DownloadError(
+                    f"download of {redact(url)} failed: the server refused it"
+                    + (" (not found)" if response.status == 404 else "")
+                    + (
+                        " (authentication needed: set HF_TOKEN)"
+                        if response.status in (401, 403)
+                        else ""
+                    )
+                )
+            yield response
+            return
+        finally:
+            response.release()
+    raise DownloadError(f"download of {redact(url)} failed: too many redirects")
+
+
+def discard_partial(final: Path) -> None:
+    """Remove the partial file of ``final`` (a download cancelled for good: llama.cpp's rule)."""
+    final.with_name(final.name + PARTIAL).unlink(missing_ok=True)
+
+
+def _expected_total(response: aiohttp.ClientResponse, have: int, size: int | None) -> int | None:
+    length = response.content_length
+    if length is not None:
+        return have + length
+    return size
+
+
+def _resume_state(part: Path) -> tuple[Any, int]:
+    """The digest of a partial file's bytes and its length (0 when there is none)."""
+    digest = hashlib.sha256()
+    try:
+        with part.open("rb") as f:
+            while chunk := f.read(CHUNK):
+                digest.update(chunk)
+        return digest, part.stat().st_size
+    except FileNotFoundError:
+        return digest, 0
+
+
+def _without_auth(headers: Mapping[str, str]) -> dict[str, str]:
+    # A token is for the host it was given for, never for where that host redirects.
+    return {k: v for k, v in headers.items() if k.lower() != "authorization"}
+
+
+def same_host(a: str, b: str) -> bool:
+    x, y = urlsplit(a), urlsplit(b)
+    return (x.scheme, x.hostname, x.port) == (y.scheme, y.hostname, y.port)
+
+
+def redirect_allowed(origin: str, target: str, extra_hosts: tuple[str, ...] = ()) -> bool:
+    """Whether a download from ``origin`` may follow a redirect to ``target``: the same host,
+    Hugging Face's own CDN when the download started at Hugging Face, or a host (or
+    ``.suffix``) the operator allowed. Never a downgrade from https to http."""
+    o, t = urlsplit(origin), urlsplit(target)
+    if t.scheme not in ("http", "https") or (o.scheme == "https" and t.scheme != "https"):
+        return False
+    if same_host(origin, target):
+        return True
+    host = (t.hostname or "").lower()
+    allowed = [h.lower() for h in extra_hosts]
+    if _is_hf_host(o.hostname or ""):
+        allowed.extend(HF_CDN_HOSTS)
+    return any(host == h.lstrip(".") or (h.startswith(".") and host.endswith(h)) for h in allowed)
+
+
+def _is_hf_host(host: str) -> bool:
+    host = host.lower()
+    return any(host == h.lstrip(".") or host.endswith(h) for h in HF_CDN_HOSTS)
 
 
 def _sidecar(final: Path) -> Path:

@@ -28,8 +28,8 @@ from pathlib import Path
 
 from node_agent.sources.spec import SOURCE_CACHE, ModelSpec
 
-_SHARD = re.compile(r"(.+)-([0-9]{5})-of-([0-9]{5})", re.IGNORECASE)
-_TAG = re.compile(r"[-.]([A-Z0-9_]+)$", re.IGNORECASE)
+SHARD = re.compile(r"(.+)-([0-9]{5})-of-([0-9]{5})", re.IGNORECASE)
+TAG = re.compile(r"[-.]([A-Z0-9_]+)$", re.IGNORECASE)
 _COMMIT = re.compile(r"[0-9a-fA-F]{40}")
 _REPO_ID = re.compile(r"[A-Za-z0-9_]+(?:[.-][A-Za-z0-9_]+)*/[A-Za-z0-9_]+(?:[.-][A-Za-z0-9_]+)*")
 NOT_MODELS = ("mmproj", "mtp-", "eagle3-", "dflash-", "dspark-")
@@ -57,10 +57,10 @@ def split_gguf_name(path: str) -> tuple[str, int] | None:
         return None
     prefix = path[: -len(".gguf")]
     index = 1
-    m = _SHARD.fullmatch(prefix)
+    m = SHARD.fullmatch(prefix)
     if m:
         prefix, index = m.group(1), int(m.group(2))
-    tag = _TAG.search(prefix)
+    tag = TAG.search(prefix)
     if tag is None or any(marker in prefix for marker in NOT_MODELS):
         return None
     return tag.group(1).upper(), index
@@ -81,10 +81,10 @@ def scan_hf_cache(hub: Path | None) -> list[ModelSpec]:
         repo_id = repo.name[len("models--") :].replace("--", "/")
         if not _REPO_ID.fullmatch(repo_id):
             continue
-        snapshot = _snapshot(Path(repo.path))
+        snapshot = snapshot_dir(Path(repo.path))
         if snapshot is None:
             continue
-        files = _gguf_files(snapshot)
+        files = gguf_files(snapshot)
         # The projector -hf picks also depends on the quant; the ledger only needs one.
         mmproj = next((str(snapshot / rel) for rel in files if "mmproj" in rel), None)
         for rel in files:
@@ -103,7 +103,7 @@ def scan_hf_cache(hub: Path | None) -> list[ModelSpec]:
     return [specs[k] for k in sorted(specs)]
 
 
-def _snapshot(repo: Path) -> Path | None:
+def snapshot_dir(repo: Path) -> Path | None:
     refs = repo / "refs"
     commit = _read_ref(refs / "main")
     if commit is None and refs.is_dir():
@@ -126,7 +126,7 @@ def _read_ref(path: Path) -> str | None:
     return commit if _COMMIT.fullmatch(commit) else None
 
 
-def _gguf_files(snapshot: Path) -> list[str]:
+def gguf_files(snapshot: Path) -> list[str]:
     found: list[str] = []
     for root, _dirs, files in os.walk(snapshot, followlinks=True):
         for file in files:

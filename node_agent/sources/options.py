@@ -19,6 +19,7 @@ exception: a number with trailing junk (``8k``, ``1.5`` for an integer), which l
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import logging
@@ -215,7 +216,8 @@ def use_options_of(binary: Path, version: str) -> OptionTable:
     """
     global _in_use
     try:
-        _in_use = _read_help(binary, *_file_identity(binary), version)
+        origin = f"llama-server {build_info(version)} ({binary})"
+        _in_use = OptionTable(_read_help(binary, *_file_identity(binary)), origin)
     except (OSError, subprocess.SubprocessError, ValueError) as exc:
         log.warning(
             "cannot read the options of %s from its --help (%s): using those of %s",
@@ -232,9 +234,16 @@ def _file_identity(binary: Path) -> tuple[int, int]:
     return stat.st_size, stat.st_mtime_ns
 
 
+def read_options_early(binary: Path) -> None:
+    """Run ``binary --help`` now (from a thread, while ``--version`` runs): the start waits
+    for one child process instead of two. A failure is left for :func:`use_options_of`."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError, ValueError):
+        _read_help(binary, *_file_identity(binary))
+
+
 @functools.cache
-def _read_help(binary: Path, size: int, mtime_ns: int, version: str) -> OptionTable:
-    """One binary's table; cached by path, size and mtime (a replaced binary is read anew)."""
+def _read_help(binary: Path, size: int, mtime_ns: int) -> tuple[LlamaOption, ...]:
+    """One binary's options; cached by path, size and mtime (a replaced binary is read anew)."""
     done = subprocess.run(
         [str(binary), "--help"],
         stdin=subprocess.DEVNULL,
@@ -247,8 +256,7 @@ def _read_help(binary: Path, size: int, mtime_ns: int, version: str) -> OptionTa
     rows = parse_help(done.stdout)
     if not rows:
         raise ValueError("it listed no options")
-    origin = f"llama-server {build_info(version)} ({binary})"
-    return OptionTable(tuple(LlamaOption(*row) for row in rows), origin)
+    return tuple(LlamaOption(*row) for row in rows)
 
 
 def parse_bool(value: str) -> bool | None:

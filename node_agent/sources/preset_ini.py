@@ -15,12 +15,12 @@ as part of the value, and so does Corral in the administrator's own INI.
 
 Keys: llama-server flags without dashes, short forms or ``LLAMA_ARG_*`` names; ``no-x = true``
 means ``x = false``; ``version`` is reserved and skipped. Preset-only keys: ``load-on-startup``,
-``stop-timeout``, ``alias`` (comma-separated) and Corral's ``ttl``, ``pin``, ``priority``,
-``model-sha256`` (64 hex digits: the agent downloads ``model-url`` itself and checks it) and
-``hf-revision`` (the agent downloads ``hf-repo``/``hf-file`` at that revision itself), each in
-the section that names that source (the operator renders those two from a ModelPreset's
-``url`` and ``huggingFace`` sources); ``env.NAME = value``, the model's own environment
-(``sources.preset_env``: device and memory variables only).
+``stop-timeout``, ``dedup-cache-models``, ``alias`` (comma-separated) and Corral's ``ttl``,
+``pin``, ``priority``, ``model-sha256`` (64 hex digits: the agent downloads ``model-url``
+itself and checks it) and ``hf-revision`` (the agent downloads ``hf-repo``/``hf-file`` at that
+revision itself), each in the section that names that source (the operator renders those two
+from a ModelPreset's ``url`` and ``huggingFace`` sources); ``env.NAME = value``, the model's
+own environment (``sources.preset_env``: device and memory variables only).
 
 Where llama.cpp is silent or lax, Corral refuses with file and line: an unknown key (llama.cpp
 also refuses, without a line), a router-level key (llama.cpp silently drops it), a duplicate
@@ -61,12 +61,15 @@ AGENT_KEYS = frozenset(
         "models-ttl",
         "load-timeout",
         "max-body-size",
+        "max-download-size",
+        "download-redirect-hosts",
         "queue-timeout",
         "max-queue",
         "shutdown-timeout",
         "client-timeout",
         "max-connections",
         "allowed-hosts",
+        "peer",
         "log-level",
     }
 )
@@ -81,6 +84,8 @@ PRESET_ONLY = {
     "priority": "priority",
     "model-sha256": "model-sha256",
     "hf-revision": "hf-revision",
+    "dedup-cache-models": "dedup-cache-models",
+    "__PRESET_DEDUP_CACHE_MODELS": "dedup-cache-models",
 }
 
 _NEWLINE = re.compile(r"\r\n|\n|\r")
@@ -313,6 +318,7 @@ def _interpret(section: _Section, path: str, policy: Restricted | None) -> Prese
         priority=_get(extras, "priority", int),
         model_sha256=_get(extras, "model-sha256", str),
         hf_revision=_get(extras, "hf-revision", str),
+        dedup_cache_models=_get(extras, "dedup-cache-models", bool),
         origin=f"{path}:{section.line}",
         env=tuple(env.items()),
     )
@@ -378,7 +384,7 @@ def _preset_only_value(
             f"{key!r} in {where} expects {expected}, got {value!r}", path=path, line=line
         )
 
-    if name in ("load-on-startup", "pin"):
+    if name in ("load-on-startup", "pin", "dedup-cache-models"):
         flag = parse_bool(value)
         if flag is None:
             raise bad("true or false")

@@ -30,6 +30,10 @@ SOURCE_CACHE = "cache"
 SOURCE_MODELS_DIR = "models_dir"
 SOURCE_PRESET = "preset"
 
+# Router-run tools and MCP servers (node_agent.mcp, router/tools_api.py).
+TOOL_KEYS = frozenset(
+    {"tools", "tools-runtime", "mcp-servers-config", "mcp-servers-json", "webui-mcp-proxy", "agent"}
+)
 # Router settings: one value for the whole agent, meaningless per model (the preset parser
 # refuses them, llama.cpp's unset_reserved_args drops them from a child's arguments).
 ROUTER_KEYS = frozenset(
@@ -44,6 +48,9 @@ ROUTER_KEYS = frozenset(
         "models-preset",
         "models-max",
         "models-autoload",
+        # They run programs: only the agent's own command line may turn them on, and the
+        # agent runs them itself (llama.cpp's router also hands them to every child).
+        *TOOL_KEYS,
     }
 )
 # Options the agent owns for every child and never passes through: the router settings, and
@@ -72,6 +79,7 @@ class PresetLayer:
     priority: int | None = None
     model_sha256: str | None = None
     hf_revision: str | None = None
+    dedup_cache_models: bool | None = None
     origin: str | None = None
     """``file:line`` of the INI section, for error messages."""
     env: Env = ()
@@ -89,6 +97,7 @@ class PresetLayer:
             priority=_pick(self.priority, below.priority),
             model_sha256=_pick(self.model_sha256, below.model_sha256),
             hf_revision=_pick(self.hf_revision, below.hf_revision),
+            dedup_cache_models=_pick(self.dedup_cache_models, below.dedup_cache_models),
             origin=self.origin or below.origin,
             env=_merge_env(below.env, self.env),
         )
@@ -134,6 +143,11 @@ class ModelSpec:
     hf_revision: str | None = None
     """Corral: the Hugging Face revision (commit, branch or tag) of ``hf-repo``/``hf-file``,
     which llama-server cannot pin; the agent downloads that exact file itself."""
+    dedup_cache_models: bool = False
+    """llama.cpp's ``dedup-cache-models`` preset key: hide the cache entries whose file this
+    model (or its draft) already uses."""
+    hidden: bool = False
+    """A cache entry hidden by a preset's ``dedup-cache-models``: unlisted, still usable."""
     env: Env = ()
     """The child's own environment variables, on top of the agent's (``env.NAME`` keys)."""
 
@@ -180,6 +194,7 @@ class ModelSpec:
             priority=_or(layer.priority, self.priority),
             model_sha256=_pick(layer.model_sha256, self.model_sha256),
             hf_revision=_pick(layer.hf_revision, self.hf_revision),
+            dedup_cache_models=_or(layer.dedup_cache_models, self.dedup_cache_models),
             env=_merge_env(self.env, layer.env),
         )
 

@@ -24,6 +24,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from node_agent.models_schema import RefusedPreset, dump, parse_entries
+from node_agent.redact import redact
 
 log = logging.getLogger("corral.operator")
 
@@ -161,7 +162,8 @@ def node_entry(
             if model.memory is not None:
                 entry["memory"] = dict(model.memory)
     if last_error:
-        entry["lastError"] = str(last_error)[:1024]
+        # The agent redacts what it serves; an older agent or a conflict text may not have.
+        entry["lastError"] = redact(str(last_error))[:1024]
     return entry
 
 

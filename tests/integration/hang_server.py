@@ -10,6 +10,8 @@ appends --host/--port). It never speaks the parent–child protocol. Modes:
 - ``bind-fail-first``: the first run (no file at $HANG_STATE yet) logs llama-server's
   "couldn't bind" line and exits 1; later runs behave like ``ok``.
 - ``crash``: logs a few lines (one not UTF-8) and an error line, then exits 3.
+- ``protocol-slow``: speaks the protocol: says ``loading``, answers 503 (logging
+  ``probed while loading``) for 1.5 s, then says ``ready`` and answers 200.
 """
 
 from __future__ import annotations
@@ -18,13 +20,19 @@ import http.server
 import os
 import signal
 import sys
+import threading
 import time
+
+LOADING = 'cmd_child_to_router:state:{"state":"loading","payload":null}'
+READY = 'cmd_child_to_router:state:{"state":"ready","payload":{"id":"slow"}}'
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     status = 200
 
     def do_GET(self) -> None:
+        if self.status == 503:
+            print("probed while loading", file=sys.stderr, flush=True)
         body = b'{"status":"ok"}' if self.status == 200 else b'{"error":"loading"}'
         self.send_response(self.status)
         self.send_header("Content-Type", "application/json")
@@ -68,6 +76,16 @@ def main(argv: list[str]) -> int:
             )
             return 1
         mode = "ok"
+    if mode == "protocol-slow":
+        _Handler.status = 503
+        server = http.server.HTTPServer((host, port), _Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        print(LOADING, flush=True)
+        time.sleep(1.5)
+        _Handler.status = 200
+        print(READY, flush=True)
+        sys.stdin.readline()  # the exit command, or EOF
+        return 0
     if mode == "ok-ignore-term":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _serve(host, port, 503 if mode == "503" else 200)

@@ -270,6 +270,19 @@ async def test_without_the_protocol_health_alone_means_ready_and_sigterm_escalat
     assert events.events[-1].expected
 
 
+async def test_a_child_that_speaks_the_protocol_is_not_polled_while_it_loads(
+    children: list[ChildProcess],
+) -> None:
+    # It says when it is ready; polling meanwhile cost the agent and the loading child CPU
+    # (bench S4: 30+ probes per load on a busy machine). Only probes sent before its first
+    # protocol line, and the one that confirms the ready line, reach it.
+    child = ChildProcess(hang_config("protocol-slow"))
+    children.append(child)
+    await child.start()
+    assert child.state is ChildState.READY
+    assert child.logs.tail(100).count("probed while loading") <= 2, child.logs.tail(100)
+
+
 async def test_a_port_taken_before_the_child_binds_is_retried(
     tmp_path: Path, children: list[ChildProcess]
 ) -> None:

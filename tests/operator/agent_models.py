@@ -25,7 +25,11 @@ def model_entry(
     figures: dict[str, Any] = {}
     if memory is not None:
         figures["memory"] = Memory(
-            min=dict(memory), max=dict(memory), effective=dict(memory), held=dict(memory)
+            min=dict(memory),
+            max=dict(memory),
+            effective=dict(memory),
+            held=dict(memory),
+            placement=None,  # the host only: nothing to place
         )
     entry = ModelEntry.model_validate(
         {
@@ -54,6 +58,7 @@ def model_entry(
                 error=error if exit_code is not None else None,
                 failures=1 if exit_code is not None else 0,
                 retry_in=0.0,
+                conversation_streams=None,  # no child of the binary asked yet
                 **figures,
             ),
         }

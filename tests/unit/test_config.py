@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from re import escape as re_escape
 
 import pytest
 
@@ -198,3 +199,28 @@ def test_presets_refuse_every_agent_flag_by_name() -> None:
     from node_agent.sources.preset_ini import AGENT_KEYS
 
     assert {flag.removeprefix("--") for flag in _OWN_FLAGS} == AGENT_KEYS
+
+
+def test_peers_are_repeatable_urls_kept_in_order_once_each() -> None:
+    o = parse(
+        "--peer", "http://10.0.0.2:8080/", "--peer=https://b.example:443", "--peer",
+        "http://10.0.0.2:8080",
+    )  # fmt: skip
+    assert o.peers == ("http://10.0.0.2:8080", "https://b.example:443")
+    assert parse().peers == ()
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ("10.0.0.2:8080", "--peer expects another agent's URL, http(s)://HOST:PORT, got"),
+        ("http://10.0.0.2", "http(s)://HOST:PORT, got 'http://10.0.0.2'"),
+        ("ftp://a:1", "got 'ftp://a:1'"),
+        ("http://a:99999", "got 'http://a:99999'"),
+        ("http://a:1/v1", "--peer 'http://a:1/v1': give only http(s)://HOST:PORT"),
+        ("http://a:1?x=1", "no path or query"),
+    ],
+)
+def test_a_bad_peer_url_says_what_is_expected(raw: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=re_escape(message)):
+        parse("--peer", raw)

@@ -23,6 +23,7 @@ from node_agent.errors import ConfigError
 from node_agent.sources.catalog import load_catalog
 from node_agent.sources.options import generated_options
 from node_agent.sources.preset_ini import parse_preset_text
+from node_agent.sources.spec import ROUTER_KEYS
 from node_agent.sources.trust import MODEL_PRESET_OPTIONS, PATH_OPTIONS, Restricted
 from tests.crd_rules import errors as crd_errors
 from tests.operator.cluster import preset
@@ -126,10 +127,16 @@ def restricted(tmp_path: Path) -> Restricted:
 def test_the_agent_refuses_the_attacks_in_a_restricted_preset(tmp_path: Path, name: str) -> None:
     flag, *value = ATTACKS[name]
     text = f"[m]\nmodel = /m.gguf\n{flag.lstrip('-')} = {value[0] if value else 'true'}\n"
-    with pytest.raises(ConfigError, match=r"p\.ini:3: .* not on the list of options"):
+    # (tools, agent and MCP are router settings now: refused in every preset, the agent's own
+    # command line turns them on.)
+    refused = r"p\.ini:3: .*(not on the list of options|is a router setting)"
+    with pytest.raises(ConfigError, match=refused):
         parse_preset_text(text, "p.ini", restricted(tmp_path))
-    # ... and the administrator's own file keeps every option, on purpose.
-    parse_preset_text(text, "p.ini")
+    # ... and the administrator's own file keeps every per-model option, on purpose.
+    match = TABLE.key(flag.lstrip("-"))
+    assert match is not None
+    if match.option.name not in ROUTER_KEYS:
+        parse_preset_text(text, "p.ini")
 
 
 def test_restricted_file_options_stay_inside_the_roots(tmp_path: Path) -> None:
@@ -207,7 +214,7 @@ def test_one_bad_preset_is_refused_alone(tmp_path: Path) -> None:
     assert list(catalog) == ["good"]
     by_model = {r.models: r for r in catalog.refused}
     assert by_model[("bad",)].origin == f"{bad}:4"
-    assert "not on the list of options" in by_model[("bad",)].reason
+    assert "mcp-servers-json" in by_model[("bad",)].reason  # a router setting now, too
     assert by_model[("skew",)].origin == f"{unknown}:3"
     # The administrator's own file is still refused whole, at once (llama.cpp does too).
     with pytest.raises(ConfigError):

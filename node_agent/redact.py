@@ -1,0 +1,104 @@
+"""One redaction function for every place a secret could show (issue 16, row 10).
+
+``GET /models`` (a child's arguments, its preset text), error bodies, the agent's log lines,
+metrics labels and the operator's ``lastError`` all pass text through :func:`redact` before it
+leaves the process. What it hides:
+
+* the value after a secret option, on a command line or in an INI line (``--hf-token X``,
+  ``hf-token = X``, ``--api-key=X``, ``LLAMA_API_KEY=X``);
+* ``Authorization: Bearer X`` and bare Hugging Face tokens (``hf_…``);
+* the user-info of a URL (``http://user:pass@host`` -> ``http://***@host``);
+* the values of signed or keyed query parameters (``X-Amz-Signature``, ``sig``, ``token``…);
+* every literal the agent was told is secret (its API keys, the HF token): :func:`add_secret`.
+
+A leaf module: the errors, the logs and the HTTP layer all import it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable, Sequence
+
+MASK = "***"
+# Options (long names, without dashes) whose value is a secret.
+SECRET_OPTIONS = ("hf-token", "api-key", "hft")
+SECRET_ENV = ("HF_TOKEN", "LLAMA_API_KEY", "LLAMA_ARG_HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+# Query parameters that sign or authorise a URL (S3, GCS, Azure SAS, CloudFront, generic).
+_QUERY_KEYS = (
+    r"x-amz-[a-z-]*(?:signature|credential|security-token)|x-goog-[a-z-]*(?:signature|credential)"
+    r"|signature|sig|se|sp|skoid|sktid|token|access_token|auth|api_key|apikey|key|policy"
+    r"|key-pair-id|password|secret|client_secret"
+)
+_OPTION = re.compile(
+    r"(?P<lead>(?:^|(?<=[\s\"'\[,]))(?:--?(?:"
+    + "|".join(SECRET_OPTIONS)
+    + r")|"
+    + "|".join(SECRET_ENV)
+    + r")(?:\s*=\s*|\s+|\"?,\s*\"))(?P<value>[^\s\"',\]]+)",
+    re.IGNORECASE,
+)
+_INI = re.compile(
+    r"(?P<lead>^\s*(?:" + "|".join(SECRET_OPTIONS) + r")\s*=\s*)(?P<value>.+)$",
+    re.IGNORECASE | re.MULTILINE,
+)
+_BEARER = re.compile(r"(?P<lead>\bBearer\s+)(?P<value>[^\s\"',]+)", re.IGNORECASE)
+_HF_TOKEN = re.compile(r"\bhf_[A-Za-z0-9]{8,}")
+_USERINFO = re.compile(r"(?P<lead>\b[a-z][a-z0-9+.-]*://)(?P<value>[^/\s@\"']+)@", re.IGNORECASE)
+_QUERY = re.compile(
+    r"(?P<lead>[?&;](?:" + _QUERY_KEYS + r")=)(?P<value>[^&#\s\"']*)", re.IGNORECASE
+)
+
+_secrets: set[str] = set()
+
+
+def add_secret(value: str | None) -> None:
+    """Hide ``value`` wherever it appears from now on (the agent's keys, the HF token)."""
+    if value and len(value.strip()) >= 4:  # a one-letter "secret" would mask half the text
+        _secrets.add(value.strip())
+
+
+def add_secrets(values: Iterable[str | None]) -> None:
+    for value in values:
+        add_secret(value)
+
+
+def redact(text: str) -> str:
+    """``text`` with every secret it shows replaced by ``***``."""
+    for secret in sorted(_secrets, key=len, reverse=True):
+        if secret in text:
+            text = text.replace(secret, MASK)
+    text = _INI.sub(lambda m: m["lead"] + MASK, text)
+    text = _OPTION.sub(lambda m: m["lead"] + MASK, text)
+    text = _BEARER.sub(lambda m: m["lead"] + MASK, text)
+    text = _USERINFO.sub(lambda m: m["lead"] + MASK + "@", text)
+    text = _QUERY.sub(lambda m: m["lead"] + MASK, text)
+    return _HF_TOKEN.sub("hf_" + MASK, text)
+
+
+def redact_args(args: Sequence[str]) -> list[str]:
+    """A command line with secrets hidden: the word after a secret option, and each word."""
+    out: list[str] = []
+    hide_next = False
+    for word in args:
+        if hide_next:
+            out.append(MASK)
+            hide_next = False
+            continue
+        if word.lstrip("-").lower() in SECRET_OPTIONS and word.startswith("-"):
+            hide_next = True
+        out.append(redact(word))
+    return out
+
+
+class RedactingFilter(logging.Filter):
+    """A log filter that redacts each record's final message (installed on the handlers)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        clean = redact(message)
+        if clean != message:
+            record.msg, record.args = clean, None
+        if record.exc_info and record.exc_text is None and record.exc_info[1] is not None:
+            record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
+        return True

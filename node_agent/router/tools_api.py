@@ -1,0 +1,221 @@
+"""``GET/POST /tools`` and ``/cors-proxy``, answered by the agent itself as llama.cpp's router
+answers them (``server-tools.cpp``, ``server-cors-proxy.h``, ``server.cpp``).
+
+Both run programs or reach other hosts on a client's behalf, so both are off unless the agent's
+own command line turns them on (``--mcp-servers-config``/``--mcp-servers-json``,
+``--ui-mcp-proxy``); off, they answer 403 "this feature is disabled". The tools are the agent's
+MCP servers' (``node_agent.mcp``): ``<server>_<tool>`` with an OpenAI function definition. A
+chat request never runs a tool here: the client puts the definitions in ``tools``, runs the
+model's tool calls through ``POST /tools`` and sends the results back as ``tool`` messages.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from yarl import URL
+
+from node_agent.errors import ApiError
+from node_agent.mcp.servers import McpServers
+from node_agent.mcp.stdio import ToolDef
+
+log = logging.getLogger("corral.tools")
+
+DISABLED = {"error": {"message": "this feature is disabled", "type": "feature_disabled"}}
+# llama.cpp: an unknown tool (or ``stream`` for a tool that cannot stream) is a 404, whose
+# body its HTTP layer replaces with the generic one.
+NOT_FOUND = {"error": {"message": "File Not Found", "type": "not_found_error", "code": 404}}
+PROXY_HEADER_PREFIX = "x-llama-server-proxy-header-"
+PROXY_TIMEOUT_SECONDS = 600  # llama.cpp's read and write timeouts for the proxy
+# Request headers llama.cpp turns into tool parameters (the runtime sets them, not the model).
+PARAM_HEADERS = {"cwd": "x-tool-cwd", "runtime": "x-tool-runtime", "resp_type": "x-resp-type"}
+
+MCP_SERVERS: web.AppKey[McpServers | None] = web.AppKey("corral_mcp", McpServers)
+PROXY_SESSION: web.AppKey[aiohttp.ClientSession] = web.AppKey(
+    "corral_cors_proxy", aiohttp.ClientSession
+)
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.json_response(data, status=status, dumps=_compact)
+
+
+def _compact(data: Any) -> str:
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+
+
+def security_warning(servers: McpServers | None, cors_proxy: bool) -> str:
+    """llama.cpp's start-up warning, naming every feature that should not face the Internet."""
+    features = ["router mode"]
+    if cors_proxy:
+        features.append("MCP proxy (experimental)")
+    if servers:
+        features.append("MCP servers (experimental)")
+    return f"security: {', '.join(features)} enabled - do not expose to untrusted environments"
+
+
+def setup_tools(app: web.Application, servers: McpServers | None, cors_proxy: bool) -> None:
+    app[MCP_SERVERS] = servers
+    if servers:
+        app.router.add_get("/tools", list_tools)
+        app.router.add_post("/tools", call_tool)
+    else:
+        app.router.add_get("/tools", disabled)
+        app.router.add_post("/tools", disabled)
+    if cors_proxy:
+        app.router.add_get("/cors-proxy", cors_proxy_request)
+        app.router.add_post("/cors-proxy", cors_proxy_request)
+        app.cleanup_ctx.append(_proxy_session)
+    else:
+        app.router.add_get("/cors-proxy", disabled)
+        app.router.add_post("/cors-proxy", disabled)
+
+
+async def disabled(request: web.Request) -> web.StreamResponse:
+    return _json(DISABLED, 403)
+
+
+def tool_name(tool: ToolDef) -> str:
+    return f"{tool.server}_{tool.name}"
+
+
+def tool_entry(tool: ToolDef) -> dict[str, Any]:
+    """One ``GET /tools`` entry (llama.cpp's ``server_tool::to_json`` for an MCP tool)."""
+    name = tool_name(tool)
+    schema = tool.input_schema if isinstance(tool.input_schema, dict) else {}
+    return {
+        "display_name": name,
+        "tool": name,
+        "type": "mcp",
+        "permissions": {"write": False},
+        "uses_cwd": False,
+        "definition": {
+            "type": "function",
+            "function": {"name": name, "description": tool.description, "parameters": schema},
+        },
+    }
+
+
+def _tools(request: web.Request) -> dict[str, ToolDef]:
+    """Tools by name; a name that two servers share keeps its first (llama.cpp skips the rest
+    with a warning at start)."""
+    servers = request.app[MCP_SERVERS]
+    found: dict[str, ToolDef] = {}
+    for tool in servers.tools if servers else []:
+        found.setdefault(tool_name(tool), tool)
+    return found
+
+
+async def list_tools(request: web.Request) -> web.StreamResponse:
+    return _json([tool_entry(t) for t in _tools(request).values()])
+
+
+def _invalid(message: str) -> web.Response:
+    # llama.cpp answers these without the ``{"error": …}`` wrapper of its other 400s.
+    body = {"code": 400, "message": message, "type": "invalid_request_error"}
+    return _json(body, 400)
+
+
+async def call_tool(request: web.Request) -> web.StreamResponse:
+    try:
+        body = json.loads(await request.read())
+    except (ValueError, UnicodeDecodeError) as exc:
+        return _invalid(f"the request body is not valid JSON: {exc}")
+    if not isinstance(body, dict):
+        return _invalid('the request body must be a JSON object with a "tool"')
+    name = body.get("tool")
+    if not isinstance(name, str):
+        return _invalid('"tool" (a string, the tool to run) is missing from the request')
+    params = body.get("params", {})
+    stream = body.get("stream", False)
+    if not isinstance(params, dict) or not isinstance(stream, bool):
+        return _invalid('"params" must be an object and "stream" a boolean')
+    tool = _tools(request).get(name)
+    if tool is None or stream:  # no MCP tool streams its output
+        return _json(NOT_FOUND, 404)
+    # Tool parameters that only the runtime may set come from headers, never from the body.
+    params = {k: v for k, v in params.items() if k not in PARAM_HEADERS}
+    for param, header in PARAM_HEADERS.items():
+        if request.headers.get(header):
+            params[param] = request.headers[header]
+    servers = request.app[MCP_SERVERS]
+    assert servers is not None  # the route exists only with servers
+    result = await servers.call_tool(tool.server, tool.name, params)
+    return _json(result)
+
+
+async def _proxy_session(app: web.Application) -> Any:
+    timeout = aiohttp.ClientTimeout(
+        total=None, sock_read=PROXY_TIMEOUT_SECONDS, sock_connect=PROXY_TIMEOUT_SECONDS
+    )
+    async with aiohttp.ClientSession(timeout=timeout, auto_decompress=False) as session:
+        app[PROXY_SESSION] = session
+        yield
+
+
+def _target(raw: str) -> URL:
+    """The ``?url=`` to proxy to, split as llama.cpp splits it (``common_http_parse_url``),
+    with its checks and messages (each a 500 there)."""
+    scheme, sep, rest = raw.partition("://")
+    if not sep:
+        raise ApiError(500, "invalid URL: no scheme")
+    if scheme not in ("http", "https"):
+        raise ApiError(500, f"unsupported URL scheme: {scheme}")
+    authority, _, path = rest.partition("/")
+    userinfo, at, hostport = authority.rpartition("@")
+    if not at:
+        hostport = authority
+    host, colon, port = hostport.rpartition(":") if not hostport.endswith("]") else ("", "", "")
+    if not colon:
+        host, port = hostport, ""
+    host = host.removeprefix("[").removesuffix("]")
+    if not host:
+        raise ApiError(500, "invalid target URL: missing host")
+    if userinfo.partition(":")[2]:
+        raise ApiError(500, "authentication in target URL is not supported")
+    if port and not port.isdigit():
+        raise ApiError(400, f"invalid port in target URL: {port}")
+    path, _, query = path.partition("?")
+    try:
+        return URL.build(
+            scheme=scheme,
+            host=host,
+            port=int(port) if port else None,
+            path="/" + path,
+            query_string=query,
+            encoded=True,
+        )
+    except ValueError as exc:
+        raise ApiError(500, f"invalid target URL: {exc}") from exc
+
+
+async def cors_proxy_request(request: web.Request) -> web.StreamResponse:
+    """``--ui-mcp-proxy``: forward to ``?url=`` with only the ``X-Llama-Server-Proxy-Header-*``
+    headers (prefix removed), so the web UI can reach an MCP server that sends no CORS."""
+    url = _target(request.query.get("url", ""))
+    headers = {
+        key[len(PROXY_HEADER_PREFIX) :]: value
+        for key, value in request.headers.items()
+        if key.lower().startswith(PROXY_HEADER_PREFIX) and len(key) > len(PROXY_HEADER_PREFIX)
+    }
+    log.info("proxying %s request to %s", request.method, url.with_query(None))
+    body = await request.read() if request.method == "POST" else None
+    session = request.app[PROXY_SESSION]
+    try:
+        async with session.request(request.method, url, headers=headers, data=body) as upstream:
+            response = web.StreamResponse(status=upstream.status)
+            if "Content-Type" in upstream.headers:
+                response.headers["Content-Type"] = upstream.headers["Content-Type"]
+            await response.prepare(request)
+            async for chunk in upstream.content.iter_any():
+                await response.write(chunk)
+            await response.write_eof()
+            return response
+    except aiohttp.ClientError as exc:
+        # llama.cpp's words and shape: a 500 whose body is only "proxy error: <why>".
+        log.warning("cors-proxy: %s %s failed: %s", request.method, url.with_query(None), exc)
+        return web.Response(status=500, text=f"proxy error: {exc}", content_type="application/json")

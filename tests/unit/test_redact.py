@@ -1,0 +1,100 @@
+"""One redaction function (issue 16, row 10): every shape of secret it must hide, and text it
+must leave alone."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from node_agent.redact import MASK, RedactingFilter, add_secret, redact, redact_args
+
+TOKEN = "hf_" + "Ab1" * 12
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        (f"--hf-token {TOKEN}", TOKEN),
+        ("--hf-token=plainvalue", "plainvalue"),
+        ("-hft plainvalue", "plainvalue"),
+        ("--api-key sekrit-key", "sekrit-key"),
+        ('["--api-key", "sekrit-key"]', "sekrit-key"),
+        ("hf-token = plainvalue\n", "plainvalue"),
+        ("HF_TOKEN=plainvalue", "plainvalue"),
+        ("Authorization: Bearer abc.def", "abc.def"),
+        (f"token {TOKEN} leaked", TOKEN),
+        ("http://alice:pa55@host/m.gguf", "pa55"),
+        ("https://alice@host/m.gguf", "alice"),
+        ("https://b.s3.example/m.gguf?X-Amz-Signature=f00d&x=1", "f00d"),
+        ("https://b.s3.example/m.gguf?X-Amz-Credential=AKIA1&X-Amz-Date=1", "AKIA1"),
+        ("https://b.s3.example/m.gguf?X-Amz-Security-Token=tok1", "tok1"),
+        ("https://gcs.example/m?X-Goog-Signature=beef", "beef"),
+        ("https://blob.example/m?sv=1&sig=abcd%3D&se=2026", "abcd%3D"),
+        ("https://cdn.example/m?Policy=p0l&Key-Pair-Id=k1&Signature=s1", "p0l"),
+        ("https://x.example/m?token=t0k", "t0k"),
+        ("https://x.example/m?api_key=k3y", "k3y"),
+    ],
+)
+def test_secrets_are_hidden(text: str, secret: str) -> None:
+    clean = redact(text)
+    assert secret not in clean
+    assert MASK in clean
+
+
+def test_ordinary_text_is_left_alone() -> None:
+    text = (
+        "model name=org/repo:Q4_K_M failed to load: http://127.0.0.1:8080/org/repo/resolve/main/"
+        "m-Q4_K_M.gguf?download=true (ctx-size = 4096, --alias m)"
+    )
+    assert redact(text) == text
+
+
+def test_a_known_secret_is_hidden_wherever_it_appears() -> None:
+    add_secret("correct-horse-battery")
+    assert redact("key was correct-horse-battery!") == f"key was {MASK}!"
+    add_secret("ab")  # too short to mask safely: ignored
+    assert redact("abab") == "abab"
+
+
+def test_command_lines_hide_the_word_after_a_secret_option() -> None:
+    args = ["llama-server", "--hf-token", "plainvalue", "--model-url", "http://u:p@h/m"]
+    assert redact_args(args) == [
+        "llama-server",
+        "--hf-token",
+        MASK,
+        "--model-url",
+        "http://***@h/m",
+    ]
+
+
+def test_the_log_filter_redacts_the_final_message() -> None:
+    record = logging.LogRecord("x", logging.INFO, "f", 1, "fetching %s", ("http://u:pw@h/m",), None)
+    assert RedactingFilter().filter(record)
+    assert record.getMessage() == "fetching http://***@h/m"
+
+
+def test_a_childs_log_lines_are_stored_masked() -> None:
+    from node_agent.child.logs import LogRing
+
+    ring = LogRing(10)
+    ring.append("srv  load_model: loading model from 'http://u:pw@h/m.gguf?sig=abc'")
+    assert ring.tail(1) == ["srv  load_model: loading model from 'http://***@h/m.gguf?sig=***'"]
+
+
+def test_the_operators_last_error_is_masked() -> None:
+    import datetime as dt
+
+    from preset_operator.status import node_entry
+
+    now = dt.datetime.now(dt.UTC)
+    entry = node_entry(
+        "node-a",
+        "m",
+        None,
+        None,
+        "download of http://u:pw@h/m failed",
+        now,
+        dt.timedelta(seconds=30),
+    )
+    assert entry["lastError"] == "download of http://***@h/m failed"
