@@ -360,9 +360,16 @@ class Agent:
             shutdown_timeout=self.options.shutdown_timeout,
         )
         await self._runner.setup()
-        # A ConfigError here ends the process with its one line; children spawned meanwhile
-        # (load-on-startup) die with it (PR_SET_PDEATHSIG).
-        listening = await startup.listen(self._runner, self.options.host, self.options.port, tls)
+        try:
+            listening = await startup.listen(
+                self._runner, self.options.host, self.options.port, tls
+            )
+        except ConfigError:
+            # The process ends with that one line: first stop what setup started (children
+            # spawned for load-on-startup meanwhile, the proxy's and helpers' sessions).
+            self.registry.begin_close()
+            await self._runner.cleanup()
+            raise
         self.port = listening.port
         log.warning("%s", security_warning(self.mcp, self.options.ui_mcp_proxy))
         self._tasks.spawn(asyncio.to_thread(_import_all, IMPORTED_LATER), "imports")

@@ -175,6 +175,11 @@ async def post_body(
     if isinstance(data, dict) and "keep_alive" in data:
         # Ollama's per-request keep_alive: how long the model stays once idle.
         state.registry.keep_alive(name, data["keep_alive"])
+    if state.peers is not None and not buffered:  # (a Vertex prediction is answered here)
+        choice = state.peers.choose(name, request)
+        if choice.peer is not None:  # one hop to where the model is (router/peers.py)
+            log.debug("model=%s goes to %s: %s", name, choice.peer, choice.why)
+            return await state.peers.forward(request, choice.peer, body)
     conv_id = conversation_id(request)
     if conv_id:
         send = partial(_send, request, state, name, body, buffered=buffered)
@@ -200,11 +205,6 @@ async def _proxy(
     buffered: bool = False,
 ) -> web.StreamResponse:
     exchange = begin_exchange(request, name)
-    if state.peers is not None and inference:
-        choice = state.peers.choose(name, request)
-        if choice.peer is not None:  # one hop to where the model is (router/peers.py)
-            log.debug("model=%s goes to %s: %s", name, choice.peer, choice.why)
-            return await state.peers.forward(request, choice.peer, body)
     lease = await state.registry.acquire(
         name, autoload=_autoload(request, state.settings), inference=inference
     )

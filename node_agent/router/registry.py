@@ -480,7 +480,8 @@ class Registry:
         Retry-After), nothing is spawned, and every running model starts draining."""
         if self._sched.closing:
             return
-        log.info("closing: refusing new requests, draining %d models", len(self._runs))
+        if self._runs:  # a start that failed to listen has nothing to say here (one line)
+            log.info("closing: refusing new requests, draining %d models", len(self._runs))
         bound = self.shutdown_timeout
         drain = bound - SHUTDOWN_EXIT_SECONDS if bound > 2 * SHUTDOWN_EXIT_SECONDS else bound / 2
         deadline = self._clock() + drain
