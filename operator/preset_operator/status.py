@@ -91,8 +91,7 @@ def parse_models(body: object) -> dict[str, ModelReport]:
             value=entry.status.value,
             failed=bool(entry.status.failed),
             exit_code=entry.status.exit_code,
-            # placement is null where the agent does not place the model: left out.
-            memory=_figures(dump(memory)) if memory is not None else None,
+            memory=dump(memory) if memory is not None else None,
             error=corral.error if corral is not None else None,
         )
     for refusal in _refused(body):
@@ -342,7 +341,3 @@ def transitions(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list[T
             elif was == "True":
                 out.append(Transition("Normal", "Recovered", cond["message"]))
     return out
-
-
-def _figures(memory: dict[str, Any]) -> dict[str, Any]:
-    return {key: value for key, value in memory.items() if value is not None}

@@ -88,7 +88,14 @@ class FakeAgents:
         return f"http://127.0.0.1:{port}" if port else None
 
 
-HOST_1 = {"min": {"host": 1}, "max": {"host": 1}, "effective": {"host": 1}, "held": {"host": 1}}
+# As the fake agents report them (tests/operator/agent_models.py): placed on no GPU.
+HOST_1 = {
+    "min": {"host": 1},
+    "max": {"host": 1},
+    "effective": {"host": 1},
+    "held": {"host": 1},
+    "placement": None,
+}
 AGENTS = {"agent-a": "gpu-1", "agent-b": "gpu-2", "agent-c": "cpu-1"}
 
 

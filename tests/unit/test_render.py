@@ -367,6 +367,7 @@ def test_parse_models_reads_what_the_agent_serves() -> None:
         "max": {"CUDA0": 7},
         "effective": {"CUDA0": 7},
         "held": {"CUDA0": 7},
+        "placement": None,  # the agent's own figures, as it reports them
     }
     assert models["b"].failed and models["b"].exit_code == 1
     assert models["b"].error == "error: failed to load model"
