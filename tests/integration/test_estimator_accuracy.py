@@ -20,7 +20,7 @@ import shutil
 import subprocess
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -32,7 +32,7 @@ from node_agent.memory.arch_models import (
     write_vision_projector,
 )
 from node_agent.memory.buffers import MIB, LoggedBuffers
-from node_agent.memory.estimator import estimate
+from node_agent.memory.estimator import estimate, host_has_amx
 from node_agent.memory.shape import read_shape, read_vision_shape
 from tests.integration.harness import b11434_path, missing_in_ci_fails
 
@@ -263,7 +263,13 @@ def test_estimates_match_logged_buffers(which: str, demo_models: list[Path]) -> 
 @pytest.mark.parametrize("which", ["pinned", "b11434"])
 def test_estimates_match_logged_buffers_for_the_real_model(which: str, real_model: Path) -> None:
     # SmolLM2-135M: a real tokenizer (49k tokens), GQA and Q4_1 weights, unlike the demo set.
-    _check(_run_table(_binary(which), [(real_model, PLAIN)]))
+    settings: Sequence[Setting] = PLAIN
+    if which == "b11434" and host_has_amx():
+        # b11434's AMX kernel for Q4_1 dies of SIGILL on this CPU (gdb: `tilezero` in
+        # tinygemm_kernel_amx<block_q8_1, block_q4_1>), --no-warmup or not, and whether its
+        # buffer lines reach stderr before that is a race. Without the repacked copy it runs.
+        settings = [replace(setting, repack=False) for setting in PLAIN]
+    _check(_run_table(_binary(which), [(real_model, settings)]))
 
 
 @pytest.mark.parametrize("which", ["pinned", "b11434"])
