@@ -10,7 +10,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
-from http.client import HTTPConnection
+from http.client import HTTPConnection, HTTPResponse
 from pathlib import Path
 from typing import Any
 
@@ -135,10 +135,10 @@ def test_a_forwarded_request_is_served_where_it_arrives(
     assert loads(a) == 1 and loads(b) == 1
 
 
-def test_a_peer_that_dies_mid_stream_ends_the_stream_with_an_error(
-    pair: tuple[AgentProcess, AgentProcess],
-) -> None:
-    a, b = pair
+def long_stream_through(
+    a: AgentProcess, b: AgentProcess, **headers: str
+) -> tuple[HTTPConnection, HTTPResponse]:
+    """A long stream for TINY, loaded on B, sent to A: tokens already flowing from B."""
     load(b, TINY)
     served_by_peer(a, TINY)
     conn = HTTPConnection("127.0.0.1", a.port, timeout=60)
@@ -147,11 +147,19 @@ def test_a_peer_that_dies_mid_stream_ends_the_stream_with_an_error(
         "POST",
         "/v1/chat/completions",
         json.dumps(body),
-        {**AUTH, "Content-Type": "application/json", "X-Conversation-Id": "c-1"},
+        {**AUTH, "Content-Type": "application/json", **headers},
     )
     stream = conn.getresponse()
     assert stream.status == 200
     assert stream.readline().startswith(b"data: ")  # tokens flow from B through A
+    return conn, stream
+
+
+def test_a_peer_that_dies_mid_stream_ends_the_stream_with_an_error(
+    pair: tuple[AgentProcess, AgentProcess],
+) -> None:
+    a, b = pair
+    conn, stream = long_stream_through(a, b, **{"X-Conversation-Id": "c-1"})
     children = b.children()
     os.kill(b.proc.pid, signal.SIGKILL)  # B and (PR_SET_PDEATHSIG) its child
     started = time.monotonic()
@@ -208,18 +216,7 @@ def test_a_client_that_goes_away_mid_stream_ends_the_peers_work(
     pair: tuple[AgentProcess, AgentProcess],
 ) -> None:
     a, b = pair
-    load(b, TINY)
-    served_by_peer(a, TINY)
-    conn = HTTPConnection("127.0.0.1", a.port, timeout=60)
-    body = chat(TINY, max_tokens=3000, stream=True, ignore_eos=True)
-    conn.request(
-        "POST",
-        "/v1/chat/completions",
-        json.dumps(body),
-        {**AUTH, "Content-Type": "application/json"},
-    )
-    stream = conn.getresponse()
-    assert stream.readline().startswith(b"data: ")
+    conn, _ = long_stream_through(a, b)
     assert in_flight(b, TINY) == 1  # B serves it
     conn.close()  # the client hangs up; A's handler is cancelled and closes its hop to B
     # The whole answer takes ~14 s here (measured): B stopping within 5 s is the hang-up.
