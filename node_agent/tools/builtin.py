@@ -6,6 +6,7 @@ result, or ``{"error": …}`` for what the model should read (a 200, as in llama
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
 import re
@@ -218,20 +219,12 @@ async def grep_search(params: Any, _: OnChunk | None) -> Result:
         content = await io.read_file(absolute_file)
         if content is None:
             continue
-        lines = [_text(line) for line in _split_lines(content)]
-        for i, line in enumerate(lines):
-            if total >= GREP_MAX_RESULTS:
-                full = True
-                break
-            if not regex.search(line):
-                continue
-            for j in range(max(0, i - context), min(len(lines) - 1, i + context) + 1):
-                mark = ":" if j == i else "-"
-                number = f"{j + 1}{mark}" if numbered else ""
-                out.append(f"{shown}{mark}{number}{lines[j]}\n")
-            if context > 0:
-                out.append("--\n")
-            total += 1
+        # In a thread: a pattern that backtracks for long must not stop the agent's loop.
+        found, matches, full = await asyncio.to_thread(
+            _grep_file, regex, content, shown, numbered, context, GREP_MAX_RESULTS - total
+        )
+        out.extend(found)
+        total += matches
     text = "".join(out) + f"\n---\nTotal matches: {total}\n"
     if full:
         text += (
@@ -239,6 +232,29 @@ async def grep_search(params: Any, _: OnChunk | None) -> Result:
             "more.]\n"
         )
     return {"plain_text_response": text}
+
+
+def _grep_file(
+    regex: re.Pattern[str], content: bytes, shown: str, numbered: bool, context: int, room: int
+) -> tuple[list[str], int, bool]:
+    """One file's output lines, its matches (at most ``room``), and whether the limit was
+    hit."""
+    lines = [_text(line) for line in _split_lines(content)]
+    out: list[str] = []
+    matches = 0
+    for i, line in enumerate(lines):
+        if matches >= room:
+            return out, matches, True
+        if not regex.search(line):
+            continue
+        for j in range(max(0, i - context), min(len(lines) - 1, i + context) + 1):
+            mark = ":" if j == i else "-"
+            number = f"{j + 1}{mark}" if numbered else ""
+            out.append(f"{shown}{mark}{number}{lines[j]}\n")
+        if context > 0:
+            out.append("--\n")
+        matches += 1
+    return out, matches, False
 
 
 # --- exec_shell_command ------------------------------------------------------------------

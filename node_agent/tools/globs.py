@@ -7,40 +7,62 @@ no ``/`` matches the basename; one with ``/`` matches the whole relative path, a
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 
 def glob_match(pattern: str, text: str) -> bool:
-    return _match(pattern, text)
+    """llama.cpp's recursive matcher, as a table over (pattern token, text position): the same
+    answers without its exponential time or Python's recursion limit on a long path."""
+    tokens = _tokens(pattern)
+    n = len(text)
+    # after[j]: the tokens from i on match text[j:]; filled from the last token back.
+    after = [j == n for j in range(n + 1)]
+    for kind, arg in reversed(tokens):
+        now = [False] * (n + 1)
+        if kind == "**":
+            seen = False
+            for j in range(n, -1, -1):
+                seen = seen or after[j]
+                now[j] = seen
+        elif kind == "*":
+            seen = False
+            for j in range(n, -1, -1):
+                # k runs from j up to the first '/' at or after j (a '/' itself ends the run)
+                seen = after[j] if j == n or text[j] == "/" else seen or after[j]
+                now[j] = seen
+        else:
+            for j in range(n):
+                c = text[j]
+                ok = c != "/" if kind == "?" else _class_match(c, arg) if kind == "[" else c == arg
+                now[j] = ok and after[j + 1]
+        after = now
+    return after[0]
 
 
-@lru_cache(maxsize=4096)
-def _match(p: str, s: str) -> bool:
-    if not p:
-        return not s
-    if p.startswith("**"):
-        rest = p[2:]
-        return any(_match(rest, s[i:]) for i in range(len(s) + 1))
-    if p[0] == "*":
-        rest = p[1:]
-        i = 0
-        while i < len(s) and s[i] != "/":
-            if _match(rest, s[i:]):
-                return True
-            i += 1
-        return _match(rest, s[i:])
-    if p[0] == "?" and s and s[0] != "/":
-        return _match(p[1:], s[1:])
-    if p[0] == "[":
-        end = 1
-        if end < len(p) and p[end] in "]-":
-            end += 1
-        while end < len(p) and p[end] != "]":
-            end += 1
-        if end < len(p):
-            return bool(s) and _class_match(s[0], p[1:end]) and _match(p[end + 1 :], s[1:])
-        return s.startswith("[") and _match(p[1:], s[1:])
-    return bool(s) and p[0] == s[0] and _match(p[1:], s[1:])
+def _tokens(pattern: str) -> list[tuple[str, str]]:
+    tokens: list[tuple[str, str]] = []
+    i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        if pattern.startswith("**", i):
+            tokens.append(("**", ""))
+            i += 2
+            continue
+        if c in "*?":
+            tokens.append((c, ""))
+        elif c == "[":
+            end = i + 1
+            if end < len(pattern) and pattern[end] in "]-":
+                end += 1
+            while end < len(pattern) and pattern[end] != "]":
+                end += 1
+            if end < len(pattern):
+                tokens.append(("[", pattern[i + 1 : end]))
+                i = end + 1
+                continue
+            tokens.append(("lit", "["))  # no closing ']': a literal '['
+        else:
+            tokens.append(("lit", c))
+        i += 1
+    return tokens
 
 
 def _class_match(c: str, body: str) -> bool:

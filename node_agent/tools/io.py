@@ -29,6 +29,7 @@ LIST_MAX_OUTPUT = 8 * 1024 * 1024  # git ls-files / find output kept
 LIST_TIMEOUT = 15  # seconds for one listing, git and the walk together
 ISOLATE_TIMEOUT = 15  # seconds for an isolate's helper commands
 ISOLATE_READ_MAX = 64 * 1024 * 1024
+HOST_READ_MAX = ISOLATE_READ_MAX
 # Listed but never walked into: they can be enormous.
 JUNK_DIRS = (
     ".git", ".svn", ".hg", "node_modules", "__pycache__", ".venv", "venv", "dist", "build",
@@ -148,7 +149,10 @@ class HostIO(ToolsIO):
         def read() -> bytes | None:
             try:
                 with open(self.resolve(path), "rb") as f:
-                    return f.read()
+                    # Bounded as in an isolate (llama.cpp reads a host file whole, whatever
+                    # its size: grep_search over a disk image would take the agent's memory).
+                    content = f.read(HOST_READ_MAX + 1)
+                return content if len(content) <= HOST_READ_MAX else None
             except IsADirectoryError:
                 return b""  # llama.cpp's stream opens a folder and reads nothing
             except (OSError, ValueError):

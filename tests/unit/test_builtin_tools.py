@@ -239,3 +239,21 @@ async def test_stdin_reaches_the_program_and_a_stopped_reader_ends_it() -> None:
     started = time.monotonic()
     res = await run_program(["sh", "-c", "echo hi; sleep 30"], 100, 60, on_chunk=stop_after_first)
     assert seen == [b"hi\n"] and time.monotonic() - started < 10
+
+
+def test_a_long_path_is_matched_without_deep_recursion() -> None:
+    deep = "d/" * 5000 + "x.py"
+    assert path_glob_match("*.py", deep) and glob_match("**/*.py", deep)
+    assert not glob_match("*" * 200 + "b", "a" * 300)  # no exponential search
+
+
+async def test_a_host_file_is_read_up_to_a_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("node_agent.tools.io.HOST_READ_MAX", 8)
+    (tmp_path / "small").write_bytes(b"12345678")
+    (tmp_path / "large").write_bytes(b"123456789")
+    io = HostIO(str(tmp_path))
+    assert await io.read_file("small") == b"12345678"
+    assert await io.read_file("large") is None  # "failed to open file", not all of it
+    assert io.resolve("a/../b/./c") == f"{tmp_path}/b/c"
