@@ -428,6 +428,8 @@ class Agent:
         self.registry.begin_close()
         if self.mcp is not None:
             await self.mcp.close()
+        if self.builtin_tools is not None:
+            await self.builtin_tools.close()
         if self._runner is not None:
             await self._runner.cleanup()
 

@@ -26,6 +26,7 @@ from node_agent.mcp.servers import McpServers
 from node_agent.mcp.stdio import ToolDef
 
 if TYPE_CHECKING:  # imported only when tools are on (node_agent.agent)
+    from node_agent.tools.builtin import Tool
     from node_agent.tools.toolbox import Toolbox
 
 log = logging.getLogger("corral.tools")
@@ -170,11 +171,11 @@ async def call_tool(request: web.Request) -> web.StreamResponse:
         return _failed(str(exc))
     builtin = request.app[BUILTIN]
     tool = builtin.find(name) if builtin is not None else None
-    if tool is not None and (tool.streams or not stream):
+    if builtin is not None and tool is not None and (tool.streams or not stream):
         if stream:
-            return await _stream_tool(request, tool.invoke, params)
+            return await _stream_tool(request, builtin, tool, params)
         try:
-            return _json(await tool.invoke(params, None))
+            return _json(await builtin.invoke(tool, params, None))
         except ParamError as exc:
             return _invalid(str(exc))
         except Exception as exc:  # llama.cpp: any other failure of a tool is a 500
@@ -213,7 +214,9 @@ async def _runtime_params(request: web.Request, params: Any) -> Any:
     return {**params, **values} if values else params
 
 
-async def _stream_tool(request: web.Request, invoke: Any, params: Any) -> web.StreamResponse:
+async def _stream_tool(
+    request: web.Request, builtin: Toolbox, tool: Tool, params: Any
+) -> web.StreamResponse:
     """Output as it comes, ``data: {"chunk": …}`` events, then ``data: {"done": true}`` (with
     ``"error"`` when the tool failed)."""
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -232,7 +235,9 @@ async def _stream_tool(request: web.Request, invoke: Any, params: Any) -> web.St
 
     done: dict[str, Any] = {"done": True}
     try:
-        await invoke(params, push)
+        failed = (await builtin.invoke(tool, params, push)).get("error")
+        if failed:  # the shutdown ended it
+            done["error"] = failed
     except Exception as exc:  # the tool's failure is the last event's business
         done["error"] = str(exc)
     try:

@@ -18,16 +18,19 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.integration.harness import AgentProcess
+from tests.integration.harness import AgentProcess, alive
 from tests.integration.test_compat import TINY, Answer, LlamaRouter, Pair, assert_same, call
 
 AGENT = (sys.executable, "-m", "node_agent.cli", "agent", "--port", "0")
@@ -709,3 +712,93 @@ def test_a_runtime_gets_the_same_calls_as_from_llama_cpp(
     else:  # an existing container: used, never started nor removed
         assert not [argv for argv in corral if argv[1] in ("run", "<removed>")]
     assert len(corral) > len(RUNTIME_STEPS)
+
+
+def engine_runs(pid: int) -> list[int]:
+    """The ``docker run`` clients a router keeps for its runtime (its own children)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            ppid = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == pid and any(a.endswith(b"docker") for a in argv[:2]) and b"run" in argv:
+            found.append(int(entry.name))
+    return found
+
+
+def test_a_container_that_died_is_started_again_like_llama_cpp(
+    tmp_path: Path, b11434: Path
+) -> None:
+    bin_dir = fake_bin(tmp_path)
+    logs = {who: tmp_path / f"calls-{who}.log" for who in ("llama.cpp", "corral")}
+
+    def env(who: str) -> dict[str, str]:
+        return {"PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_LOG": str(logs[who])}
+
+    args = ["--models-dir", str(tmp_path), "--tools", "get_info", "--tools-runtime", "docker:img"]
+    pair = tools_pair_for(b11434, tmp_path, args, env)
+    body = {"tool": "get_info", "params": {}}
+    try:
+        first = pair.both("POST", "/tools", body)
+        assert first[0].body == first[1].body
+        for router in (pair.router.proc.pid, pair.agent.proc.pid):
+            (client,) = engine_runs(router)
+            os.kill(client, signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            while alive(client) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        time.sleep(0.5)  # the agent's child watcher has seen it end
+        again = pair.both("POST", "/tools", body)
+        assert again[0].body == again[1].body and again[1].json()["os"] != "unknown"
+    finally:
+        stop(pair)
+    peer, corral = recorded(logs["llama.cpp"]), recorded(logs["corral"])
+    assert corral == peer
+    assert [argv[1] for argv in corral].count("run") == 2
+    assert 'tools runtime container "c0ffee42" died, respawning' in pair.agent.log()
+
+
+def test_a_command_in_flight_does_not_hold_the_shutdown_up(tmp_path: Path, b11434: Path) -> None:
+    agent = AgentProcess(["--llama-server", str(b11434), "--tools", "exec_shell_command"])
+    command = "sleep 47.25; echo late"  # its own duration, to find it in the process list
+    answers: list[Any] = []
+
+    def run(stream: bool) -> None:
+        body = {"tool": "exec_shell_command", "params": {"command": command, "timeout": 60}}
+        answers.append(
+            call(agent.port, "POST", "/tools", {**body, "stream": stream}, headers=ORIGIN)
+        )
+
+    callers = [threading.Thread(target=run, args=(s,)) for s in (False, True)]
+    try:
+        for caller in callers:
+            caller.start()
+        deadline = time.monotonic() + 20
+        while len(sleepers()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(sleepers()) == 2
+        started = time.monotonic()
+        agent.proc.send_signal(signal.SIGTERM)
+        for caller in callers:
+            caller.join(30)
+        assert agent.proc.wait(30) == 0
+        assert time.monotonic() - started < 15  # not the command's 47 s
+        bodies = sorted(a.body for a in answers)
+        assert bodies == [b'data: {"done":true,"error":"cancelled"}\n\n', b'{"error":"cancelled"}']
+        assert not sleepers()  # the programs were killed, not left behind
+    finally:
+        agent.stop()
+
+
+def sleepers() -> list[str]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if argv == b"sleep\x0047.25\x00":
+            found.append(entry.name)
+    return found
