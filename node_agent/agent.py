@@ -97,6 +97,13 @@ llama-server router options (same names, defaults and LLAMA_ARG_* variables):
                               MCP servers (Cursor's "mcpServers" format) that the agent runs
                               for GET/POST /tools; never passed to the children
   --ui-mcp-proxy              serve /cors-proxy for the web UI's remote MCP servers
+  --tools TOOL[,TOOL] | all   llama.cpp's built-in tools (read_file, file_glob_search,
+                              grep_search, exec_shell_command, write_file, edit_file,
+                              get_info) for GET/POST /tools; they run programs: trusted use only
+  --tools-runtime WHERE       where they run: docker:IMAGE, podman:IMAGE (a container for the
+                              agent's life), docker-container:ID, podman-container:ID, ssh:TARGET
+  -ag, --agent / -no-ag, --no-agent
+                              all the built-in tools and --ui-mcp-proxy (or neither)
 
 Corral's own:
   --llama-server PATH         the llama-server binary (else $LLAMA_SERVER, PATH, corral[cpu])
