@@ -52,9 +52,9 @@ def build_tree(root: Path) -> None:
 
 
 def snapshot(root: Path) -> dict[str, bytes]:
-    return {
-        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
-    }
+    """The folder's files (git's own, with their timestamps, left out)."""
+    files = (p for p in sorted(root.rglob("*")) if p.is_file() and ".git" not in p.parts)
+    return {str(p.relative_to(root)): p.read_bytes() for p in files}
 
 
 def steps(root: Path) -> list[tuple[str, dict[str, Any], dict[str, str]]]:
@@ -319,14 +319,17 @@ def steps(root: Path) -> list[tuple[str, dict[str, Any], dict[str, str]]]:
 
 
 def run_steps(
-    pair: Pair, root: Path, cases: list[tuple[str, Any, dict[str, str]]]
+    pair: Pair,
+    root: Path,
+    cases: list[tuple[str, Any, dict[str, str]]],
+    build: Callable[[Path], None] = build_tree,
 ) -> list[tuple[str, Answer]]:
     answers = []
     for step, body, headers in cases:
-        build_tree(root)
+        build(root)
         peer = call(pair.peer, "POST", "/tools", body, headers={**ORIGIN, **headers})
         peer_tree = snapshot(root)
-        build_tree(root)
+        build(root)
         corral = call(pair.corral, "POST", "/tools", body, headers={**ORIGIN, **headers})
         assert_same(f"POST /tools ({step})", peer, corral)
         assert corral.body == peer.body, (step, peer.body[:600], corral.body[:600])
@@ -802,3 +805,51 @@ def sleepers() -> list[str]:
         if argv == b"sleep\x0047.25\x00":
             found.append(entry.name)
     return found
+
+
+def test_a_git_folder_is_listed_by_git_like_llama_cpp(all_tools: tuple[Pair, Path]) -> None:
+    """Inside a git repository the files come from ``git ls-files``: .gitignore applies."""
+    pair, root = all_tools
+    repo = root.parent / "repo"
+
+    def build(_: Path) -> None:
+        shutil.rmtree(repo, ignore_errors=True)
+        (repo / "src").mkdir(parents=True)
+        (repo / ".gitignore").write_text("*.log\n")
+        (repo / "src" / "a.py").write_text("print('hello')\n")
+        (repo / "debug.log").write_text("hello\n")
+        (repo / "untracked.txt").write_text("hello\n")
+        subprocess.run(["git", "init", "-q", str(repo)], check=True)
+        subprocess.run(["git", "-C", str(repo), "add", "src"], check=True)
+
+    cases = [
+        ("glob in git", {"tool": "file_glob_search", "params": {"path": str(repo)}}, {}),
+        (
+            "grep in git",
+            {"tool": "grep_search", "params": {"path": str(repo), "pattern": "hello"}},
+            {},
+        ),
+    ]
+    answers = dict(run_steps(pair, repo, cases, build))
+    listed = answers["glob in git"].json()["entries"]
+    assert {e["path"] for e in listed} == {".gitignore", "src/a.py", "untracked.txt"}
+
+
+def test_mcp_tools_come_after_the_built_in_ones_like_llama_cpp(
+    tmp_path: Path, b11434: Path
+) -> None:
+    from tests.integration.test_tools_mcp import mcp_config
+
+    servers, _ = mcp_config(tmp_path)
+    args = ["--models-dir", str(tmp_path), "--tools", "get_info", "--mcp-servers-json", servers]
+    pair = tools_pair_for(b11434, tmp_path, args)
+    try:
+        peer, corral = pair.both("GET", "/tools")
+        assert corral.body == peer.body
+        assert [t["tool"] for t in corral.json()][:2] == ["get_info", "stub_add"]
+        peer, corral = pair.both("POST", "/tools", {"tool": "stub_add", "params": {"a": 1, "b": 2}})
+        assert corral.body == peer.body
+        warning = "security: router mode, server tools (experimental), MCP servers (experimental)"
+        assert warning in pair.router.log() and warning in pair.agent.log()
+    finally:
+        stop(pair)
