@@ -158,7 +158,9 @@ async def call_tool(request: web.Request) -> web.StreamResponse:
 
     try:
         body = json.loads(await request.read())
-    except (ValueError, UnicodeDecodeError) as exc:
+        # A lone surrogate (\ud800) is no text: llama.cpp's parser refuses it, so do we.
+        json.dumps(body, ensure_ascii=False).encode()
+    except (ValueError, UnicodeError) as exc:
         return _invalid(f"the request body is not valid JSON: {exc}")
     try:
         name = as_str(at(body, "tool"))

@@ -116,6 +116,11 @@ async def read_file(params: Any, _: OnChunk | None) -> Result:
     content = await io.read_file(path)
     if content is None:
         return {"error": f"failed to open file: {path}"}
+    text = await asyncio.to_thread(_line_range, content, start_line, end_line, append_loc)
+    return {"plain_text_response": text}
+
+
+def _line_range(content: bytes, start_line: int, end_line: int, append_loc: bool) -> str:
     out = bytearray()
     for lineno, line in enumerate(_split_lines(content), 1):
         if lineno < start_line:
@@ -127,7 +132,7 @@ async def read_file(params: Any, _: OnChunk | None) -> Result:
             out += TRUNCATED_TEXT.encode()
             break
         out += piece
-    return {"plain_text_response": _text(bytes(out))}
+    return _text(bytes(out))
 
 
 # --- file_glob_search --------------------------------------------------------------------
@@ -159,7 +164,7 @@ async def file_glob_search(params: Any, _: OnChunk | None) -> Result:
     listing = await io.list_entries(base, max_depth, kind)
     if listing.err:
         return {"error": f"{listing.err}: {path}"}
-    matches = _matching(listing.entries, include, exclude)
+    matches = await asyncio.to_thread(_matching, listing.entries, include, exclude)
     shown = matches[:limit]
     text = "".join(f"{e.rel}{'/' if e.is_dir else ''}\n" for e in shown)
     text += f"\n---\nTotal matches: {len(matches)}\n"
@@ -204,9 +209,8 @@ async def grep_search(params: Any, _: OnChunk | None) -> Result:
         listing = await io.list_entries(absolute, 0, Kind.FILES)
         if listing.err:
             return {"error": f"{listing.err}: {path}"}
-        files.extend(
-            (f"{absolute}/{e.rel}", e.rel) for e in _matching(listing.entries, include, exclude)
-        )
+        matching = await asyncio.to_thread(_matching, listing.entries, include, exclude)
+        files.extend((f"{absolute}/{e.rel}", e.rel) for e in matching)
     else:
         return {"error": f"path does not exist: {path}"}
     out: list[str] = []
@@ -282,7 +286,7 @@ async def exec_shell_command(params: Any, on_chunk: OnChunk | None) -> Result:
 
 async def write_file(params: Any, _: OnChunk | None) -> Result:
     path = required_str(params, "path")
-    content = required_str(params, "content").encode("utf-8", "surrogatepass")
+    content = required_str(params, "content").encode()
     if not await tools_io(params).write_file(path, content):
         return {"error": f"failed to write file: {path}"}
     return {"result": "file written successfully", "path": path, "bytes": len(content)}
@@ -305,7 +309,8 @@ async def edit_file(params: Any, _: OnChunk | None) -> Result:
         return {"error": f"failed to open file: {path}"}
     try:
         # surrogateescape: bytes that are not UTF-8 come back unchanged
-        edited = apply_edits(original.decode("utf-8", "surrogateescape"), edits, path)
+        text = original.decode("utf-8", "surrogateescape")
+        edited = await asyncio.to_thread(apply_edits, text, edits, path)
     except EditError as exc:
         return {"error": str(exc)}
     if not await io.write_file(path, edited.encode("utf-8", "surrogateescape")):

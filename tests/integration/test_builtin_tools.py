@@ -853,3 +853,15 @@ def test_mcp_tools_come_after_the_built_in_ones_like_llama_cpp(
         assert warning in pair.router.log() and warning in pair.agent.log()
     finally:
         stop(pair)
+
+
+def test_a_lone_surrogate_is_no_text_for_either(all_tools: tuple[Pair, Path]) -> None:
+    pair, root = all_tools
+    raw = b'{"tool": "write_file", "params": {"path": "%s/s.txt", "content": "\\ud800"}}' % (
+        str(root).encode()
+    )
+    peer = call(pair.peer, "POST", "/tools", raw=raw, headers=ORIGIN)
+    corral = call(pair.corral, "POST", "/tools", raw=raw, headers=ORIGIN)
+    assert corral.status == peer.status == 400, (peer.body, corral.body)
+    assert corral.json()["type"] == peer.json()["type"] == "invalid_request_error"
+    assert not (root / "s.txt").exists()
