@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import os
+import shutil
 import tempfile
-from pathlib import Path
 
 from node_agent.tools.names import ContainerSpec
 
@@ -24,7 +23,6 @@ log = logging.getLogger("corral.tools")
 CID_POLLS = 100  # llama.cpp waits 100 x 100 ms for the container's id
 CID_POLL_SECONDS = 0.1
 STOP_SECONDS = 10.0  # then the client is killed (the container's shell has had its EOF)
-_serial = itertools.count()
 
 
 class RuntimeStartError(RuntimeError):
@@ -54,30 +52,37 @@ class ContainerRuntime:
 
     async def _spawn(self) -> None:
         await self._end()
-        cidfile = Path(tempfile.gettempdir()) / (
-            f"corral-tools-runtime-cid-{os.getpid()}-{next(_serial)}.tmp"
-        )
-        cidfile.unlink(missing_ok=True)  # the engine refuses a cidfile that exists
-        args = [self.engine, "run", "--rm", "-i", "--cidfile", str(cidfile), self.image, "sh"]
+        # In a folder of our own (0700): in the shared temp folder another user could put an
+        # id there first, and the tools would run in their container.
+        folder = tempfile.mkdtemp(prefix="corral-tools-runtime-")
+        cidfile = os.path.join(folder, "cid")
+        args = [self.engine, "run", "--rm", "-i", "--cidfile", cidfile, self.image, "sh"]
         try:
-            self._proc = await asyncio.create_subprocess_exec(
-                *args, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL
-            )
-        except OSError as exc:
-            raise RuntimeStartError(
-                f"failed to spawn {self.engine} container for tools runtime (image: "
-                f"{self.image}): {exc.strerror}"
-            ) from None
-        cid = ""
-        for _ in range(CID_POLLS):
-            with contextlib.suppress(OSError):
-                cid = cidfile.read_text().partition("\n")[0].strip()
-            if cid or self._proc.returncode is not None:
-                break
-            await asyncio.sleep(CID_POLL_SECONDS)
-        cidfile.unlink(missing_ok=True)
+            try:
+                self._proc = await asyncio.create_subprocess_exec(
+                    *args, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL
+                )
+            except OSError as exc:
+                raise RuntimeStartError(
+                    f"failed to spawn {self.engine} container for tools runtime (image: "
+                    f"{self.image}): {exc.strerror}"
+                ) from None
+            cid = ""
+            for _ in range(CID_POLLS):
+                cid = _first_line(cidfile)
+                if cid or self._proc.returncode is not None:
+                    break
+                await asyncio.sleep(CID_POLL_SECONDS)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
         if not cid:
+            code = self._proc.returncode
             await self._end(kill=True)
+            if code is not None:  # its own words are on the agent's stderr, just above
+                raise RuntimeStartError(
+                    f"{self.engine} run ended with exit code {code} before the container "
+                    f"started (image: {self.image})"
+                )
             raise RuntimeStartError(
                 f"timed out waiting for {self.engine} container to start (image: {self.image})"
             )
@@ -105,3 +110,12 @@ class ContainerRuntime:
     async def close(self) -> None:
         async with self._lock:
             await self._end()
+
+
+def _first_line(path: str) -> str:
+    """The container id the engine wrote, or "" while there is none yet."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.readline().strip()
+    except OSError:
+        return ""

@@ -865,3 +865,30 @@ def test_a_lone_surrogate_is_no_text_for_either(all_tools: tuple[Pair, Path]) ->
     assert corral.status == peer.status == 400, (peer.body, corral.body)
     assert corral.json()["type"] == peer.json()["type"] == "invalid_request_error"
     assert not (root / "s.txt").exists()
+
+
+def test_a_container_that_cannot_start_stops_the_agent_with_a_clear_error(
+    tmp_path: Path, b11434: Path
+) -> None:
+    nothing = tmp_path / "empty"
+    nothing.mkdir()
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "podman").write_text("#!/bin/sh\necho 'no such image' >&2\nexit 125\n")
+    (broken / "podman").chmod(0o755)
+    for path, runtime, expected in (
+        (nothing, "docker:alpine", "failed to spawn docker container for tools runtime"),
+        (broken, "podman:alpine", "podman run ended with exit code 125 before the container"),
+    ):
+        started = time.monotonic()
+        proc = subprocess.run(
+            [*AGENT, "--llama-server", str(b11434), "--tools", "all", "--tools-runtime", runtime],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PATH": str(path)},
+        )
+        assert proc.returncode != 0 and expected in proc.stderr, (runtime, proc.stderr)
+        assert f"--tools-runtime {runtime}: " in proc.stderr
+        assert path is nothing or "no such image" in proc.stderr  # the engine's own words
+        assert time.monotonic() - started < 30
