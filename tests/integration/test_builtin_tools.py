@@ -294,6 +294,10 @@ def steps(root: Path) -> list[tuple[str, dict[str, Any], dict[str, str]]]:
         ),
         ("no tool", {"params": {}}, {}),
         ("params null", {"tool": "read_file", "params": None}, {}),
+        ("params null, with X-Tool-Cwd", {"tool": "read_file", "params": None}, cwd),
+        ("params a list, with X-Tool-Cwd", {"tool": "read_file", "params": []}, cwd),
+        ("stream not a boolean", {"tool": "read_file", "params": {}, "stream": "yes"}, {}),
+        ("tool not a string", {"tool": 7}, {}),
         ("a body that is a list", [1], {}),  # type: ignore[list-item]
         (
             "an unknown runtime",
