@@ -226,7 +226,7 @@ class Agent:
         self.builtin_tools = _toolbox(options)
         # llama.cpp's rule (arg.cpp): built-in tools or MCP servers given make `localhost` the
         # CORS default.
-        self._mcp_enabled = bool(
+        self._tools_enabled = bool(
             options.tools or options.mcp_servers_config or options.mcp_servers_json
         )
         self._runner: web.AppRunner | None = None
@@ -347,7 +347,7 @@ class Agent:
             build_info=self.build_info,
             max_body_bytes=self.options.max_body_size,
             client_timeout=self.options.client_timeout,
-            browser=startup.browser_policy(self.options, tools_enabled=self._mcp_enabled),
+            browser=startup.browser_policy(self.options, tools_enabled=self._tools_enabled),
             vertex=vertex_from_env(self.env),
             cors_proxy=self.options.ui_mcp_proxy,
         )
@@ -399,7 +399,7 @@ class Agent:
         self._tasks.spawn(asyncio.to_thread(_import_all, IMPORTED_LATER), "imports")
         for warning in startup.source_warnings(self.options, self.env, self.catalog):
             log.warning("%s", warning)
-        tools_default = self._mcp_enabled and self.options.cors_origins is None
+        tools_default = self._tools_enabled and self.options.cors_origins is None
         for warning in start_warnings(
             settings.browser, settings.api_keys, tools_default=tools_default
         ):
