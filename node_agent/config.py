@@ -226,7 +226,7 @@ def parse_agent_args(argv: Sequence[str], env: Mapping[str, str]) -> AgentOption
     if values.get("tools_runtime") and not (
         values.get("tools") or values.get("mcp_servers_config") or values.get("mcp_servers_json")
     ):
-        # llama.cpp would start the container and run nothing in it
+        # llama.cpp ignores it then (it sets tools up only when some are on)
         raise ConfigError(
             "--tools-runtime says where tools run, but no tool is on: give --tools (or --agent, "
             "or MCP servers) too"
