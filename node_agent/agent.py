@@ -60,6 +60,7 @@ from node_agent.version import version_line
 
 if TYPE_CHECKING:  # pydantic is imported lazily (start-up time)
     from node_agent.models_schema import RefusedPreset
+    from node_agent.tools.toolbox import Toolbox
 
 log = logging.getLogger("corral.agent")
 
@@ -96,6 +97,13 @@ llama-server router options (same names, defaults and LLAMA_ARG_* variables):
                               MCP servers (Cursor's "mcpServers" format) that the agent runs
                               for GET/POST /tools; never passed to the children
   --ui-mcp-proxy              serve /cors-proxy for the web UI's remote MCP servers
+  --tools TOOL[,TOOL] | all   llama.cpp's built-in tools (read_file, file_glob_search,
+                              grep_search, exec_shell_command, write_file, edit_file,
+                              get_info) for GET/POST /tools; they run programs: trusted use only
+  --tools-runtime WHERE       where they run: docker:IMAGE, podman:IMAGE (a container for the
+                              agent's life), docker-container:ID, podman-container:ID, ssh:TARGET
+  -ag, --agent / -no-ag, --no-agent
+                              all the built-in tools and --ui-mcp-proxy (or neither)
 
 Corral's own:
   --llama-server PATH         the llama-server binary (else $LLAMA_SERVER, PATH, corral[cpu])
@@ -128,6 +136,15 @@ Corral's own:
 Any other option is a llama-server option: it is passed to every child (e.g. -c 4096) and
 overrides the presets' values.
 """
+
+
+def _toolbox(options: AgentOptions) -> Toolbox | None:
+    """The built-in tools, imported only when the agent's own flags turn them on."""
+    if not (options.tools or options.tools_runtime):
+        return None
+    from node_agent.tools.toolbox import Toolbox
+
+    return Toolbox(options.tools, options.tools_runtime)
 
 
 def download_settings(options: AgentOptions, env: Mapping[str, str]) -> DownloadSettings:
@@ -206,8 +223,12 @@ class Agent:
         self.logs: dict[str, LogRing] = {}
         servers = load_servers(options.mcp_servers_config, options.mcp_servers_json)
         self.mcp = McpServers(servers) if servers else None
-        # llama.cpp's rule (arg.cpp): MCP servers given make `localhost` the CORS default.
-        self._mcp_enabled = bool(options.mcp_servers_config or options.mcp_servers_json)
+        self.builtin_tools = _toolbox(options)
+        # llama.cpp's rule (arg.cpp): built-in tools or MCP servers given make `localhost` the
+        # CORS default.
+        self._tools_enabled = bool(
+            options.tools or options.mcp_servers_config or options.mcp_servers_json
+        )
         self._runner: web.AppRunner | None = None
         self._tasks = TaskSet("agent")
         preset = options.models_preset
@@ -326,10 +347,12 @@ class Agent:
             build_info=self.build_info,
             max_body_bytes=self.options.max_body_size,
             client_timeout=self.options.client_timeout,
-            browser=startup.browser_policy(self.options, tools_enabled=self._mcp_enabled),
+            browser=startup.browser_policy(self.options, tools_enabled=self._tools_enabled),
             vertex=vertex_from_env(self.env),
             cors_proxy=self.options.ui_mcp_proxy,
         )
+        if self.builtin_tools is not None:
+            await self.builtin_tools.start()  # its container, before listening
         if self.mcp is not None:
             await self.mcp.warm_up()  # before listening, as llama.cpp does
         state = AgentState(
@@ -340,6 +363,7 @@ class Agent:
             str(self.binary),
             self.logs_for,
             mcp_servers=self.mcp,
+            builtin_tools=self.builtin_tools,
             peers=self.peers,
             refused=self.refused_presets,
         )
@@ -371,11 +395,11 @@ class Agent:
             await self._runner.cleanup()
             raise
         self.port = listening.port
-        log.warning("%s", security_warning(self.mcp, self.options.ui_mcp_proxy))
+        log.warning("%s", security_warning(self.mcp, self.options.ui_mcp_proxy, self.builtin_tools))
         self._tasks.spawn(asyncio.to_thread(_import_all, IMPORTED_LATER), "imports")
         for warning in startup.source_warnings(self.options, self.env, self.catalog):
             log.warning("%s", warning)
-        tools_default = self._mcp_enabled and self.options.cors_origins is None
+        tools_default = self._tools_enabled and self.options.cors_origins is None
         for warning in start_warnings(
             settings.browser, settings.api_keys, tools_default=tools_default
         ):
@@ -395,6 +419,8 @@ class Agent:
         await self.proxy.close()
         if self.mcp is not None:
             await self.mcp.close()
+        if self.builtin_tools is not None:
+            await self.builtin_tools.close()  # removes the --tools-runtime container
         if self.peers is not None:
             await self.peers.close()
 
@@ -409,6 +435,8 @@ class Agent:
         self.registry.begin_close()
         if self.mcp is not None:
             await self.mcp.close()
+        if self.builtin_tools is not None:
+            await self.builtin_tools.close()
         if self._runner is not None:
             await self._runner.cleanup()
 

@@ -63,6 +63,10 @@ class AgentOptions:
     """MCP servers the agent runs for ``/tools`` (never passed to children)."""
     ui_mcp_proxy: bool = False
     """Serve ``/cors-proxy`` (llama.cpp's web UI reaches remote MCP servers through it)."""
+    tools: tuple[str, ...] = ()
+    tools_runtime: str | None = None
+    """llama.cpp's built-in tools the agent runs for ``/tools`` (``--tools``, ``--agent``) and
+    where (``--tools-runtime``); never from a preset, never passed to children."""
     # Corral's own.
     llama_server: str | None = None
     models_memory_margin: int | None = None
@@ -178,11 +182,10 @@ def parse_agent_args(argv: Sequence[str], env: Mapping[str, str]) -> AgentOption
                 f"{flag} names one model, but corral agent serves many: put models in "
                 "--models-dir, or name them in a --models-preset file"
             )
-        if name in _NOT_RUN_HERE:
-            if name == "agent" and match.negated:
-                values["ui_mcp_proxy"] = False  # --no-agent: llama.cpp turns both off
-                continue
-            raise ConfigError(f"{flag}: {_NOT_RUN_HERE[name]}")
+        if name == _AGENT_FLAG:  # llama.cpp: all the built-in tools and the MCP proxy, or neither
+            values["tools"] = () if match.negated else _tool_names("all")
+            values["ui_mcp_proxy"] = not match.negated
+            continue
         if name in _ROUTER:
             field, what, convert = _ROUTER[name]
             if opt.is_flag:
@@ -220,6 +223,14 @@ def parse_agent_args(argv: Sequence[str], env: Mapping[str, str]) -> AgentOption
             else ("--ssl-cert-file", "--ssl-key-file")
         )
         raise ConfigError(f"{given} needs {missing} too: TLS takes a key and its certificate")
+    if values.get("tools_runtime") and not (
+        values.get("tools") or values.get("mcp_servers_config") or values.get("mcp_servers_json")
+    ):
+        # llama.cpp ignores it then (it sets tools up only when some are on)
+        raise ConfigError(
+            "--tools-runtime says where tools run, but no tool is on: give --tools (or --agent, "
+            "or MCP servers) too"
+        )
     keys = list(api_keys)
     for path in api_key_files:
         keys.extend(_read_key_file(path))
@@ -320,6 +331,19 @@ def _log_level(raw: str) -> str:
     if level not in LOG_LEVELS:
         raise ValueError("one of " + ", ".join(LOG_LEVELS))
     return level
+
+
+# node_agent.tools is imported only by an agent that is given tools (start-up time).
+def _tool_names(raw: str) -> tuple[str, ...]:
+    from node_agent.tools.names import check_tool_names, split_tool_names
+
+    return check_tool_names(split_tool_names(raw))
+
+
+def _tools_runtime(raw: str) -> str:
+    from node_agent.tools.names import check_tools_runtime
+
+    return check_tools_runtime(raw)
 
 
 def _bool(raw: str) -> bool:
@@ -440,20 +464,14 @@ _ROUTER: dict[str, tuple[str, str, Callable[[str], object]]] = {
     "mcp-servers-config": ("mcp_servers_config", "a JSON file of MCP servers", _identity),
     "mcp-servers-json": ("mcp_servers_json", "JSON with MCP server definitions", _identity),
     "webui-mcp-proxy": ("ui_mcp_proxy", "a boolean", _bool),
+    "tools": ("tools", "tool names (comma-separated) or all", _tool_names),
+    "tools-runtime": (
+        "tools_runtime",
+        "docker:IMAGE, podman:IMAGE, docker-container:ID, podman-container:ID or ssh:TARGET",
+        _tools_runtime,
+    ),
 }
-
-# llama.cpp options that Corral does not carry out (yet): an error, never silently dropped.
-_BUILT_IN_TOOLS = (
-    "llama.cpp's built-in tools (read_file, exec_shell_command, ...) do not run in corral "
-    "agent; serve tools through an MCP server (--mcp-servers-config or --mcp-servers-json)"
-)
-_NOT_RUN_HERE = {
-    "tools": _BUILT_IN_TOOLS,
-    "tools-runtime": "runs llama.cpp's built-in tools in an isolate, and " + _BUILT_IN_TOOLS,
-    "agent": "turns on llama.cpp's built-in tools and the MCP proxy, and "
-    + _BUILT_IN_TOOLS
-    + "; give --ui-mcp-proxy for the proxy",
-}
+_AGENT_FLAG = "agent"  # --agent / --no-agent: two router settings at once (see the parser)
 
 # Corral's own flags (no llama-server option has these names).
 _OWN_FLAGS: dict[str, tuple[str, str, Callable[[str], object]]] = {
@@ -480,7 +498,7 @@ def _router_flag(flag: str) -> Match | None:
     """A router flag that the binary in use does not list (an older llama-server): the router
     is Corral, so its own flags never depend on the children's binary."""
     match = generated_options().flag(flag)
-    known = match is not None and match.option.name in _ROUTER.keys() | _NOT_RUN_HERE.keys()
+    known = match is not None and match.option.name in _ROUTER.keys() | {_AGENT_FLAG}
     return match if known else None
 
 
@@ -488,16 +506,12 @@ def _apply_env(
     env: Mapping[str, str], values: dict[str, object], keys: list[str], key_files: list[str]
 ) -> None:
     table = generated_options()  # the router's env names are Corral's own (see _router_flag)
-    for name, why in _NOT_RUN_HERE.items():
-        var = table.named(name).env
-        if var is not None and env.get(var):
-            raise ConfigError(f"${var}: {why}")
     for name, (field, what, convert) in _ROUTER.items():
         var = table.named(name).env
         if var is None or var not in env:
             continue
         raw = env[var]
-        if name in ("api-key", "api-key-file") and not raw:
+        if name in ("api-key", "api-key-file", "tools", "tools-runtime") and not raw:
             continue  # an empty variable is an unset one (a template that filled in nothing)
         if name == "api-key":
             keys[:] = _split_keys(raw, f"${var}")
@@ -505,3 +519,9 @@ def _apply_env(
             key_files[:] = [raw]
         else:
             values[field] = _convert(f"${var}", raw, what, convert)
+    # Last, as llama.cpp reads its variables in the order of its options.
+    agent = table.named(_AGENT_FLAG).env
+    if agent is not None and env.get(agent):
+        on = _convert(f"${agent}", env[agent], "a boolean", _bool)
+        values["tools"] = _tool_names("all") if on else ()
+        values["ui_mcp_proxy"] = bool(on)

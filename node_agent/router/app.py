@@ -379,7 +379,7 @@ def build_app(state: AgentState) -> web.Application:
     setup_models_api(app)
     setup_ui(app)
     setup_chat_ui(app, state.binary)
-    setup_tools(app, state.mcp_servers, state.settings.cors_proxy)
+    setup_tools(app, state.mcp_servers, state.settings.cors_proxy, state.builtin_tools)
     if state.logs_for is not None:
         setup_logs(app, state.logs_for)
     return app

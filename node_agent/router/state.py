@@ -21,6 +21,7 @@ from node_agent.router.vertex import Vertex
 
 if TYPE_CHECKING:  # pydantic is imported lazily (start-up time)
     from node_agent.models_schema import RefusedPreset
+    from node_agent.tools.toolbox import Toolbox
 
 # Endpoints whose POST body names the model (llama.cpp's proxy_post routes; b11434's table in
 # server.cpp). A multipart body (audio uploads) names it in its ``model`` field.
@@ -90,6 +91,7 @@ class AgentState:
     binary: str
     logs_for: LogsFor | None = None  # the model's log ring, for GET /models/logs
     mcp_servers: McpServers | None = None  # the agent's own, for /tools
+    builtin_tools: Toolbox | None = None  # llama.cpp's built-in tools, for /tools
     peers: Peers | None = None  # with --peer: where else a request may be served
     refused: Callable[[], list[RefusedPreset]] | None = None  # presets refused alone
 

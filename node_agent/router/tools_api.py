@@ -2,18 +2,20 @@
 answers them (``server-tools.cpp``, ``server-cors-proxy.h``, ``server.cpp``).
 
 Both run programs or reach other hosts on a client's behalf, so both are off unless the agent's
-own command line turns them on (``--mcp-servers-config``/``--mcp-servers-json``,
-``--ui-mcp-proxy``); off, they answer 403 "this feature is disabled". The tools are the agent's
-MCP servers' (``node_agent.mcp``): ``<server>_<tool>`` with an OpenAI function definition. A
-chat request never runs a tool here: the client puts the definitions in ``tools``, runs the
-model's tool calls through ``POST /tools`` and sends the results back as ``tool`` messages.
+own command line turns them on (``--tools``/``--agent``, ``--mcp-servers-config``/
+``--mcp-servers-json``, ``--ui-mcp-proxy``); off, they answer 403 "this feature is disabled".
+The tools are llama.cpp's built-in ones (``node_agent.tools``), then the agent's MCP servers'
+(``node_agent.mcp``): ``<server>_<tool>`` with an OpenAI function definition. A chat request
+never runs a tool here: the client puts the definitions in ``tools``, runs the model's tool
+calls through ``POST /tools`` and sends the results back as ``tool`` messages.
 """
 
 from __future__ import annotations
 
+import codecs
 import json
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
@@ -22,6 +24,10 @@ from yarl import URL
 from node_agent.errors import ApiError
 from node_agent.mcp.servers import McpServers
 from node_agent.mcp.stdio import ToolDef
+
+if TYPE_CHECKING:  # imported only when tools are on (node_agent.agent)
+    from node_agent.tools.builtin import Tool
+    from node_agent.tools.toolbox import Toolbox
 
 log = logging.getLogger("corral.tools")
 
@@ -35,6 +41,7 @@ PROXY_TIMEOUT_SECONDS = 600  # llama.cpp's read and write timeouts for the proxy
 PARAM_HEADERS = {"cwd": "x-tool-cwd", "runtime": "x-tool-runtime", "resp_type": "x-resp-type"}
 
 MCP_SERVERS: web.AppKey[McpServers | None] = web.AppKey("corral_mcp", McpServers)
+BUILTIN: web.AppKey[Toolbox | None] = web.AppKey("corral_builtin_tools")
 PROXY_SESSION: web.AppKey[aiohttp.ClientSession] = web.AppKey(
     "corral_cors_proxy", aiohttp.ClientSession
 )
@@ -48,19 +55,32 @@ def _compact(data: Any) -> str:
     return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
 
 
-def security_warning(servers: McpServers | None, cors_proxy: bool) -> str:
+def security_warning(
+    servers: McpServers | None, cors_proxy: bool, builtin: Toolbox | None = None
+) -> str:
     """llama.cpp's start-up warning, naming every feature that should not face the Internet."""
     features = ["router mode"]
     if cors_proxy:
         features.append("MCP proxy (experimental)")
+    if builtin is not None and (builtin.tools or servers):  # llama.cpp: once tools are set up
+        if builtin.tools:
+            features.append("server tools (experimental)")
+        if builtin.runtime:
+            features.append("tools runtime (experimental)")
     if servers:
         features.append("MCP servers (experimental)")
     return f"security: {', '.join(features)} enabled - do not expose to untrusted environments"
 
 
-def setup_tools(app: web.Application, servers: McpServers | None, cors_proxy: bool) -> None:
+def setup_tools(
+    app: web.Application,
+    servers: McpServers | None,
+    cors_proxy: bool,
+    builtin: Toolbox | None = None,
+) -> None:
     app[MCP_SERVERS] = servers
-    if servers:
+    app[BUILTIN] = builtin
+    if servers or (builtin is not None and builtin.tools):
         app.router.add_get("/tools", list_tools)
         app.router.add_post("/tools", call_tool)
     else:
@@ -101,17 +121,22 @@ def tool_entry(tool: ToolDef) -> dict[str, Any]:
 
 
 def _tools(request: web.Request) -> dict[str, ToolDef]:
-    """Tools by name; a name that two servers share keeps its first (llama.cpp skips the rest
-    with a warning at start)."""
+    """MCP tools by name; a name that a built-in tool or an earlier server has is left out
+    (llama.cpp skips those with a warning at start)."""
     servers = request.app[MCP_SERVERS]
+    builtin = request.app[BUILTIN]
+    taken = set(builtin.tools) if builtin is not None else set()
     found: dict[str, ToolDef] = {}
     for tool in servers.tools if servers else []:
-        found.setdefault(tool_name(tool), tool)
+        if tool_name(tool) not in taken:
+            found.setdefault(tool_name(tool), tool)
     return found
 
 
 async def list_tools(request: web.Request) -> web.StreamResponse:
-    return _json([tool_entry(t) for t in _tools(request).values()])
+    builtin = request.app[BUILTIN]
+    entries = builtin.entries() if builtin is not None else []
+    return _json(entries + [tool_entry(t) for t in _tools(request).values()])
 
 
 def _invalid(message: str) -> web.Response:
@@ -120,32 +145,109 @@ def _invalid(message: str) -> web.Response:
     return _json(body, 400)
 
 
+def _failed(message: str) -> web.Response:
+    return _json({"code": 500, "message": message, "type": "server_error"}, 500)
+
+
 async def call_tool(request: web.Request) -> web.StreamResponse:
+    """llama.cpp's ``handle_post``, step by step: read the body (a 400 in nlohmann's words
+    where it cannot), set the runtime's parameters from headers, find the tool (404), run it
+    (a bad runtime is a 500); ``stream`` answers Server-Sent Events."""
+    # Imported here: node_agent.tools is loaded only by an agent that has tools on.
+    from node_agent.tools.params import ParamError, as_bool, as_str, at
+
     try:
         body = json.loads(await request.read())
-    except (ValueError, UnicodeDecodeError) as exc:
+        # A lone surrogate (\ud800) is no text: llama.cpp's parser refuses it, so do we.
+        json.dumps(body, ensure_ascii=False).encode()
+    except (ValueError, UnicodeError) as exc:
         return _invalid(f"the request body is not valid JSON: {exc}")
-    if not isinstance(body, dict):
-        return _invalid('the request body must be a JSON object with a "tool"')
-    name = body.get("tool")
-    if not isinstance(name, str):
-        return _invalid('"tool" (a string, the tool to run) is missing from the request')
-    params = body.get("params", {})
-    stream = body.get("stream", False)
-    if not isinstance(params, dict) or not isinstance(stream, bool):
-        return _invalid('"params" must be an object and "stream" a boolean')
-    tool = _tools(request).get(name)
-    if tool is None or stream:  # no MCP tool streams its output
+    try:
+        name = as_str(at(body, "tool"))
+        params = body.get("params", {})
+        stream = as_bool(body["stream"]) if "stream" in body else False
+        params = await _runtime_params(request, params)
+    except ParamError as exc:
+        return _invalid(str(exc))
+    except RuntimeError as exc:  # the --tools-runtime container could not be started again
+        return _failed(str(exc))
+    builtin = request.app[BUILTIN]
+    tool = builtin.find(name) if builtin is not None else None
+    if builtin is not None and tool is not None and (tool.streams or not stream):
+        if stream:
+            return await _stream_tool(request, builtin, tool, params)
+        try:
+            return _json(await builtin.invoke(tool, params, None))
+        except ParamError as exc:
+            return _invalid(str(exc))
+        except Exception as exc:  # llama.cpp: any other failure of a tool is a 500
+            log.warning("tool %s failed: %s", name, exc)
+            return _failed(str(exc))
+    mcp_tool = _tools(request).get(name)
+    if mcp_tool is None or stream:  # no MCP tool streams its output
         return _json(NOT_FOUND, 404)
-    # Tool parameters that only the runtime may set come from headers, never from the body.
-    params = {k: v for k, v in params.items() if k not in PARAM_HEADERS}
-    for param, header in PARAM_HEADERS.items():
-        if request.headers.get(header):
-            params[param] = request.headers[header]
     servers = request.app[MCP_SERVERS]
-    assert servers is not None  # the route exists only with servers
-    result = await servers.call_tool(tool.server, tool.name, params)
+    assert servers is not None  # it has a tool
+    arguments = params if isinstance(params, dict) else {}
+    result = await servers.call_tool(mcp_tool.server, mcp_tool.name, arguments)
     return _json(result)
+
+
+async def _runtime_params(request: web.Request, params: Any) -> Any:
+    """Tool parameters that only the runtime sets come from headers (and ``--tools-runtime``),
+    never from the body."""
+    from node_agent.tools.params import ParamError, type_name
+
+    given = {p: request.headers.get(h, "") for p, h in PARAM_HEADERS.items()}
+    builtin = request.app[BUILTIN]
+    if not given["runtime"] and builtin is not None:
+        given["runtime"] = await builtin.runtime_spec() or ""
+    values = {k: v for k, v in given.items() if v}
+    if isinstance(params, dict):
+        params = {k: v for k, v in params.items() if k not in PARAM_HEADERS}
+    elif params is None and values:
+        params = {}
+    elif values:
+        kind = type_name(params)
+        raise ParamError(
+            f"[json.exception.type_error.305] cannot use operator[] with a string argument "
+            f"with {kind}"
+        )
+    return {**params, **values} if values else params
+
+
+async def _stream_tool(
+    request: web.Request, builtin: Toolbox, tool: Tool, params: Any
+) -> web.StreamResponse:
+    """Output as it comes, ``data: {"chunk": …}`` events, then ``data: {"done": true}`` (with
+    ``"error"`` when the tool failed)."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+    async def push(chunk: bytes) -> bool:
+        text = decoder.decode(chunk)
+        if not text:
+            return True
+        try:
+            await response.write(f"data: {_compact({'chunk': text})}\n\n".encode())
+        except (ConnectionError, RuntimeError):
+            return False  # the client went away: the program is stopped
+        return True
+
+    done: dict[str, Any] = {"done": True}
+    try:
+        failed = (await builtin.invoke(tool, params, push)).get("error")
+        if failed:  # the shutdown ended it
+            done["error"] = failed
+    except Exception as exc:  # the tool's failure is the last event's business
+        done["error"] = str(exc)
+    try:
+        await response.write(f"data: {_compact(done)}\n\n".encode())
+        await response.write_eof()
+    except (ConnectionError, RuntimeError):
+        pass
+    return response
 
 
 async def _proxy_session(app: web.Application) -> Any:

@@ -311,7 +311,6 @@ def test_a_bad_mcp_config_is_a_clear_error(tmp_path: Path, b11434: Path) -> None
     for flag, value, expected in (
         ("--mcp-servers-json", "{nope", "failed to parse MCP config JSON"),
         ("--mcp-servers-config", str(tmp_path / "absent.json"), "failed to open MCP config file"),
-        ("--tools", "all", "built-in tools"),
     ):
         started = time.monotonic()
         proc = subprocess.run(

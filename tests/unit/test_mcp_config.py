@@ -67,16 +67,9 @@ def test_flags_and_env_turn_them_on() -> None:
     assert not parse_agent_args(["--ui-mcp-proxy", "--no-agent"], {}).ui_mcp_proxy
 
 
-@pytest.mark.parametrize("argv", [["--tools", "all"], ["--agent"], ["--tools-runtime", "ssh:x"]])
-def test_built_in_tools_are_refused_not_ignored(argv: list[str]) -> None:
-    with pytest.raises(ConfigError, match=r"built-in tools .* do not run in corral agent"):
-        parse_agent_args(argv, {})
-    with pytest.raises(ConfigError, match=r"\$LLAMA_ARG_TOOLS"):
-        parse_agent_args([], {"LLAMA_ARG_TOOLS": "read_file"})
-
-
 @pytest.mark.parametrize(
-    "key", ["mcp-servers-json", "mcp-servers-config", "ui-mcp-proxy", "tools", "agent"]
+    "key",
+    ["mcp-servers-json", "mcp-servers-config", "ui-mcp-proxy", "tools", "tools-runtime", "agent"],
 )
 def test_no_preset_can_turn_them_on(key: str) -> None:
     with pytest.raises(ConfigError, match="router setting") as caught:
