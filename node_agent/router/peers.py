@@ -1,4 +1,5 @@
-"""The agent's peers (``--peer URL``): what each one has loaded, and one-hop forwarding to it.
+"""The agent's peers (``--peer URL``, ``--peers-from-service``): what each one has loaded, and
+one-hop forwarding to it.
 
 A background task polls every peer's ``GET /models`` and ``GET /props`` each second with the
 agent's own ``--api-key`` (one key cluster-wide): per peer, whether it answered, and per model
@@ -63,6 +64,7 @@ class Peers:
         timeout: float,
     ) -> None:
         self.agent_id = agent_id
+        self._given = tuple(urls)  # --peer: always peers; discovered ones come and go
         self.peers = {url: PeerState(url) for url in urls}
         self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._registry = registry
@@ -82,6 +84,17 @@ class Peers:
                 skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
             )
         return self._session
+
+    def use_discovered(self, urls: Sequence[str]) -> None:
+        """The peer set is now ``--peer``'s and these (``router/peer_discovery.py``): a peer
+        still there keeps its view, a new one is polled from the next round, a gone one is
+        dropped (a request already forwarded to it finishes or fails on its own)."""
+        wanted = dict.fromkeys((*self._given, *urls))
+        added = [url for url in wanted if url not in self.peers]
+        gone = [url for url in self.peers if url not in wanted]
+        self.peers = {url: self.peers.get(url) or PeerState(url) for url in wanted}
+        if added or gone:
+            log.info("peers: %d (added %s; gone %s)", len(self.peers), added or "-", gone or "-")
 
     async def run(self) -> None:
         """Poll every peer each second, for as long as the agent runs."""
@@ -165,8 +178,10 @@ class Peers:
         except ApiError:
             # It did not answer, or died mid-answer: the client gets the 502; the requests
             # after it do not wait for the next poll to stop going there.
-            state = self.peers[peer]
-            state.reachable, state.models, state.error = False, {}, "a forwarded request failed"
+            state = self.peers.get(peer)  # (None: it left the peer set meanwhile)
+            if state is not None:
+                state.reachable, state.models = False, {}
+                state.error = "a forwarded request failed"
             log.warning("peer %s failed a forwarded request: left out until it answers", peer)
             raise
 

@@ -70,6 +70,8 @@ AGENT_KEYS = frozenset(
         "max-connections",
         "allowed-hosts",
         "peer",
+        "peers-from-service",
+        "kube-api",
         "log-level",
     }
 )

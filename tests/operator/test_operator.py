@@ -380,7 +380,8 @@ async def test_a_foreign_service_is_never_adopted(
 
 
 def granted_by_the_chart() -> set[Access]:
-    """The operator's permissions as the chart renders them, in the test's namespace."""
+    """The operator's permissions as the chart renders them, in the test's namespace (the
+    agents' own Role is tests/operator/test_peer_discovery.py's)."""
     objects = render_objects({})
     presets_cm = next(
         o["metadata"]["name"]
@@ -391,10 +392,13 @@ def granted_by_the_chart() -> set[Access]:
         (b["roleRef"]["kind"], b["roleRef"]["name"], b["metadata"].get("namespace"))
         for b in objects
         if b["kind"] in {"RoleBinding", "ClusterRoleBinding"}
+        and all(s["name"].endswith("-operator") for s in b["subjects"])
     }
     out: set[Access] = set()
     for role in objects:
-        if role["kind"] not in {"Role", "ClusterRole"}:
+        if role["kind"] not in {"Role", "ClusterRole"} or role["metadata"]["name"].endswith(
+            "-agent-peers"
+        ):
             continue
         ns = role["metadata"].get("namespace")
         assert (role["kind"], role["metadata"]["name"], ns) in bound, f"unbound {role['kind']}"

@@ -1,0 +1,223 @@
+"""Peers from the agents' headless Service (``--peers-from-service``), with real agents on
+loopback and the apiserver emulated (kmock, held to the apiserver's rules): the agents list and
+watch the Service's EndpointSlices, a request is forwarded once its peer's endpoint appears,
+and no more once that endpoint is removed.
+
+All agents listen on 127.0.0.1, each on its own port, so each has its own EndpointSlice (as
+the EndpointSlice controller does for pods whose named port resolves to different numbers);
+they know themselves by ``POD_NAME`` (the slices' ``targetRef``), since they share one IP.
+The emulator honours ``labelSelector`` as the apiserver does, and records the agents' requests
+for the check against the agent Role the chart renders.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import warnings
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import kmock as kmocklib
+import pytest
+
+from tests.chart.rendering import NAMESPACE as CHART_NAMESPACE
+from tests.chart.rendering import render_objects
+from tests.integration.harness import AgentProcess, chat, free_port, http
+from tests.operator.apiserver import Access, StrictEmulator, access_of
+from tests.operator.cluster import API_KEY, NS, send
+
+SERVICE = "corral-agent-headless"
+SLICES = f"/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+TINY = "demo-tiny"
+PODS = ("agent-a", "agent-b")
+
+pytestmark = [pytest.mark.timeout(180)]
+
+
+def _labels_match(obj: Any, selector: str) -> bool:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    pairs = [term.split("=", 1) for term in selector.split(",") if term]
+    return all(labels.get(key) == value for key, value in pairs)
+
+
+@attrs.define(kw_only=True)
+class SliceEmulator(StrictEmulator):
+    """The strict emulator, with what the apiserver does for a labelSelector (kmock lists and
+    watches everything), recording every read of EndpointSlices."""
+
+    slice_access: list[Access] = attrs.field(factory=list, init=False)
+    selectors: list[str | None] = attrs.field(factory=list, init=False)
+
+    async def _handle(self, request: kmocklib.Request) -> Any:
+        # The test only writes slices; every read is an agent's.
+        reads = (kmocklib.action.LIST, kmocklib.action.WATCH, kmocklib.action.FETCH)
+        resource = request.resource
+        if resource is not None and resource.plural == "endpointslices" and request.action in reads:
+            self.slice_access.append(access_of(request))
+            self.selectors.append(request.params.get("labelSelector"))
+        return await super()._handle(request)
+
+    async def _serve_list(self, request: kmocklib.Request) -> Any:
+        body = await super()._serve_list(request)
+        selector = request.params.get("labelSelector")
+        if selector:
+            body["items"] = [o for o in body["items"] if _labels_match(o, selector)]
+        return body
+
+    async def _serve_watch(self, request: kmocklib.Request) -> Any:
+        selector = request.params.get("labelSelector") or ""
+        async for event in super()._serve_watch(request):
+            if not isinstance(event, dict) or _labels_match(event.get("object") or {}, selector):
+                yield event
+
+
+def endpoint_slice(pod: str, port: int, *, service: str = SERVICE, serving: bool = True) -> Any:
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": f"{service}-{pod}",
+            "namespace": NS,
+            "labels": {"kubernetes.io/service-name": service},
+        },
+        "addressType": "IPv4",
+        "endpoints": [
+            {
+                "addresses": ["127.0.0.1"],
+                # publishNotReadyAddresses (the chart's headless Service): ready stays true.
+                "conditions": {"ready": True, "serving": serving, "terminating": False},
+                "targetRef": {"kind": "Pod", "name": pod, "namespace": NS},
+            }
+        ],
+        "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
+    }
+
+
+@pytest.fixture
+async def agents(kmock: Any, demo_dir: Path) -> AsyncIterator[dict[str, AgentProcess]]:
+    with warnings.catch_warnings():
+        # kmock 0.8 reads its bundle with importlib.resources.read_binary (deprecated).
+        warnings.simplefilter("ignore", DeprecationWarning)
+        kmock.resources.load_bundled()
+    started: dict[str, AgentProcess] = {}
+    args = [
+        "--models-dir", str(demo_dir), "--models-max", "1",
+        "--peers-from-service", f"{NS}/{SERVICE}", "--kube-api", str(kmock.url),
+        "--log-level", "debug",
+    ]  # fmt: skip
+    try:
+        for pod in PODS:
+            # Started off the loop: the emulator answers the agents while they start.
+            started[pod] = await asyncio.to_thread(
+                AgentProcess, args, {"POD_NAME": pod, "LLAMA_API_KEY": API_KEY}
+            )
+        yield started
+    finally:
+        for agent in started.values():
+            await asyncio.to_thread(agent.stop)
+
+
+async def post(agent: AgentProcess, query: str = "") -> tuple[int, Any]:
+    return await asyncio.to_thread(
+        http, "POST", f"{agent.url}/v1/chat/completions{query}", chat(TINY), headers=AUTH
+    )
+
+
+async def until(check: Callable[[], Awaitable[bool]], what: str, within: float = 60) -> None:
+    deadline = time.monotonic() + within
+    while True:
+        if await check():
+            return
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.2)
+
+
+def loads(agent: AgentProcess) -> float:
+    status, text = http("GET", agent.url + "/metrics", headers=AUTH)
+    assert status == 200, text
+    return sum(
+        float(line.rpartition(" ")[2])
+        for line in text.splitlines()
+        if line.startswith("corral_model_loads_total{") and 'result="loaded"' in line
+    )
+
+
+@pytest.mark.kmock(cls=SliceEmulator)
+async def test_a_request_follows_its_peer_in_and_out_of_the_endpoint_slices(
+    kmock: Any, agents: dict[str, AgentProcess]
+) -> None:
+    a, b = agents["agent-a"], agents["agent-b"]
+    # Only A's own endpoint, and another Service's slice naming B: A has no peer yet.
+    await send(kmock, "POST", SLICES, endpoint_slice("agent-a", a.port))
+    await send(kmock, "POST", SLICES, endpoint_slice("agent-b", b.port, service="other"))
+    assert (await post(b))[0] == 200  # B loads the model
+    status, body = await post(a, "?autoload=false")
+    assert status != 200, body  # not here, and no peer has it
+
+    # B's endpoint appears, not serving yet (starting): not a peer. A pod C that serves comes
+    # after it: once A has added C, it has seen B's endpoint too (a watch is in order).
+    await send(kmock, "POST", SLICES, endpoint_slice("agent-b", b.port, serving=False))
+    c_port = free_port()  # nothing listens there: C never answers A's polls
+    await send(kmock, "POST", SLICES, endpoint_slice("agent-c", c_port))
+
+    async def sees_c() -> bool:
+        return f"added ['http://127.0.0.1:{c_port}']" in await asyncio.to_thread(a.log)
+
+    await until(sees_c, f"A never added C:\n{a.log()[-3000:]}")
+    status, body = await post(a, "?autoload=false")
+    assert status != 200, body
+    # B serves: A forwards.
+    slice_b = f"{SLICES}/{SERVICE}-agent-b"
+    await send(kmock, "PATCH", slice_b, endpoint_slice("agent-b", b.port))
+
+    async def forwarded() -> bool:
+        return (await post(a, "?autoload=false"))[0] == 200
+
+    await until(forwarded, f"A never forwarded to B:\n{a.log()[-3000:]}")
+    assert await asyncio.to_thread(loads, a) == 0  # served by B, never loaded on A
+
+    # B's endpoint is removed: A stops sending there (and, without autoload, cannot serve it).
+    await send(kmock, "DELETE", slice_b)
+
+    async def not_forwarded() -> bool:
+        return (await post(a, "?autoload=false"))[0] != 200
+
+    await until(not_forwarded, f"A still forwards to B:\n{a.log()[-3000:]}")
+    log = await asyncio.to_thread(a.log)
+    assert f"added ['http://127.0.0.1:{b.port}']" in log
+    assert f"gone ['http://127.0.0.1:{b.port}']" in log
+    # Every request named the Service's label; none was refused.
+    assert kmock.selectors and set(kmock.selectors) == {f"kubernetes.io/service-name={SERVICE}"}
+    assert kmock.refused == []
+    # What the agents asked is exactly what the chart's agent Role grants: no more, no less.
+    assert set(kmock.slice_access) == agent_grants()
+
+
+def agent_grants() -> set[Access]:
+    """The agent's permissions as the chart renders them (bound to its ServiceAccount)."""
+    objects = render_objects({})
+    agent_sa = next(
+        o["metadata"]["name"]
+        for o in objects
+        if o["kind"] == "ServiceAccount" and o["metadata"]["name"].endswith("-agent")
+    )
+    roles = {
+        b["roleRef"]["name"]
+        for b in objects
+        if b["kind"] == "RoleBinding" and any(s["name"] == agent_sa for s in b["subjects"])
+    }
+    out: set[Access] = set()
+    for role in objects:
+        if role["kind"] != "Role" or role["metadata"]["name"] not in roles:
+            continue
+        scope = NS if role["metadata"]["namespace"] == CHART_NAMESPACE else None
+        for rule in role["rules"]:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    for verb in rule["verbs"]:
+                        out.add(Access(group, resource, verb, scope))
+    return out
