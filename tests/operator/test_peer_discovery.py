@@ -13,6 +13,7 @@ for the check against the agent Role the chart renders.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -23,6 +24,8 @@ import attrs
 import kmock as kmocklib
 import pytest
 
+from node_agent.core.endpoint_slices import Me, SliceView
+from node_agent.router.peer_discovery import KubeApi, PeerDiscovery
 from tests.chart.rendering import NAMESPACE as CHART_NAMESPACE
 from tests.chart.rendering import render_objects
 from tests.integration.harness import AgentProcess, chat, free_port, http
@@ -73,6 +76,25 @@ class SliceEmulator(StrictEmulator):
         async for event in super()._serve_watch(request):
             if not isinstance(event, dict) or _labels_match(event.get("object") or {}, selector):
                 yield event
+
+
+@attrs.define(kw_only=True)
+class ExpiringEmulator(SliceEmulator):
+    """As the apiserver once a resourceVersion is older than it keeps: the first watch is
+    refused with 410 Gone, the second ends with a 410 ERROR event; later ones run."""
+
+    watches: int = attrs.field(default=0, init=False)
+
+    async def _serve_watch(self, request: kmocklib.Request) -> Any:
+        self.watches += 1
+        if self.watches == 1:
+            raise kmocklib.KubernetesError(status=410, reason="Expired", message="too old")
+        if self.watches == 2:
+            yield b""
+            yield {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired"}}
+            return
+        async for event in super()._serve_watch(request):
+            yield event
 
 
 def endpoint_slice(pod: str, port: int, *, service: str = SERVICE, serving: bool = True) -> Any:
@@ -195,6 +217,38 @@ async def test_a_request_follows_its_peer_in_and_out_of_the_endpoint_slices(
     assert kmock.refused == []
     # What the agents asked is exactly what the chart's agent Role grants: no more, no less.
     assert set(kmock.slice_access) == agent_grants()
+
+
+@pytest.mark.kmock(cls=ExpiringEmulator)
+async def test_a_watch_that_cannot_resume_lists_again(kmock: Any) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        kmock.resources.load_bundled()
+    await send(kmock, "POST", SLICES, endpoint_slice("agent-a", 1001))
+    seen: list[tuple[str, ...]] = []
+    discovery = PeerDiscovery(
+        KubeApi(str(kmock.url).rstrip("/")), NS, SERVICE, SliceView(Me(pod_name="me")), seen.append
+    )
+    task = asyncio.create_task(discovery.run())
+    try:
+
+        async def watching() -> bool:
+            return kmock.watches >= 3
+
+        await until(watching, "the discovery never watched a third time")
+        await send(kmock, "POST", SLICES, endpoint_slice("agent-b", 1002))
+
+        async def both() -> bool:
+            return bool(seen) and len(seen[-1]) == 2
+
+        await until(both, f"B never became a peer: {seen}")
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    lists = [a for a in kmock.slice_access if a.verb == "list"]
+    assert len(lists) == 3  # the first, then one after each 410
+    assert seen == [("http://127.0.0.1:1001",), ("http://127.0.0.1:1001", "http://127.0.0.1:1002")]
 
 
 def agent_grants() -> set[Access]:
