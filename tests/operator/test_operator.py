@@ -145,6 +145,7 @@ async def test_presets_nodes_labels_services_and_status(cluster: tuple[Any, Fake
             source={"huggingFace": {"repo": "org/big-GGUF", "file": "big-q4.gguf"}},
             placement={"nodeSelector": {"gpu": "a100"}},
             lifecycle={"loadOnStartup": True},
+            env={"CUDA_VISIBLE_DEVICES": "0,1"},
         ),
     )
 
@@ -159,6 +160,7 @@ async def test_presets_nodes_labels_services_and_status(cluster: tuple[Any, Fake
         assert "hf-repo = org/big-GGUF\nhf-file = big-q4.gguf\nload-on-startup = true" in "".join(
             data.values()
         )
+        assert "\nenv.CUDA_VISIBLE_DEVICES = 0,1\n" in "".join(data.values())
         assert await preset_labels(kmock) == {
             "agent-a": {"small", "big"},
             "agent-b": {"small", "big"},
@@ -325,6 +327,15 @@ async def test_the_apiserver_refuses_the_issue_16_presets(
         text = await resp.text()
     assert resp.status == 422, text
     assert "args may only set" in text or "does not match" in text
+
+
+async def test_the_apiserver_refuses_env_off_the_allow_list(kmock: Any) -> None:
+    await prepare(kmock, {})
+    bad = preset("bad", env={"LD_PRELOAD": "/tmp/x.so"})
+    async with kmock.request("POST", MP_PATH, json=bad) as resp:
+        text = await resp.text()
+    assert resp.status == 422, text
+    assert "env may only set device and memory variables" in text
 
 
 async def test_missing_configmap_is_created(kmock: Any, cluster: tuple[Any, FakeAgents]) -> None:
