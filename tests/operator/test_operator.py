@@ -20,8 +20,6 @@ import aiohttp.web
 import pytest
 from preset_operator.agents import AgentPod
 
-from tests.chart.rendering import NAMESPACE as CHART_NAMESPACE
-from tests.chart.rendering import render_objects
 from tests.operator.agent_models import model_entry, model_list
 from tests.operator.apiserver import Access, StrictEmulator
 from tests.operator.cluster import (
@@ -45,6 +43,7 @@ from tests.operator.cluster import (
     send,
     status,
 )
+from tests.operator.rbac import granted_to
 
 pytestmark = pytest.mark.kmock(cls=StrictEmulator)
 
@@ -391,39 +390,8 @@ async def test_a_foreign_service_is_never_adopted(
 
 
 def granted_by_the_chart() -> set[Access]:
-    """The operator's permissions as the chart renders them, in the test's namespace (the
-    agents' own Role is tests/operator/test_peer_discovery.py's)."""
-    objects = render_objects({})
-    presets_cm = next(
-        o["metadata"]["name"]
-        for o in objects
-        if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-presets")
-    )
-    bound = {
-        (b["roleRef"]["kind"], b["roleRef"]["name"], b["metadata"].get("namespace"))
-        for b in objects
-        if b["kind"] in {"RoleBinding", "ClusterRoleBinding"}
-        and all(s["name"].endswith("-operator") for s in b["subjects"])
-    }
-    out: set[Access] = set()
-    for role in objects:
-        if role["kind"] not in {"Role", "ClusterRole"} or role["metadata"]["name"].endswith(
-            "-agent-peers"
-        ):
-            continue
-        ns = role["metadata"].get("namespace")
-        assert (role["kind"], role["metadata"]["name"], ns) in bound, f"unbound {role['kind']}"
-        # The chart's release namespace stands for the operator's namespace here.
-        scope = None if ns is None else (NS if ns == CHART_NAMESPACE else ns)
-        for rule in role["rules"]:
-            for group in rule["apiGroups"]:
-                for resource in rule["resources"]:
-                    for verb in rule["verbs"]:
-                        for name in rule.get("resourceNames") or [None]:
-                            # The chart's presets ConfigMap stands for the test's.
-                            name = CM if name == presets_cm else name
-                            out.add(Access(group, resource, verb, scope, name))
-    return out
+    """The operator's permissions as the chart renders them, in the test's namespace."""
+    return granted_to("-operator")
 
 
 def test_row_18_configmap_writes_are_limited_to_the_presets_configmap() -> None:

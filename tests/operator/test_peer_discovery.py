@@ -26,11 +26,10 @@ import pytest
 
 from node_agent.core.endpoint_slices import Me, SliceView
 from node_agent.router.peer_discovery import KubeApi, PeerDiscovery
-from tests.chart.rendering import NAMESPACE as CHART_NAMESPACE
-from tests.chart.rendering import render_objects
 from tests.integration.harness import AgentProcess, chat, free_port, http
 from tests.operator.apiserver import Access, StrictEmulator, access_of
 from tests.operator.cluster import API_KEY, NS, send
+from tests.operator.rbac import granted_to
 
 SERVICE = "corral-agent-headless"
 SLICES = f"/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices"
@@ -216,7 +215,7 @@ async def test_a_request_follows_its_peer_in_and_out_of_the_endpoint_slices(
     assert kmock.selectors and set(kmock.selectors) == {f"kubernetes.io/service-name={SERVICE}"}
     assert kmock.refused == []
     # What the agents asked is exactly what the chart's agent Role grants: no more, no less.
-    assert set(kmock.slice_access) == agent_grants()
+    assert set(kmock.slice_access) == granted_to("-agent")
 
 
 @pytest.mark.kmock(cls=ExpiringEmulator)
@@ -249,29 +248,3 @@ async def test_a_watch_that_cannot_resume_lists_again(kmock: Any) -> None:
     lists = [a for a in kmock.slice_access if a.verb == "list"]
     assert len(lists) == 3  # the first, then one after each 410
     assert seen == [("http://127.0.0.1:1001",), ("http://127.0.0.1:1001", "http://127.0.0.1:1002")]
-
-
-def agent_grants() -> set[Access]:
-    """The agent's permissions as the chart renders them (bound to its ServiceAccount)."""
-    objects = render_objects({})
-    agent_sa = next(
-        o["metadata"]["name"]
-        for o in objects
-        if o["kind"] == "ServiceAccount" and o["metadata"]["name"].endswith("-agent")
-    )
-    roles = {
-        b["roleRef"]["name"]
-        for b in objects
-        if b["kind"] == "RoleBinding" and any(s["name"] == agent_sa for s in b["subjects"])
-    }
-    out: set[Access] = set()
-    for role in objects:
-        if role["kind"] != "Role" or role["metadata"]["name"] not in roles:
-            continue
-        scope = NS if role["metadata"]["namespace"] == CHART_NAMESPACE else None
-        for rule in role["rules"]:
-            for group in rule["apiGroups"]:
-                for resource in rule["resources"]:
-                    for verb in rule["verbs"]:
-                        out.add(Access(group, resource, verb, scope))
-    return out
