@@ -7,13 +7,18 @@ All agents listen on 127.0.0.1, each on its own port, so each has its own Endpoi
 the EndpointSlice controller does for pods whose named port resolves to different numbers);
 they know themselves by ``POD_NAME`` (the slices' ``targetRef``), since they share one IP.
 The emulator honours ``labelSelector`` as the apiserver does, and records the agents' requests
-for the check against the agent Role the chart renders.
+for the check against the agent Role the chart renders. In-process tests cover the rest of the
+protocol: a watch refused or ended with 410 Gone lists again, and the in-cluster way in (the
+service account's CA and token, the emulator behind TLS that checks the token).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
+import ssl
+import subprocess
 import time
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -23,9 +28,10 @@ from typing import Any
 import attrs
 import kmock as kmocklib
 import pytest
+from aiohttp import ClientSession, web
 
 from node_agent.core.endpoint_slices import Me, SliceView
-from node_agent.router.peer_discovery import KubeApi, PeerDiscovery
+from node_agent.router.peer_discovery import KubeApi, PeerDiscovery, kube_api
 from tests.integration.harness import AgentProcess, chat, free_port, http
 from tests.operator.apiserver import Access, StrictEmulator, access_of
 from tests.operator.cluster import API_KEY, NS, send
@@ -248,3 +254,84 @@ async def test_a_watch_that_cannot_resume_lists_again(kmock: Any) -> None:
     lists = [a for a in kmock.slice_access if a.verb == "list"]
     assert len(lists) == 3  # the first, then one after each 410
     assert seen == [("http://127.0.0.1:1001",), ("http://127.0.0.1:1001", "http://127.0.0.1:1002")]
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1, as the cluster CA and the apiserver's own."""
+    if shutil.which("openssl") is None:
+        pytest.skip("needs openssl")
+    folder = tmp_path_factory.mktemp("apiserver-tls")
+    key, cert = folder / "key.pem", folder / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=kubernetes", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    return key, cert
+
+
+@contextlib.asynccontextmanager
+async def https_front(kmock: Any, cert: tuple[Path, Path], token: str) -> AsyncIterator[int]:
+    """The emulator behind TLS and a bearer token, as the in-cluster apiserver is reached:
+    yields its port on 127.0.0.1."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(str(cert[1]), str(cert[0]))
+    session = ClientSession()
+
+    async def relay(request: web.Request) -> web.StreamResponse:
+        if request.headers.get("Authorization") != f"Bearer {token}":
+            return web.json_response({"kind": "Status", "code": 401}, status=401)
+        url = f"{str(kmock.url).rstrip('/')}{request.path_qs}"
+        async with session.get(url) as upstream:
+            response = web.StreamResponse(status=upstream.status)
+            response.content_type = upstream.content_type
+            await response.prepare(request)
+            async for chunk in upstream.content.iter_any():
+                await response.write(chunk)
+            return response
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", relay)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
+    await site.start()
+    try:
+        yield runner.addresses[0][1]
+    finally:
+        await runner.cleanup()
+        await session.close()
+
+
+@pytest.mark.kmock(cls=SliceEmulator)
+async def test_in_cluster_the_apiserver_is_asked_over_tls_with_the_pods_token(
+    kmock: Any, certificate: tuple[Path, Path], tmp_path: Path
+) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        kmock.resources.load_bundled()
+    await send(kmock, "POST", SLICES, endpoint_slice("agent-a", 1001))
+    account = tmp_path / "serviceaccount"
+    account.mkdir()
+    (account / "token").write_text("pod-token\n")
+    (account / "ca.crt").write_bytes(certificate[1].read_bytes())
+    async with https_front(kmock, certificate, "pod-token") as port:
+        env = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(port)}
+        api = kube_api(None, env, account)
+        assert api.server == f"https://127.0.0.1:{port}"
+        seen: list[tuple[str, ...]] = []
+        view = SliceView(Me(pod_name="me"))
+        task = asyncio.create_task(PeerDiscovery(api, NS, SERVICE, view, seen.append).run())
+        try:
+
+            async def found() -> bool:
+                return seen == [("http://127.0.0.1:1001",)]
+
+            await until(found, f"no peer over TLS: {seen}")
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
