@@ -58,9 +58,10 @@ from node_agent.sources.preset_dir import directory_version, preset_files, prese
 from node_agent.sources.spec import ModelSpec
 from node_agent.version import version_line
 
-if TYPE_CHECKING:  # pydantic is imported lazily (start-up time)
+if TYPE_CHECKING:  # pydantic is imported lazily (start-up time), and peer discovery when on
     from node_agent.models_schema import RefusedPreset
     from node_agent.tools.toolbox import Toolbox
+    from node_agent.router.peer_discovery import PeerDiscovery
 
 log = logging.getLogger("corral.agent")
 
@@ -129,6 +130,14 @@ Corral's own:
                               model not loaded here goes, in one hop, to the peer where it is
                               loaded, sleeping or loading, or that has a free slot for it;
                               peers are asked with this agent's --api-key (one key for all)
+  --peers-from-service [NAMESPACE/]NAME
+                              on Kubernetes: the peers are the serving agents behind this
+                              headless Service, kept live from its EndpointSlices (namespace:
+                              the pod's own; this agent left out by $POD_NAME / $POD_IP);
+                              with --peer too
+  --kube-api URL              the Kubernetes API for --peers-from-service, asked as is (e.g.
+                              kubectl proxy's http://127.0.0.1:8001; default: in-cluster, with
+                              the pod's service-account token and CA)
   --allowed-hosts NAMES       Host names answered besides local ones (comma-separated; '*':
                               no check; default: a loopback-bound agent answers only to
                               localhost names and IP literals, a guard against DNS rebinding)
@@ -217,9 +226,10 @@ class Agent:
                 proxy=self.proxy,
                 timeout=options.timeout,
             )
-            if options.peers
+            if options.peers or options.peers_from_service
             else None
         )
+        self.discovery = self._peer_discovery() if self.peers is not None else None
         self.logs: dict[str, LogRing] = {}
         servers = load_servers(options.mcp_servers_config, options.mcp_servers_json)
         self.mcp = McpServers(servers) if servers else None
@@ -254,6 +264,30 @@ class Agent:
                 refusal.reason,
             )
         return catalog
+
+    def _peer_discovery(self) -> PeerDiscovery | None:
+        """``--peers-from-service``: the watch that keeps the peer set (errors before start)."""
+        if self.options.peers_from_service is None or self.peers is None:
+            return None
+        # Imported only when on: nothing of Kubernetes' at an ordinary start.
+        from node_agent.core.endpoint_slices import Me, SliceView
+        from node_agent.router.peer_discovery import PeerDiscovery, kube_api, service_namespace
+
+        namespace, service = self.options.peers_from_service
+        me = Me(pod_name=self.env.get("POD_NAME") or None, pod_ip=self.env.get("POD_IP") or None)
+        if me == Me():
+            raise ConfigError(
+                "--peers-from-service needs $POD_NAME or $POD_IP (the downward API) to leave "
+                "this agent out of its own peers"
+            )
+        scheme = "https" if self.options.ssl_cert_file else "http"
+        return PeerDiscovery(
+            kube_api(self.options.kube_api, self.env),
+            service_namespace(namespace, self.env),
+            service,
+            SliceView(me, scheme),
+            self.peers.use_discovered,
+        )
 
     @staticmethod
     def _memory_watch(options: AgentOptions) -> MemoryWatch | None:
@@ -413,6 +447,8 @@ class Agent:
             self._tasks.spawn(self.watch_presets(self._preset_dir), "preset-watch", forever=True)
         if self.peers is not None:
             self._tasks.spawn(self.peers.run(), "peer-poll", forever=True)
+        if self.discovery is not None:
+            self._tasks.spawn(self.discovery.run(), "peer-discovery", forever=True)
         yield
         await self._tasks.close()
         await self.registry.close()

@@ -100,6 +100,11 @@ class AgentOptions:
     log_level: str = "info"
     peers: tuple[str, ...] = ()
     """Other agents' base URLs (``--peer``, repeatable): requests may go to where a model runs."""
+    peers_from_service: tuple[str | None, str] | None = None
+    """``--peers-from-service [NAMESPACE/]NAME``: (namespace or None for the pod's own, Service):
+    the peers are the ready agents behind that headless Service (router/peer_discovery.py)."""
+    kube_api: str | None = None
+    """``--kube-api URL``: the apiserver for ``--peers-from-service``; None = in-cluster."""
     allowed_hosts: str | None = None
     """``--allowed-hosts``: Host names answered besides local ones; None = by the bind address."""
     child_options: tuple[tuple[str, OptionValue], ...] = ()
@@ -231,6 +236,8 @@ def parse_agent_args(argv: Sequence[str], env: Mapping[str, str]) -> AgentOption
             "--tools-runtime says where tools run, but no tool is on: give --tools (or --agent, "
             "or MCP servers) too"
         )
+    if "kube_api" in values and "peers_from_service" not in values:
+        raise ConfigError("--kube-api is only used by --peers-from-service: give both, or neither")
     keys = list(api_keys)
     for path in api_key_files:
         keys.extend(_read_key_file(path))
@@ -419,6 +426,24 @@ def _peer_url(raw: str) -> str:
     return url
 
 
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def _service(raw: str) -> tuple[str | None, str]:
+    """``--peers-from-service``: ``NAME`` or ``NAMESPACE/NAME`` (Kubernetes DNS labels)."""
+    namespace, _, name = raw.strip().rpartition("/")
+    if not _DNS_LABEL.fullmatch(name) or (namespace and not _DNS_LABEL.fullmatch(namespace)):
+        raise ValueError("lower-case letters, digits and '-', e.g. corral/corral-agent-headless")
+    return namespace or None, name
+
+
+def _api_url(raw: str) -> str:
+    parts = urlsplit(raw.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query:
+        raise ValueError("e.g. http://127.0.0.1:8001, kubectl proxy's address")
+    return raw.strip().rstrip("/")
+
+
 def _split_keys(raw: str, where: str) -> list[str]:
     keys = [k.strip() for k in raw.split(",") if k.strip()]
     if not keys:  # "--api-key ," would otherwise leave every endpoint open, silently
@@ -490,6 +515,8 @@ _OWN_FLAGS: dict[str, tuple[str, str, Callable[[str], object]]] = {
     "--max-connections": ("max_connections", "a count (>= 1)", _int_at_least(1)),
     "--log-level": ("log_level", "one of " + ", ".join(LOG_LEVELS), _log_level),
     "--peer": ("peers", "a URL (http://HOST:PORT)", _peer_url),
+    "--peers-from-service": ("peers_from_service", "a Service, [NAMESPACE/]NAME", _service),
+    "--kube-api": ("kube_api", "the Kubernetes API's URL", _api_url),
     "--allowed-hosts": ("allowed_hosts", "host names (comma-separated; *: no check)", _identity),
 }
 

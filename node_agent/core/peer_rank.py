@@ -7,7 +7,8 @@ model and asks :func:`choose`. The ranking, best first (issue 19 §2):
 1. loaded and busy (ties by queue depth: in flight + queued);
 2. sleeping (its child is up; waking reloads only the weights);
 3. loading (its load is already paid for);
-4. not loaded, but it fits there without an eviction (a free ``--models-max`` slot);
+4. not loaded, but it fits there without an eviction: a free ``--models-max`` slot, and, where
+   that node's memory ledger is on, its ``min`` within the node's free device memory;
 5. not loaded, and loading it evicts another model.
 
 Ties go by queue depth, then to this node (no hop), then to the peer given first. Two rules
@@ -18,7 +19,7 @@ node can already answer only adds a hop).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -74,11 +75,29 @@ def tier(node: Node) -> Tier:
     return Tier.FITS if node.fits else Tier.EVICTS
 
 
-def fits(states: Sequence[str], models_max: int) -> bool:
+def fits(
+    states: Sequence[str],
+    models_max: int,
+    need: Mapping[str, int] | None = None,
+    free: Mapping[str, int | None] | None = None,
+) -> bool:
     """A node with these model states and ``--models-max`` can load one more without an
-    eviction (``models_max`` <= 0: no limit). The memory ledger is not consulted (a peer's
-    ledger is not in its ``GET /models``)."""
-    return models_max <= 0 or sum(s in RESIDENT for s in states) < models_max
+    eviction (``models_max`` <= 0: no limit), and the model's ``need`` (its ``min``, bytes per
+    device) is within the node's ``free`` bytes per device (what its ledger lets a new load
+    use, margin deducted). Memory does not limit where either is unknown (that node's ledger
+    is off), nor on a device ``free`` gives as None or does not list (no limit there), as the
+    node's own ledger decides."""
+    slot = models_max <= 0 or sum(s in RESIDENT for s in states) < models_max
+    return slot and memory_fits(need, free)
+
+
+def memory_fits(need: Mapping[str, int] | None, free: Mapping[str, int | None] | None) -> bool:
+    if need is None or free is None:
+        return True
+    return all(
+        bytes_ <= 0 or (room := free.get(device)) is None or bytes_ <= room
+        for device, bytes_ in need.items()
+    )
 
 
 def choose(here: Node, peers: Sequence[Node], *, forwarded: bool) -> Choice:

@@ -337,8 +337,14 @@ async def ledger(request: web.Request) -> web.StreamResponse:
         raise ApiError(
             404, "the memory ledger is off: start the agent with --models-memory-margin MiB"
         )
-    memory.refresh()  # a fresh reading for the one who asks
-    return _json(memory.statistics())
+    stats = memory.statistics()
+    # A fresh reading for the one who asks; peers poll each second with ?probe=0 and get the
+    # last one (loads and unloads count at once: ``held`` needs no reading), unless there has
+    # been none yet (a device with no total).
+    if request.query.get("probe") != "0" or any(d["total"] is None for d in stats["devices"]):
+        memory.refresh()
+        stats = memory.statistics()
+    return _json(stats)
 
 
 def build_app(state: AgentState) -> web.Application:

@@ -1,9 +1,14 @@
-"""The agent's peers (``--peer URL``): what each one has loaded, and one-hop forwarding to it.
+"""The agent's peers (``--peer URL``, ``--peers-from-service``): what each one has loaded, and
+one-hop forwarding to it.
 
 A background task polls every peer's ``GET /models`` and ``GET /props`` each second with the
 agent's own ``--api-key`` (one key cluster-wide): per peer, whether it answered, and per model
 its state and queue depth (``corral.in_flight`` + ``corral.queued``) and whether it has a free
-``--models-max`` slot. A peer that fails a poll drops out until it answers again. Which node
+``--models-max`` slot; where the peer's memory ledger is on, each model's ``min`` (its
+``corral.memory``) and the peer's free memory per device (``GET /ledger?probe=0``: as of its
+last device reading, so that polls do not probe its devices each second), so that "fits with no
+eviction" means a free slot and the memory for it. A peer that fails a poll drops out until it
+answers again. Which node
 serves a request is the pure core's decision (``core/peer_rank.py``); this module gathers the
 figures and carries it out.
 
@@ -18,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -45,6 +50,8 @@ class PeerState:
     reachable: bool = False
     models_max: int = 0
     models: dict[str, tuple[str, int]] = field(default_factory=dict)  # name -> (state, queue)
+    needs: dict[str, dict[str, int]] = field(default_factory=dict)  # name -> min, bytes/device
+    free: dict[str, int | None] | None = None  # bytes a new load may use; None: ledger off
     error: str | None = None
 
 
@@ -63,6 +70,7 @@ class Peers:
         timeout: float,
     ) -> None:
         self.agent_id = agent_id
+        self._given = tuple(urls)  # --peer: always peers; discovered ones come and go
         self.peers = {url: PeerState(url) for url in urls}
         self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._registry = registry
@@ -82,6 +90,17 @@ class Peers:
                 skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
             )
         return self._session
+
+    def use_discovered(self, urls: Sequence[str]) -> None:
+        """The peer set is now ``--peer``'s and these (``router/peer_discovery.py``): a peer
+        still there keeps its view, a new one is polled from the next round, a gone one is
+        dropped (a request already forwarded to it finishes or fails on its own)."""
+        wanted = dict.fromkeys((*self._given, *urls))
+        added = [url for url in wanted if url not in self.peers]
+        gone = [url for url in self.peers if url not in wanted]
+        self.peers = {url: self.peers.get(url) or PeerState(url) for url in wanted}
+        if added or gone:
+            log.info("peers: %d (added %s; gone %s)", len(self.peers), added or "-", gone or "-")
 
     async def run(self) -> None:
         """Poll every peer each second, for as long as the agent runs."""
@@ -106,7 +125,14 @@ class Peers:
                 for name, e in entries.items()
             }
             peer.models_max = int(props.get("max_instances", 0))
-        except (aiohttp.ClientError, TimeoutError, ValueError, TypeError) as exc:
+            peer.needs = {
+                name: dict(e.corral.memory.min)
+                for name, e in entries.items()
+                if e.corral is not None and e.corral.memory is not None
+            }
+            ledger = await self._get(peer.url + "/ledger?probe=0") if peer.needs else None
+            peer.free = free_memory(ledger) if ledger is not None else None
+        except (aiohttp.ClientError, TimeoutError, ValueError, TypeError, KeyError) as exc:
             if peer.reachable:
                 log.warning("peer %s does not answer, left out: %s", peer.url, exc or type(exc))
             elif peer.error is None:  # never reached yet: peers start together
@@ -129,18 +155,29 @@ class Peers:
         views = {n: sched.view(n) for n in self._registry.specs()}
         states = {n: effective_state(v.state.value, v.queued) for n, v in views.items()}
         mine = views[name]
+        memory = self._registry.memory
         here = Node(
             peer=None,
             state=states[name],
             queue=mine.in_flight + mine.queued,
-            fits=fits(list(states.values()), self._models_max),
+            fits=fits(
+                list(states.values()),
+                self._models_max,
+                dict(memory.ledger.figures(name).min) if memory is not None else None,
+                free_memory(memory.statistics()) if memory is not None else None,
+            ),
         )
         peers = [
             Node(
                 peer=p.url,
                 state=p.models[name][0],
                 queue=p.models[name][1],
-                fits=fits([state for state, _ in p.models.values()], p.models_max),
+                fits=fits(
+                    [state for state, _ in p.models.values()],
+                    p.models_max,
+                    p.needs.get(name),
+                    p.free,
+                ),
             )
             for p in self.peers.values()
             if p.reachable and name in p.models
@@ -152,6 +189,11 @@ class Peers:
             peer = self.peers[choice.peer]
             state, queue = peer.models[name]
             peer.models[name] = (state if state in RESIDENT else LOADING, queue + 1)
+            need = peer.needs.get(name)
+            if state not in RESIDENT and need is not None and peer.free is not None:
+                peer.free = {
+                    d: f if f is None else f - need.get(d, 0) for d, f in peer.free.items()
+                }
         return choice
 
     async def forward(
@@ -165,11 +207,22 @@ class Peers:
         except ApiError:
             # It did not answer, or died mid-answer: the client gets the 502; the requests
             # after it do not wait for the next poll to stop going there.
-            state = self.peers[peer]
-            state.reachable, state.models, state.error = False, {}, "a forwarded request failed"
+            state = self.peers.get(peer)  # (None: it left the peer set meanwhile)
+            if state is not None:
+                state.reachable, state.models = False, {}
+                state.error = "a forwarded request failed"
             log.warning("peer %s failed a forwarded request: left out until it answers", peer)
             raise
 
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
+
+
+def free_memory(ledger: Mapping[str, Any]) -> dict[str, int | None]:
+    """Bytes a new load may use per device, margin deducted (None: no limit there), from the
+    ledger's ``GET /ledger`` body (``MemoryWatch.statistics()``), this agent's or a peer's."""
+    return {
+        str(d["name"]): None if d["available"] is None else int(d["available"]) - int(d["margin"])
+        for d in ledger["devices"]
+    }

@@ -12,15 +12,18 @@ at the first ``;`` or ``#``: ``env = A=0,1,B=2`` could not be read back. It roun
 ``GET /models`` shows the same lines in ``status.preset``.
 
 **Which names** (:data:`ALLOWED_ENV`): only device selectors and a few memory switches of
-ggml, whoever wrote the preset. An environment variable reaches every library the child
-loads, and many run code or touch files: ``LD_PRELOAD`` and ``LD_LIBRARY_PATH`` load a library
+ggml, whoever wrote the preset: the administrator's INI and a ModelPreset's ``spec.env``
+alike. An environment variable reaches every library the child loads, and many run code or
+touch files: ``LD_PRELOAD`` and ``LD_LIBRARY_PATH`` load a library
 of the writer's choice, ggml's own ``GGML_BACKEND_PATH`` loads a backend library,
 ``GGML_OPENCL_KERNEL_CACHE_DIR`` writes files, ``HOME``/``TMPDIR`` move where it writes, and
 ``LLAMA_ARG_*`` would set options behind the option checks. So there is no wildcard (not even
-``GGML_*``): exact names only, and values restricted to a short device-list alphabet. The
-preset allow-list by trust (a ModelPreset from the cluster vs the administrator's own INI)
-calls :func:`parse_env_entry` like any other key; widening this list for trusted sources is
-its decision, not this module's.
+``GGML_*``): exact names only, and values restricted to a short device-list alphabet. What is
+left gives a ModelPreset nothing its ``args`` could not already do: a ModelPreset may choose its
+devices with ``--device``/``--main-gpu``/``--tensor-split`` and its offload with
+``--n-gpu-layers``, and the memory switches only change where ggml allocates. So the one list
+serves both sources; the operator checks ``spec.env`` with :func:`parse_env_entry` and the CRD
+lists the same names and value pattern (``hack/gen-crd-allowlist.py``).
 """
 
 from __future__ import annotations
@@ -60,7 +63,8 @@ ALLOWED_ENV: Final = DEVICE_ENV | MEMORY_ENV
 # Set by the agent for every child (child.spawn): a preset may not change them.
 AGENT_ENV: Final = frozenset({"CUDA_DEVICE_ORDER", "LLAMA_SERVER_ROUTER_PORT"})
 # Device lists ("0,1", "GPU-1a2b…", "level_zero:0"), switches and sizes: nothing else.
-_VALUE = re.compile(r"[A-Za-z0-9,._:-]{0,256}")
+VALUE_PATTERN: Final = r"[A-Za-z0-9,._:-]{0,256}"
+_VALUE = re.compile(VALUE_PATTERN)
 
 
 def parse_env_entry(

@@ -70,6 +70,8 @@ AGENT_KEYS = frozenset(
         "max-connections",
         "allowed-hosts",
         "peer",
+        "peers-from-service",
+        "kube-api",
         "log-level",
     }
 )
@@ -245,8 +247,7 @@ def _interpret(section: _Section, path: str, policy: Restricted | None) -> Prese
         if key == "version":  # reserved by llama.cpp for future use
             continue
         if key.startswith(ENV_PREFIX):
-            # A restricted preset sets no environment at all (the operator renders none).
-            refuse_restricted("env", value, key, line)
+            # One allow-list for every preset, restricted or not (sources.preset_env).
             once(key, key, line)
             name, text = parse_env_entry(key, value, where, path=path, line=line)
             env[name] = text

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from node_agent.sources.preset_env import ENV_PREFIX
 from node_agent.sources.preset_ini import ini_value
 
 from .presets import (
@@ -78,6 +79,7 @@ def section_keys(preset: Preset) -> list[tuple[str, str]]:
                 f"args set {key!r}, which spec.source, spec.aliases or spec.lifecycle sets"
             )
         keys.append((key, value))
+    keys += [(ENV_PREFIX + name, value) for name, value in preset.env]
     return keys
 
 

@@ -13,7 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from node_agent.errors import ConfigError
 from node_agent.sources.options import llama_options
+from node_agent.sources.preset_env import ENV_PREFIX, parse_env_entry
 from node_agent.sources.trust import PATH_OPTIONS, arg_refusal
 from node_agent.sources.trust import PVC_MOUNT_ROOT as PVC_MOUNT_ROOT  # the chart's claim mounts
 
@@ -81,6 +83,7 @@ class Preset:
     source: Source
     options: tuple[tuple[str, str], ...] = ()  # spec.args as (INI key, value), in given order
     aliases: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()  # spec.env, sorted by name
     node_selector: tuple[tuple[str, str], ...] = ()  # sorted
     lifecycle: Lifecycle = Lifecycle()
     uid: str = ""
@@ -151,6 +154,22 @@ def parse_args(args: list[str] | tuple[str, ...]) -> tuple[tuple[str, str], ...]
         options.append((key, value.strip()))
         i += 1
     return tuple(options)
+
+
+def parse_env(env: Any) -> tuple[tuple[str, str], ...]:
+    """``spec.env`` → sorted (name, value) pairs, held to the agent's own allow-list
+    (``node_agent.sources.preset_env``: device and memory variables, device-list values)."""
+    if not isinstance(env, Mapping):
+        raise InvalidPreset("spec.env must be a map of variable names to strings")
+    pairs = []
+    for name, value in sorted(env.items()):
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise InvalidPreset("spec.env must be a map of variable names to strings")
+        try:
+            pairs.append(parse_env_entry(ENV_PREFIX + name, value, "spec.env"))
+        except ConfigError as exc:
+            raise InvalidPreset(str(exc)) from None
+    return tuple(pairs)
 
 
 def _str(obj: Mapping[str, Any], key: str, where: str) -> str:
@@ -255,6 +274,7 @@ def parse_preset(obj: Mapping[str, Any]) -> Preset:
         source=parse_source(source),
         options=parse_args(raw_args),
         aliases=tuple(aliases),
+        env=parse_env(spec.get("env") or {}),
         node_selector=tuple(sorted((str(k), str(v)) for k, v in selector.items())),
         lifecycle=Lifecycle(
             load_on_startup=_opt_bool(life, "loadOnStartup"),

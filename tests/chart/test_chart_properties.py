@@ -12,6 +12,7 @@ import pytest
 import yaml
 from preset_operator.presets import PVC_MOUNT_ROOT, PvcSource, parse_source
 
+from node_agent.core.endpoint_slices import PORT_NAME
 from node_agent.sources.options import llama_options
 from tests.chart.rendering import (
     CHART,
@@ -104,11 +105,35 @@ def test_writable_tmp_is_an_empty_dir(render: Render) -> None:
         assert "emptyDir" in volumes[tmp[0]["name"]], owner
 
 
-def test_agent_needs_no_kubernetes_api_token(render: Render) -> None:
-    rendered = render()
+def test_agent_needs_no_kubernetes_api_token_without_peers(render: Render) -> None:
+    rendered = render({"agent": {"peers": {"enabled": False}}})
     assert agent_pod(rendered)["automountServiceAccountToken"] is False
     sa = rendered.one("ServiceAccount", f"{FULLNAME}-agent")
     assert sa["automountServiceAccountToken"] is False
+    container = agent_container(rendered)
+    assert "--peers-from-service" not in container["args"]
+    assert not {"POD_NAME", "POD_IP"} & {e["name"] for e in container["env"]}
+    assert f"{FULLNAME}-agent-peers" not in {r["metadata"]["name"] for r in rendered.all("Role")}
+
+
+def test_agents_find_their_peers_from_the_headless_service(render: Render) -> None:
+    rendered = render()
+    pod = agent_pod(rendered)
+    # Only this pod mounts the token (the ServiceAccount keeps its own default).
+    assert pod["automountServiceAccountToken"] is True
+    container = agent_container(rendered)
+    args = container["args"]
+    service = args[args.index("--peers-from-service") + 1]
+    assert service == f"{NAMESPACE}/{FULLNAME}-agent-headless"
+    headless = rendered.one("Service", f"{FULLNAME}-agent-headless")
+    assert headless["spec"]["clusterIP"] == "None"
+    # The agent takes the port named http (core/endpoint_slices.py PORT_NAME).
+    assert [p["name"] for p in headless["spec"]["ports"]] == [PORT_NAME]
+    env = {
+        e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+        for e in container["env"]
+    }
+    assert (env["POD_NAME"], env["POD_IP"]) == ("metadata.name", "status.podIP")
 
 
 # --- The agent's contract ------------------------------------------------------------------
@@ -552,9 +577,11 @@ def test_operator_command_is_the_contract(render: Render) -> None:
 
 def test_operator_disabled_renders_agents_only(render: Render) -> None:
     rendered = render({"operator": {"enabled": False}})
-    assert not {"Deployment", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"} & (
-        rendered.kinds()
-    )
+    assert not {"Deployment", "ClusterRole", "ClusterRoleBinding"} & rendered.kinds()
+    # Only the agents' own Role (peers) is left.
+    assert [r["metadata"]["name"] for r in rendered.all("Role") + rendered.all("RoleBinding")] == [
+        f"{FULLNAME}-agent-peers"
+    ] * 2
     assert [sa["metadata"]["name"] for sa in rendered.all("ServiceAccount")] == [
         f"{FULLNAME}-agent"
     ]
@@ -605,6 +632,10 @@ def test_namespaced_roles_are_minimal(render: Render) -> None:
     events = render().one("Role", f"{FULLNAME}-operator-events")
     assert events["metadata"]["namespace"] == "default"
     assert rules_of(events) == {("", "events", frozenset({"create"}))}
+    # The agents: their Service's EndpointSlices (peers), read-only, in their namespace.
+    peers = render().one("Role", f"{FULLNAME}-agent-peers")
+    assert peers["metadata"]["namespace"] == NAMESPACE
+    assert rules_of(peers) == {("discovery.k8s.io", "endpointslices", frozenset({"list", "watch"}))}
 
 
 def test_no_wildcards_and_no_secret_access(scenario: Path) -> None:
@@ -616,20 +647,23 @@ def test_no_wildcards_and_no_secret_access(scenario: Path) -> None:
             assert not verbs & {"escalate", "bind", "impersonate", "update", "deletecollection"}
 
 
-def test_bindings_grant_the_roles_to_the_operator_only(render: Render) -> None:
+def test_bindings_grant_each_role_to_its_own_service_account(render: Render) -> None:
     rendered = render()
-    subject = {"kind": "ServiceAccount", "name": f"{FULLNAME}-operator", "namespace": NAMESPACE}
+    operator = {"kind": "ServiceAccount", "name": f"{FULLNAME}-operator", "namespace": NAMESPACE}
+    agent = {"kind": "ServiceAccount", "name": f"{FULLNAME}-agent", "namespace": NAMESPACE}
     bindings = rendered.all("ClusterRoleBinding") + rendered.all("RoleBinding")
     roles = rendered.all("ClusterRole") + rendered.all("Role")
-    assert len(bindings) == len(roles) == 3
+    assert len(bindings) == len(roles) == 4
     for binding in bindings:
-        assert binding["subjects"] == [subject]
+        peers = binding["metadata"]["name"] == f"{FULLNAME}-agent-peers"
+        assert binding["subjects"] == [agent if peers else operator]
         role_kind = binding["kind"].removesuffix("Binding")
         role = rendered.one(role_kind, binding["roleRef"]["name"])
         assert role["metadata"].get("namespace") == binding["metadata"].get("namespace")
         assert binding["roleRef"]["apiGroup"] == "rbac.authorization.k8s.io"
     deployment = rendered.one("Deployment")
-    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == subject["name"]
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == operator["name"]
+    assert agent_pod(rendered)["serviceAccountName"] == agent["name"]
 
 
 # --- helm test, ServiceMonitor, CRD --------------------------------------------------------

@@ -122,6 +122,37 @@ def test_a_model_not_loaded_anywhere_fills_a_free_peer_before_evicting_here(
     assert states(b)[SMALL] == "loaded"
 
 
+def test_a_model_that_fits_a_peers_free_memory_and_not_here_goes_there(
+    demo_dir: Path,
+) -> None:
+    """Both have free slots; SMALL's min (~20 MB) is over A's host limit, TINY's (~9 MB) is
+    not: A serves TINY itself and sends SMALL to B, whose ledger has the room (GET /ledger)."""
+    ports = free_port(), free_port()
+    common = ["--models-dir", str(demo_dir), "--api-key", KEY, "--log-level", "debug"]
+    limits = ("host=16MiB", "host=8GiB")
+    agents = [
+        AgentProcess(
+            [*common, "--memory-limit", limit, "--peer", f"http://127.0.0.1:{other}"], port=mine
+        )
+        for mine, other, limit in ((*ports, limits[0]), (*ports[::-1], limits[1]))
+    ]
+    a, b = agents
+    try:
+        deadline = time.monotonic() + 30
+        while f"peer {b.url} answers" not in a.log():
+            assert time.monotonic() < deadline, a.log()
+            time.sleep(0.1)
+        for model in (SMALL, TINY):
+            status, body = post(a, chat(model))
+            assert status == 200, body
+        assert (states(a)[SMALL], states(a)[TINY]) == ("unloaded", "loaded")
+        assert (states(b)[SMALL], states(b)[TINY]) == ("loaded", "unloaded")
+        assert f"model={SMALL} goes to {b.url}: fits on" in a.log()
+    finally:
+        for agent in agents:
+            agent.stop()
+
+
 def test_a_forwarded_request_is_served_where_it_arrives(
     pair: tuple[AgentProcess, AgentProcess],
 ) -> None:

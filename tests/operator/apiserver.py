@@ -77,7 +77,7 @@ class StrictEmulator(kmocklib.KubernetesEmulator):
         if request.resource is not None:
             operator = request.headers.get("Authorization") == f"Bearer {OPERATOR_TOKEN}"
             if operator and request.resource.plural:  # not API discovery (/api/v1, /apis/…)
-                self.operator_access.append(_access(request))
+                self.operator_access.append(access_of(request))
             if request.action == kmocklib.action.CREATE:
                 errors = _create_errors(request, crd_rules=self.crd_rules)
                 if errors:
@@ -89,7 +89,7 @@ class StrictEmulator(kmocklib.KubernetesEmulator):
         return await super()._handle(request)
 
 
-def _access(request: kmocklib.Request) -> Access:
+def access_of(request: kmocklib.Request) -> Access:
     assert request.resource is not None and request.action is not None
     resource = request.resource.plural or ""
     if request.subresource:

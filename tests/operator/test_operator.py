@@ -20,8 +20,6 @@ import aiohttp.web
 import pytest
 from preset_operator.agents import AgentPod
 
-from tests.chart.rendering import NAMESPACE as CHART_NAMESPACE
-from tests.chart.rendering import render_objects
 from tests.operator.agent_models import model_entry, model_list
 from tests.operator.apiserver import Access, StrictEmulator
 from tests.operator.cluster import (
@@ -45,6 +43,7 @@ from tests.operator.cluster import (
     send,
     status,
 )
+from tests.operator.rbac import granted_to
 
 pytestmark = pytest.mark.kmock(cls=StrictEmulator)
 
@@ -145,6 +144,7 @@ async def test_presets_nodes_labels_services_and_status(cluster: tuple[Any, Fake
             source={"huggingFace": {"repo": "org/big-GGUF", "file": "big-q4.gguf"}},
             placement={"nodeSelector": {"gpu": "a100"}},
             lifecycle={"loadOnStartup": True},
+            env={"CUDA_VISIBLE_DEVICES": "0,1"},
         ),
     )
 
@@ -159,6 +159,7 @@ async def test_presets_nodes_labels_services_and_status(cluster: tuple[Any, Fake
         assert "hf-repo = org/big-GGUF\nhf-file = big-q4.gguf\nload-on-startup = true" in "".join(
             data.values()
         )
+        assert "\nenv.CUDA_VISIBLE_DEVICES = 0,1\n" in "".join(data.values())
         assert await preset_labels(kmock) == {
             "agent-a": {"small", "big"},
             "agent-b": {"small", "big"},
@@ -327,6 +328,15 @@ async def test_the_apiserver_refuses_the_issue_16_presets(
     assert "args may only set" in text or "does not match" in text
 
 
+async def test_the_apiserver_refuses_env_off_the_allow_list(kmock: Any) -> None:
+    await prepare(kmock, {})
+    bad = preset("bad", env={"LD_PRELOAD": "/tmp/x.so"})
+    async with kmock.request("POST", MP_PATH, json=bad) as resp:
+        text = await resp.text()
+    assert resp.status == 422, text
+    assert "env may only set device and memory variables" in text
+
+
 async def test_missing_configmap_is_created(kmock: Any, cluster: tuple[Any, FakeAgents]) -> None:
     await send(kmock, "DELETE", f"/api/v1/namespaces/{NS}/configmaps/{CM}")
     await send(kmock, "POST", MP_PATH, preset("solo", placement={"nodeSelector": {"gpu": "a100"}}))
@@ -381,34 +391,7 @@ async def test_a_foreign_service_is_never_adopted(
 
 def granted_by_the_chart() -> set[Access]:
     """The operator's permissions as the chart renders them, in the test's namespace."""
-    objects = render_objects({})
-    presets_cm = next(
-        o["metadata"]["name"]
-        for o in objects
-        if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-presets")
-    )
-    bound = {
-        (b["roleRef"]["kind"], b["roleRef"]["name"], b["metadata"].get("namespace"))
-        for b in objects
-        if b["kind"] in {"RoleBinding", "ClusterRoleBinding"}
-    }
-    out: set[Access] = set()
-    for role in objects:
-        if role["kind"] not in {"Role", "ClusterRole"}:
-            continue
-        ns = role["metadata"].get("namespace")
-        assert (role["kind"], role["metadata"]["name"], ns) in bound, f"unbound {role['kind']}"
-        # The chart's release namespace stands for the operator's namespace here.
-        scope = None if ns is None else (NS if ns == CHART_NAMESPACE else ns)
-        for rule in role["rules"]:
-            for group in rule["apiGroups"]:
-                for resource in rule["resources"]:
-                    for verb in rule["verbs"]:
-                        for name in rule.get("resourceNames") or [None]:
-                            # The chart's presets ConfigMap stands for the test's.
-                            name = CM if name == presets_cm else name
-                            out.add(Access(group, resource, verb, scope, name))
-    return out
+    return granted_to("-operator")
 
 
 def test_row_18_configmap_writes_are_limited_to_the_presets_configmap() -> None:

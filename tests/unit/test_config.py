@@ -148,66 +148,24 @@ def test_help_and_version_are_reported_not_passed_on() -> None:
     ("argv", "message"),
     [
         (
-            ["--ctx-sise", "1"],
-            "unknown option --ctx-sise: not a corral agent option, nor one of the pinned "
-            "llama-server b1-7e4c0a9 (Corral's built-in table); did you mean --ctx-size?",
+            ["--peers-from-service", "Agents"],
+            "--peers-from-service expects a Service, [NAMESPACE/]NAME, got 'Agents' (lower-case",
         ),
-        (["--models-memory-margn", "1"], "did you mean --models-memory-margin?"),
-        (["--port", "http"], "--port expects a port number, got 'http'"),
-        (["--port", "70000"], "--port expects a port number, got '70000' (must be 0-65535)"),
-        (["--models-max", "two"], "--models-max expects an integer (<= 0: no limit), got 'two'"),
-        (["--models-memory-margin", "-5"], "expects MiB (an integer >= 0), got '-5'"),
-        (["--memory-limit", "8GiB"], "--memory-limit expects DEVICE=SIZE"),
-        (["--memory-limit", "host=8"], "--memory-limit 'host=8': expected a size with a unit"),
+        (["--peers-from-service", "a/b/c"], "got 'a/b/c'"),
+        (["--peers-from-service", "ns/"], "got 'ns/'"),
         (
-            ["--memory-limit", "host=1G", "--memory-limit", "host=2G"],
-            "device 'host' is given twice",
+            ["--peers-from-service", "s", "--kube-api", "127.0.0.1:8001"],
+            "--kube-api expects the Kubernetes API's URL, got '127.0.0.1:8001' (e.g. http://",
         ),
-        (["--log-level", "loud"], "--log-level expects one of debug, info, warning, error"),
-        (["--models-ttl", "soon"], "--models-ttl expects seconds (0: never), got 'soon'"),
-        (["-c"], "-c expects an integer, but nothing follows it"),
-        (["--cpu-mask"], "--cpu-mask expects a value, but nothing follows it"),
-        (["-c", "lots"], "-c expects an integer, got 'lots'"),
-        (["--ctx-size=8k"], "--ctx-size expects an integer, got '8k'"),
-        (["--temp", "hot"], "--temp expects a number, got 'hot'"),
-        (["-fa", "maybe"], "-fa expects one of 'on', 'off', 'auto' (or true/false, 1/0)"),
-        (["-ngl", "most"], "-ngl expects an integer or one of 'auto', 'all', got 'most'"),
-        (["-ctk", "Q8_0"], "-ctk expects one of 'f32', 'f16', 'bf16', 'q8_0'"),
-        (["--no-mmap=1"], "--no-mmap is a flag and takes no value"),
-        (["-m", "x.gguf"], "-m names one model, but corral agent serves many"),
-        (["--hf-repo", "a/b"], "names one model"),
-        (["models"], "unexpected argument 'models'"),
-        (["--control-vector-layer-range", "1", "2"], "takes 2 values"),
+        (
+            ["--kube-api", "http://127.0.0.1:8001"],
+            "--kube-api is only used by --peers-from-service",
+        ),
     ],
 )
-def test_errors_say_which_flag_what_was_given_and_what_is_expected(
-    argv: list[str], message: str
-) -> None:
-    with pytest.raises(ConfigError) as err:
+def test_a_bad_service_or_api_says_what_is_expected(argv: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=re_escape(message)):
         parse(*argv)
-    assert message in str(err.value)
-
-
-def test_bad_env_value_names_the_variable() -> None:
-    with pytest.raises(ConfigError, match=r"\$LLAMA_ARG_MODELS_MAX expects an integer"):
-        parse(env={"LLAMA_ARG_MODELS_MAX": "lots"})
-
-
-def test_presets_refuse_every_agent_flag_by_name() -> None:
-    """The preset parser's list of agent-only keys is the agent's own flag table."""
-    from node_agent.config import _OWN_FLAGS
-    from node_agent.sources.preset_ini import AGENT_KEYS
-
-    assert {flag.removeprefix("--") for flag in _OWN_FLAGS} == AGENT_KEYS
-
-
-def test_peers_are_repeatable_urls_kept_in_order_once_each() -> None:
-    o = parse(
-        "--peer", "http://10.0.0.2:8080/", "--peer=https://b.example:443", "--peer",
-        "http://10.0.0.2:8080",
-    )  # fmt: skip
-    assert o.peers == ("http://10.0.0.2:8080", "https://b.example:443")
-    assert parse().peers == ()
 
 
 @pytest.mark.parametrize(

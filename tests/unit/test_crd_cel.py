@@ -20,6 +20,7 @@ import yaml
 from preset_operator.render import render
 
 from node_agent.sources.options import generated_options
+from node_agent.sources.preset_env import ALLOWED_ENV, VALUE_PATTERN
 from node_agent.sources.trust import allowed_flags
 from tests.crd_rules import (
     _ENV,
@@ -107,7 +108,7 @@ def test_schema_is_structural_and_bounded() -> None:
 
 def test_every_rule_compiles() -> None:
     rules = list(_all_rules(SCHEMA))
-    assert len(rules) == 9
+    assert len(rules) == 10
     for _, r in rules:
         _ENV.compile(r["rule"])
         assert r.get("message")
@@ -119,6 +120,15 @@ def test_the_crd_lists_the_agents_allow_list() -> None:
     rule = next(r["rule"] for _, r in _all_rules(SCHEMA) if "--ctx-size" in r["rule"])
     listed = set(re.findall(r"'(-[^']+)'", rule.split("in [", 1)[1].split("]", 1)[0]))
     assert listed == set(allowed_flags(generated_options()))
+
+
+def test_the_crd_lists_the_agents_env_allow_list_and_value_pattern() -> None:
+    """spec.env: the same names as the agent's ALLOWED_ENV (the generated rule) and the same
+    values as its VALUE_PATTERN (the schema's pattern and maxLength)."""
+    rule = next(r["rule"] for _, r in _all_rules(SCHEMA) if "CUDA_VISIBLE_DEVICES" in r["rule"])
+    assert set(re.findall(r"'([A-Z_]+)'", rule)) == ALLOWED_ENV
+    values = SCHEMA["properties"]["spec"]["properties"]["env"]["additionalProperties"]
+    assert f"{values['pattern'][1:-2]}{{0,{values['maxLength']}}}" == VALUE_PATTERN
 
 
 # --- each rule rejects what it should -------------------------------------------------------
@@ -145,6 +155,28 @@ def test_valid_samples_pass() -> None:
         )
         == []
     )
+
+
+def test_env_of_device_and_memory_variables_passes() -> None:
+    env = {"CUDA_VISIBLE_DEVICES": "0,1", "GGML_CUDA_ENABLE_UNIFIED_MEMORY": "1"}
+    assert errors(mp(env=env)) == []
+    assert errors(mp(env={"ONEAPI_DEVICE_SELECTOR": "level_zero:0"})) == []
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        ({"LD_PRELOAD": "/tmp/x.so"}, "env may only set device and memory variables"),
+        ({"GGML_BACKEND_PATH": "x"}, "env may only set device and memory variables"),
+        ({"LLAMA_ARG_MODEL": "x"}, "env may only set device and memory variables"),
+        ({"CUDA_DEVICE_ORDER": "FASTEST_FIRST"}, "env may only set device and memory variables"),
+        ({"CUDA_VISIBLE_DEVICES": "../0"}, "does not match"),
+        ({"CUDA_VISIBLE_DEVICES": "0;rm"}, "does not match"),
+        ({f"V{i}": "1" for i in range(17)}, "too many properties"),
+    ],
+)
+def test_env_off_the_allow_list_is_refused(env: dict[str, str], says: str) -> None:
+    assert any(says in e for e in errors(mp(env=env))), errors(mp(env=env))
 
 
 @pytest.mark.parametrize("name", ["qwen2.5", "Upper", "9lives", "a" * 64, "trailing-"])

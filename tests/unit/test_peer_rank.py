@@ -136,6 +136,40 @@ def test_fits_counts_the_models_holding_a_slot(
     assert fits(states, models_max) is expected
 
 
+GIB = 2**30
+
+
+@pytest.mark.parametrize(
+    ("need", "free", "expected"),
+    [
+        ({"CUDA0": 4 * GIB, "host": GIB}, {"CUDA0": 4 * GIB, "host": 2 * GIB}, True),
+        ({"CUDA0": 4 * GIB + 1}, {"CUDA0": 4 * GIB}, False),  # one byte short
+        ({"CUDA0": 4 * GIB, "CUDA1": 4 * GIB}, {"CUDA0": 8 * GIB, "CUDA1": GIB}, False),
+        ({"CUDA0": GIB}, {"CUDA0": -GIB}, False),  # others took the margin already
+        ({"CUDA0": GIB}, {"CUDA0": None}, True),  # no limit known on that device
+        ({"CUDA1": GIB}, {"CUDA0": 0}, True),  # a device that node's ledger does not list
+        ({"CUDA0": 0, "host": GIB}, {"CUDA0": 0, "host": GIB}, True),
+        (None, {"CUDA0": 0}, True),  # that node's ledger is off: slots only
+        ({"CUDA0": GIB}, None, True),
+    ],
+)
+def test_fits_with_no_eviction_needs_the_models_min_in_the_nodes_free_memory(
+    need: dict[str, int] | None, free: dict[str, int | None] | None, expected: bool
+) -> None:
+    assert fits([LOADED], 2, need, free) is expected
+    # A free slot is needed as well, whatever the memory.
+    assert fits([LOADED], 1, need, free) is False
+
+
+def test_a_peer_with_free_memory_beats_a_node_where_the_model_does_not_fit() -> None:
+    # Both have a free slot; only the peer has the memory for the model's min.
+    need = {"CUDA0": 10 * GIB}
+    here = node(None, UNLOADED, fit=fits([LOADED], 2, need, {"CUDA0": 2 * GIB}))
+    roomy = node("p", UNLOADED, fit=fits([LOADED], 2, need, {"CUDA0": 20 * GIB}))
+    assert choose(here, [roomy], forwarded=False).peer == "p"
+    assert choose(node(None, UNLOADED, fit=True), [roomy], forwarded=False).peer is None
+
+
 @pytest.mark.parametrize(
     ("state", "queued", "expected"),
     [

@@ -62,6 +62,18 @@ def test_a_variable_given_twice_is_refused() -> None:
         parse_preset_text("[m]\nenv.GGML_CUDA_NO_PINNED = 1\nenv.GGML_CUDA_NO_PINNED = 0\n", "p")
 
 
+def test_a_restricted_preset_has_the_same_env_allow_list(tmp_path: Path) -> None:
+    """The operator's files (a ModelPreset's spec.env) may set what the administrator's may,
+    and nothing more."""
+    from node_agent.sources.trust import Restricted
+
+    policy = Restricted.under([tmp_path])
+    parsed = parse_preset_text("[m]\nenv.CUDA_VISIBLE_DEVICES = 1\n", "p.ini", policy)
+    assert parsed.sections["m"].env == (("CUDA_VISIBLE_DEVICES", "1"),)
+    with pytest.raises(ConfigError, match="may not set LD_PRELOAD"):
+        parse_preset_text("[m]\nenv.LD_PRELOAD = x.so\n", "p.ini", policy)
+
+
 def test_the_child_gets_its_env_and_the_agent_keeps_its_own(tmp_path: Path) -> None:
     config = ChildConfig(
         "m", tmp_path / "llama-server", (), env={"CUDA_VISIBLE_DEVICES": "3"}, router_port=1

@@ -124,6 +124,35 @@ def test_section_carries_aliases_lifecycle_and_args() -> None:
     )
 
 
+def test_env_becomes_env_keys_that_the_restricted_agent_reads_back(tmp_path: Path) -> None:
+    """spec.env → ``env.NAME = value`` lines, sorted; the agent reads them from the operator's
+    (restricted) files with the same allow-list as the administrator's."""
+    from node_agent.sources.preset_ini import parse_preset_text
+    from node_agent.sources.trust import Restricted
+
+    env = {"GGML_CUDA_NO_PINNED": "1", "CUDA_VISIBLE_DEVICES": "0,1"}
+    text = render_ini([parse_preset(preset("big", env=env))])
+    assert text.endswith("env.CUDA_VISIBLE_DEVICES = 0,1\nenv.GGML_CUDA_NO_PINNED = 1\n")
+    parsed = parse_preset_text(text, "p.ini", Restricted.under([tmp_path]))
+    assert dict(parsed.sections["big"].env) == env
+
+
+@pytest.mark.parametrize(
+    ("env", "why"),
+    [
+        ({"LD_PRELOAD": "/tmp/x.so"}, "may not set LD_PRELOAD"),
+        ({"CUDA_DEVICE_ORDER": "FASTEST_FIRST"}, "set by Corral for every child"),
+        ({"CUDA_VISIBLE_DEVICES": "0\nmodel = /etc/shadow"}, "is not a device list"),
+        ({"CUDA_VISIBLE_DEVICES": 0}, "spec.env must be a map of variable names to strings"),
+        (["CUDA_VISIBLE_DEVICES=0"], "spec.env must be a map"),
+    ],
+)
+def test_bad_env_is_refused(env: Any, why: str) -> None:
+    # The CRD refuses these too; an operator run against an older CRD must not render them.
+    with pytest.raises(InvalidPreset, match=re.escape(why)):
+        parse_preset(preset("big", env=env))
+
+
 def sections(ini: str) -> list[str]:
     return re.findall(r"^\[(.+)\]$", ini, re.M)
 
