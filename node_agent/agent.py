@@ -60,8 +60,8 @@ from node_agent.version import version_line
 
 if TYPE_CHECKING:  # pydantic is imported lazily (start-up time), and peer discovery when on
     from node_agent.models_schema import RefusedPreset
-    from node_agent.tools.toolbox import Toolbox
     from node_agent.router.peer_discovery import PeerDiscovery
+    from node_agent.tools.toolbox import Toolbox
 
 log = logging.getLogger("corral.agent")
 
