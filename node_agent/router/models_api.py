@@ -21,7 +21,6 @@ same partial file); a request for a downloading model waits for it (llama.cpp an
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 from aiohttp import web
@@ -29,6 +28,7 @@ from aiohttp import web
 from node_agent.child.ports import CHILD_HOST
 from node_agent.errors import ApiError
 from node_agent.models_schema import ModelEntry, ModelStatus, dump
+from node_agent.router.bodies import parse_json_body, read_control_body
 from node_agent.router.state import STATE, AgentState
 from node_agent.sources import hf_hub
 from node_agent.sources.spec import SOURCE_CACHE
@@ -39,10 +39,7 @@ NON_EMPTY = "model must be a non-empty string"
 async def _body_name(request: web.Request) -> str:
     """llama.cpp's ``json_value(body, "model", "")``: anything but a non-empty string is
     missing; a body that is not JSON is the client's mistake (400, as the app says it)."""
-    try:
-        body = json.loads(await request.read())
-    except (ValueError, RecursionError) as exc:
-        raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
+    body = parse_json_body(await read_control_body(request))
     name = body.get("model") if isinstance(body, dict) else None
     if not isinstance(name, str) or not name:
         raise ApiError(400, NON_EMPTY)

@@ -22,6 +22,8 @@ from yarl import URL
 from node_agent.errors import ApiError
 from node_agent.mcp.servers import McpServers
 from node_agent.mcp.stdio import ToolDef
+from node_agent.router.bodies import read_body, read_control_body
+from node_agent.router.body_fields import loads
 
 log = logging.getLogger("corral.tools")
 
@@ -121,10 +123,9 @@ def _invalid(message: str) -> web.Response:
 
 
 async def call_tool(request: web.Request) -> web.StreamResponse:
-    try:
-        body = json.loads(await request.read())
-    except (ValueError, UnicodeDecodeError) as exc:
-        return _invalid(f"the request body is not valid JSON: {exc}")
+    error, body = loads(await read_control_body(request))
+    if error is not None:
+        return _invalid(error)
     if not isinstance(body, dict):
         return _invalid('the request body must be a JSON object with a "tool"')
     name = body.get("tool")
@@ -203,7 +204,7 @@ async def cors_proxy_request(request: web.Request) -> web.StreamResponse:
         if key.lower().startswith(PROXY_HEADER_PREFIX) and len(key) > len(PROXY_HEADER_PREFIX)
     }
     log.info("proxying %s request to %s", request.method, url.with_query(None))
-    body = await request.read() if request.method == "POST" else None
+    body = await read_body(request) if request.method == "POST" else None
     session = request.app[PROXY_SESSION]
     try:
         async with session.request(request.method, url, headers=headers, data=body) as upstream:
