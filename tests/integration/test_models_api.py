@@ -70,7 +70,7 @@ def listed(agent: AgentProcess) -> dict[str, dict[str, Any]]:
 
 @pytest.fixture
 def sse(start_agent: Start) -> Iterator[Callable[[int], EventLog]]:
-    # After start_agent: the streams close before the agents stop (an open one holds a stop).
+    # After start_agent: the streams close before the agents stop.
 
     logs: list[EventLog] = []
 
