@@ -37,6 +37,7 @@ from node_agent.router.conversations import CONVERSATIONS, conversation_id, setu
 from node_agent.router.exchange import Exchange, begin_exchange
 from node_agent.router.form_fields import MULTIPART, multipart_fields
 from node_agent.router.logs_api import setup_logs
+from node_agent.router.long_lived import setup_long_lived, until_shutdown
 from node_agent.router.metrics import setup_metrics
 from node_agent.router.missing_endpoint import NOT_FOUND, endpoint_missing, route_of
 from node_agent.router.model_run import FAKE_TIMING_SECONDS
@@ -322,11 +323,12 @@ async def models_sse(request: web.Request) -> web.StreamResponse:
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
     await response.prepare(request)
-    async for event in registry.events():
+    async for event in until_shutdown(request.app, registry.events()):
         message: dict[str, Any] = {"model": event.model, "event": event.event}
         if event.data is not None:
             message["data"] = event.data
         await response.write(f"data: {json.dumps(message, separators=(',', ':'))}\n\n".encode())
+    await response.write_eof()
     return response
 
 
@@ -359,6 +361,7 @@ def build_app(state: AgentState) -> web.Application:
     )
     app[STATE] = state
     app[CLIENT_TIMEOUT] = state.settings.client_timeout
+    setup_long_lived(app)
     app.on_response_prepare.append(cors_headers(browser))
     routes = [
         web.get("/health", health),

@@ -16,14 +16,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
-import json
 import multiprocessing
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from aiohttp import web
 
 from node_agent.errors import ApiError
-from node_agent.router.body_fields import top_level_fields
+from node_agent.router.body_fields import loads, top_level_fields
 from node_agent.router.connections import mark_receiving
 
 OFF_LOOP_BYTES = 1024 * 1024
@@ -52,14 +52,41 @@ async def read_json(request: web.Request) -> tuple[bytes, Any]:
     return body, await json_document(body)
 
 
+async def read_control_body(request: web.Request) -> bytes:
+    """A control route's body (a lookup, a tool call, a download's name), read as
+    :func:`read_body` reads it: such a body is small by nature, so one over
+    ``OFF_LOOP_BYTES`` is refused (413) rather than parsed on the event loop."""
+    body = await read_body(request)  # --max-body-size's own 413 first
+    if len(body) <= OFF_LOOP_BYTES:
+        return body
+    raise ApiError(
+        413,
+        f"request body too large: {request.method} {request.path} takes at most "
+        f"{OFF_LOOP_BYTES // (1024 * 1024)} MiB, this one is {len(body)} bytes",
+    )
+
+
 async def json_document(body: bytes) -> Any:
     """The body's JSON document: whole when small, else (parsed in a worker process) its
     top-level scalar fields only."""
-    if len(body) <= OFF_LOOP_BYTES or not body.strip():
+    if len(body) <= OFF_LOOP_BYTES:
         return parse_json_body(body)
-    async with _large:
-        loop = asyncio.get_running_loop()
-        error, data = await loop.run_in_executor(_worker(), top_level_fields, body)
+    return await digest(body, top_level_fields)
+
+
+T = TypeVar("T")
+
+
+async def digest(body: bytes, parse: Callable[[bytes], tuple[str | None, T]]) -> T:
+    """``parse(body)``, in a worker process when the body is large: ``parse`` (a function of a
+    leaf module, as ``body_fields``) returns (the client's mistake in words, or None; what the
+    route needs), small enough to come back at no cost. A mistake is a 400."""
+    if len(body) <= OFF_LOOP_BYTES:
+        error, data = parse(body)
+    else:
+        async with _large:
+            loop = asyncio.get_running_loop()
+            error, data = await loop.run_in_executor(_worker(), parse, body)
     if error is not None:
         raise ApiError(400, error)
     return data
@@ -81,13 +108,7 @@ def parse_json_body(body: bytes) -> Any:
 
     llama.cpp answers 500 here (a deliberate difference, listed in app.py's docstring).
     """
-    if not body.strip():
-        raise ApiError(400, "the request body is not valid JSON: it is empty")
-    try:
-        return json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"the request body is not valid JSON: {exc}") from exc
-    except RecursionError as exc:
-        # json's C parser recurses per nesting level: ``[[[[…`` a few thousand deep would
-        # otherwise surface as a 500.
-        raise ApiError(400, "the request body is not valid JSON: it nests too deeply") from exc
+    error, data = loads(body)
+    if error is not None:
+        raise ApiError(400, error)
+    return data

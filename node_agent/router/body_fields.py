@@ -13,15 +13,27 @@ import json
 from typing import Any
 
 
-def top_level_fields(body: bytes) -> tuple[str | None, Any]:
-    """(error, fields): the error message when the body is not JSON, else its value with any
-    nested object or array left out (the value itself when it is not an object)."""
+def loads(body: bytes) -> tuple[str | None, Any]:
+    """(error, document): the client's mistake in words when the body is not JSON (the
+    messages every route answers with, ``bodies.parse_json_body``)."""
+    if not body.strip():
+        return "the request body is not valid JSON: it is empty", None
     try:
-        data = json.loads(body)
+        return None, json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         return f"the request body is not valid JSON: {exc}", None
     except RecursionError:
+        # json's C parser recurses per nesting level: ``[[[[…`` a few thousand deep would
+        # otherwise surface as a 500.
         return "the request body is not valid JSON: it nests too deeply", None
+
+
+def top_level_fields(body: bytes) -> tuple[str | None, Any]:
+    """(error, fields): the error message when the body is not JSON, else its value with any
+    nested object or array left out (the value itself when it is not an object)."""
+    error, data = loads(body)
+    if error is not None:
+        return error, None
     if isinstance(data, dict):
         return None, {k: v for k, v in data.items() if not isinstance(v, (dict, list))}
     return None, data if not isinstance(data, list) else []

@@ -35,6 +35,8 @@ from node_agent.aio import TaskSet
 from node_agent.core.conversations import ConversationBook, StreamRoute, detaches
 from node_agent.core.scheduler import Lease, ModelState
 from node_agent.errors import ApiError
+from node_agent.router.bodies import read_control_body
+from node_agent.router.body_fields import loads
 from node_agent.router.exchange import Exchange, begin_exchange
 from node_agent.router.state import STATE, AgentState
 
@@ -230,9 +232,8 @@ class Conversations:
         log.info("%s has conversation streams: %s", self._state.binary, self.supported)
 
     async def lookup(self, request: web.Request) -> web.StreamResponse:
-        try:
-            data = json.loads(await request.read())
-        except ValueError:
+        error, data = loads(await read_control_body(request))
+        if error is not None:
             return web.json_response([])  # llama.cpp's router: an empty list
         ids = data.get("conversation_ids") if isinstance(data, dict) else None
         per_model: dict[str, list[str]] = {}

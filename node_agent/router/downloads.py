@@ -142,18 +142,26 @@ class Downloads:
         """``spec`` loading its downloaded file (once :meth:`fetch_preset` got it)."""
         return with_local_model(spec, plan.destination) if plan is not None else spec
 
+    async def start_preset(self, name: str, plan: DownloadPlan) -> bool:
+        """Whether ``name``'s preset file is in the cache and verified (no download, no
+        events); when it is not, its download is on its way on return."""
+        if self.active(name):
+            return False
+        if await asyncio.to_thread(use_cached, plan.destination, plan.sha256):
+            self._errors.pop(name, None)
+            return True
+        self._begin(name, frozenset({str(plan.destination)}))
+        self._run(name, self._preset(name, plan), becomes_model=False)
+        return False
+
     async def fetch_preset(
         self, name: str, plan: DownloadPlan, *, queue_timeout: float | None, max_queue: int | None
     ) -> None:
         """Make sure ``name``'s preset file is in the cache, downloading it (once, however many
         requests ask) when it is not. The caller waits at most ``queue_timeout``; the
         download itself at most ``--load-timeout``. Raises ApiError."""
-        if not self.active(name):
-            if await asyncio.to_thread(use_cached, plan.destination, plan.sha256):
-                self._errors.pop(name, None)
-                return  # in the cache and verified: no download, no events
-            self._begin(name, frozenset({str(plan.destination)}))
-            self._run(name, self._preset(name, plan), becomes_model=False)
+        if await self.start_preset(name, plan):
+            return
         await self.wait(name, queue_timeout=queue_timeout, max_queue=max_queue)
         error = self._errors.get(name)
         if error is not None:

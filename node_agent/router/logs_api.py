@@ -11,6 +11,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from node_agent.errors import ApiError
+from node_agent.router.long_lived import until_shutdown
 from node_agent.router.state import STATE, LogsFor
 
 # The model's ring, made on first use (so ``follow`` works before the model's first load).
@@ -45,7 +46,7 @@ async def model_logs(request: web.Request) -> web.StreamResponse:
     await response.prepare(request)
     for line in backlog:
         await response.write(line.encode() + b"\n")
-    async for line in ring.follow(backlog=0):
+    async for line in until_shutdown(request.app, ring.follow(backlog=0)):
         await response.write(line.encode() + b"\n")
     await response.write_eof()
     return response

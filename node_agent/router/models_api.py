@@ -15,13 +15,13 @@ Deliberate differences (README, "Models API"; each has a test): a name the Hub h
 file for is refused with 400 (llama.cpp starts a download that "finishes" with nothing); a
 download sharing files with one on its way is refused with 400 (llama.cpp lets both write the
 same partial file); a request for a downloading model waits for it (llama.cpp answers 400
-``model name=X is not running``).
+``model name=X is not running``); a field besides ``model`` is refused with 400 (llama.cpp
+ignores it).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 from aiohttp import web
@@ -29,9 +29,12 @@ from aiohttp import web
 from node_agent.child.ports import CHILD_HOST
 from node_agent.errors import ApiError
 from node_agent.models_schema import ModelEntry, ModelStatus, dump
+from node_agent.router.bodies import parse_json_body, read_control_body
 from node_agent.router.state import STATE, AgentState
 from node_agent.sources import hf_hub
+from node_agent.sources.options import llama_options
 from node_agent.sources.spec import SOURCE_CACHE
+from node_agent.sources.trust import option_refusal
 
 NON_EMPTY = "model must be a non-empty string"
 
@@ -39,14 +42,32 @@ NON_EMPTY = "model must be a non-empty string"
 async def _body_name(request: web.Request) -> str:
     """llama.cpp's ``json_value(body, "model", "")``: anything but a non-empty string is
     missing; a body that is not JSON is the client's mistake (400, as the app says it)."""
-    try:
-        body = json.loads(await request.read())
-    except (ValueError, RecursionError) as exc:
-        raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
+    body = parse_json_body(await read_control_body(request))
     name = body.get("model") if isinstance(body, dict) else None
     if not isinstance(name, str) or not name:
         raise ApiError(400, NON_EMPTY)
+    _only_the_name(body, name)
     return name
+
+
+def _only_the_name(body: dict[str, Any], name: str) -> None:
+    """A model added over HTTP carries its name (``hf-repo``) and nothing else: its options
+    come from the node's presets. Whoever may call the API is not the node's administrator,
+    so an option is judged as in a restricted preset (``sources.trust``); and since llama.cpp
+    reads nothing but ``model`` here, any other field is refused too, never dropped unsaid."""
+    extra = sorted(key for key in body if key != "model")
+    for key in extra:
+        match = llama_options().key(key.lstrip("-"))
+        refusal = option_refusal(match.option.name) if match is not None else None
+        if refusal is not None:
+            raise ApiError(400, f"POST /models cannot set {key!r}: {refusal}")
+    if extra:
+        fields = ", ".join(repr(key) for key in extra)
+        raise ApiError(
+            400,
+            f'POST /models takes only "model", not {fields}: a downloaded model\'s options '
+            f"come from the node's presets (a [{name}] section)",
+        )
 
 
 async def post_models(request: web.Request) -> web.StreamResponse:

@@ -227,13 +227,26 @@ class Registry:
 
     async def load(self, name: str) -> None:
         """``POST /models/load``: start loading ``name``; returns once its child is spawned
-        (``loading``), like llama.cpp, or raises when it could not be."""
+        (``loading``), like llama.cpp, or raises when it could not be. A preset whose file
+        must be downloaded first returns once the download is on its way (``downloading``):
+        llama.cpp answers at once too (its child downloads), and the load goes on."""
         self._refuse_if_closing()
         if name not in self._specs:  # a download on its way (llama.cpp: success, no load)
             return
         view = self._sched.view(name)
-        if (view.state.running or view.claimed) and not view.stopping:
+        downloading = self.downloads.active(name)  # llama.cpp's child is `loading` then
+        if (view.state.running or view.claimed or downloading) and not view.stopping:
             raise ApiError(400, "model is already running")
+        plan = needs_download(self._specs[name])
+        if plan is not None and not await self.downloads.start_preset(name, plan):
+            self._tasks.spawn(
+                self._quietly(f"load of model={name}", self._load(name)), f"load:{name}"
+            )
+            return
+        await self._load(name)
+
+    async def _load(self, name: str) -> None:
+        """Load ``name`` (its download first, if any); returns once its child is spawned."""
         await self._fetch_first(name)
         await self._admit(name, inference=True, may_load=True, direct=True)
         while True:  # granted: wait for the spawn (the run's first step)
@@ -467,13 +480,16 @@ class Registry:
         self._tasks.spawn(self._expire_idle(), "ttl", forever=True)
 
     def _load_on_startup(self, name: str) -> None:
-        self._tasks.spawn(self._load_quietly(name), f"startup:{name}")
+        self._tasks.spawn(
+            self._quietly(f"load-on-startup of model={name}", self.load(name)), f"startup:{name}"
+        )
 
-    async def _load_quietly(self, name: str) -> None:
+    async def _quietly(self, what: str, load: Awaitable[None]) -> None:
+        """A load nobody waits for: its failure is logged (and shown in ``GET /models``)."""
         try:
-            await self.load(name)
+            await load
         except ApiError as exc:
-            log.warning("load-on-startup of model=%s: %s", name, exc.message)
+            log.warning("%s: %s", what, exc.message)
 
     def begin_close(self) -> None:
         """The agent is shutting down: from now on every request is refused (503 with

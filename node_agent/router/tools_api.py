@@ -24,6 +24,8 @@ from yarl import URL
 from node_agent.errors import ApiError
 from node_agent.mcp.servers import McpServers
 from node_agent.mcp.stdio import ToolDef
+from node_agent.router.bodies import read_body, read_control_body
+from node_agent.router.body_fields import loads
 
 if TYPE_CHECKING:  # imported only when tools are on (node_agent.agent)
     from node_agent.tools.builtin import Tool
@@ -156,11 +158,13 @@ async def call_tool(request: web.Request) -> web.StreamResponse:
     # Imported here: node_agent.tools is loaded only by an agent that has tools on.
     from node_agent.tools.params import ParamError, as_bool, as_str, at
 
+    error, body = loads(await read_control_body(request))
+    if error is not None:
+        return _invalid(error)
     try:
-        body = json.loads(await request.read())
         # A lone surrogate (\ud800) is no text: llama.cpp's parser refuses it, so do we.
         json.dumps(body, ensure_ascii=False).encode()
-    except (ValueError, UnicodeError) as exc:
+    except UnicodeError as exc:
         return _invalid(f"the request body is not valid JSON: {exc}")
     try:
         name = as_str(at(body, "tool"))
@@ -305,7 +309,7 @@ async def cors_proxy_request(request: web.Request) -> web.StreamResponse:
         if key.lower().startswith(PROXY_HEADER_PREFIX) and len(key) > len(PROXY_HEADER_PREFIX)
     }
     log.info("proxying %s request to %s", request.method, url.with_query(None))
-    body = await request.read() if request.method == "POST" else None
+    body = await read_body(request) if request.method == "POST" else None
     session = request.app[PROXY_SESSION]
     try:
         async with session.request(request.method, url, headers=headers, data=body) as upstream:

@@ -29,10 +29,10 @@ from aiohttp import web
 from yarl import URL
 
 from node_agent.errors import ApiError, ConfigError
+from node_agent.router.bodies import digest, read_body
+from node_agent.router.vertex_instances import Instance, split_instances
 
 log = logging.getLogger("corral.http")
-
-MAX_INSTANCES = 128  # llama.cpp's bound
 
 Dispatch = Callable[[web.Request, bytes], Awaitable[web.StreamResponse]]
 
@@ -122,39 +122,26 @@ def setup_vertex(
     aliases = _aliases(posts)
     direct = frozenset(p for p in posts if "{" not in p)
 
-    async def one(unread: web.Request, instance: Any) -> Any:
-        if not isinstance(instance, dict):
-            return _error(400, "each instance must be a JSON object")
-        form = instance.get("@requestFormat")
-        if not isinstance(form, str):
-            return _error(400, "each instance must include a string @requestFormat")
-        payload = {k: v for k, v in instance.items() if k != "@requestFormat"}
-        if "stream" in payload:
+    async def one(unread: web.Request, instance: Instance | str) -> Any:
+        if isinstance(instance, str):
+            return _error(400, instance)
+        if instance.had_stream:
             log.warning("ignoring an instance's stream field: the predict route does not stream")
-            payload["stream"] = False
+        form = instance.form
         path = aliases.get(form) or (form if form in direct else None)
         if path is None:
             return _error(400, f"no handler registered for @requestFormat: {form}")
         inner = unread.clone(rel_url=URL.build(path=path, query=unread.query))
         try:
-            return _prediction(await dispatch(inner, json.dumps(payload).encode()))
+            return _prediction(await dispatch(inner, instance.body))
         except ApiError as exc:
             return exc.body()
 
     async def predict(request: web.Request) -> web.StreamResponse:
         # aiohttp clones only a request whose body is unread: one copy kept for the instances.
         unread = request.clone()
-        try:
-            data = json.loads(await request.read())
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ApiError(400, f"the request body is not valid JSON: {exc}") from exc
-        if not isinstance(data, dict):
-            raise ApiError(400, "request body must be a JSON object")
-        instances = data.get("instances")
-        if not isinstance(instances, list):
-            raise ApiError(400, "request body must include an array field named instances")
-        if len(instances) > MAX_INSTANCES:
-            raise ApiError(400, f"instances array exceeds maximum size of {MAX_INSTANCES}")
+        # As every body: within --client-timeout, and parsed off the loop when large.
+        instances = await digest(await read_body(request), split_instances)
         predictions = await asyncio.gather(*(one(unread, i) for i in instances))
         body = json.dumps({"predictions": predictions}, separators=(",", ":")).encode()
         return web.Response(body=body, content_type="application/json", charset="utf-8")

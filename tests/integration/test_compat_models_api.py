@@ -10,6 +10,8 @@ listed in the README, "Models API").
 
 from __future__ import annotations
 
+import hashlib
+import os
 import shutil
 import threading
 from collections.abc import Iterator
@@ -19,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from node_agent.sources.download import cache_dir, destination
 from tests.integration.harness import AgentProcess, chat
 from tests.integration.hf_server import HubServer, start_hub
 from tests.integration.model_events import EventLog, wait_until
@@ -260,3 +263,57 @@ def test_difference_a_download_sharing_files_with_one_on_its_way_is_refused(
     call(pair.peer.port, "POST", "/models/unload", {"model": second})
     pair.hub.pace = None
     wait_state(pair, first, None)
+
+
+def test_loading_a_preset_that_needs_a_download_answers_at_once(pair: Pair) -> None:
+    """``POST /models/load`` answers ``success`` at once and the load goes on, as llama.cpp's
+    router answers it (its ``models.load`` only starts the child, which downloads): the
+    download's progress shows in ``GET /models`` (Corral: ``downloading``, llama.cpp's child:
+    ``loading``) while the hub holds the file."""
+    repo = "corral-test/held"
+    content = pair.hub.repos[REPO]["tiny-Q8_0.gguf"]
+    pair.hub.add(repo, {"held-Q8_0.gguf": content})
+    url = f"{pair.hub.url}/{repo}/resolve/{HubServer.commit(repo)}/held-Q8_0.gguf"
+    sha256 = hashlib.sha256(content).hexdigest()
+    # Corral downloads a preset's model-url + model-sha256 itself; llama.cpp's child an hf-repo.
+    cached = destination(url, cache_dir(os.environ), sha256)
+    cached.unlink(missing_ok=True)
+    pair.corral.preset.write_text(f"[held]\nmodel-url = {url}\nmodel-sha256 = {sha256}\n")
+    pair.peer.preset.write_text(f"[held]\nhf-repo = {repo}:Q8_0\n")
+    try:
+        for side in pair.sides():
+            assert call(side.port, "GET", "/models?reload=1").status == 200
+        pair.hub.hold(100_000)
+        answers: dict[int, Answer] = {}
+        loads = [
+            threading.Thread(
+                target=lambda port=side.port: answers.update(
+                    {port: call(port, "POST", "/models/load", {"model": "held"})}
+                )
+            )
+            for side in pair.sides()
+        ]
+        for thread in loads:
+            thread.start()
+        for thread in loads:
+            thread.join(15)  # the hub still holds the file: an answer now did not wait for it
+        held = {port: answer.status for port, answer in answers.items()}
+        states = {side.port: listing(side.port)["held"]["status"]["value"] for side in pair.sides()}
+        pair.hub.release()
+        for thread in loads:
+            thread.join(120)
+        print(f"answers while the download was held: {held}; states then: {states}")
+        assert held == {pair.peer.port: 200, pair.corral.port: 200}, held
+        for side in pair.sides():
+            assert answers[side.port].json() == {"success": True}
+        assert states == {pair.peer.port: "loading", pair.corral.port: "downloading"}, states
+        wait_state(pair, "held", "loaded")
+        for side in pair.sides():
+            assert call(side.port, "POST", "/models/unload", {"model": "held"}).status == 200
+        wait_state(pair, "held", "unloaded")
+    finally:
+        pair.hub.release()
+        for side in pair.sides():
+            side.preset.write_text("")
+            call(side.port, "GET", "/models?reload=1")
+        cached.unlink(missing_ok=True)

@@ -70,7 +70,7 @@ def listed(agent: AgentProcess) -> dict[str, dict[str, Any]]:
 
 @pytest.fixture
 def sse(start_agent: Start) -> Iterator[Callable[[int], EventLog]]:
-    # After start_agent: the streams close before the agents stop (an open one holds a stop).
+    # After start_agent: the streams close before the agents stop.
 
     logs: list[EventLog] = []
 
@@ -375,3 +375,29 @@ def test_llama_server_finds_the_download_offline(
         assert status == 200
     finally:
         stop_process(proc)
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        # Options the restricted preset policy refuses: its reason, word for word.
+        ({"mcp-servers-json": '{"mcpServers": {}}'}, "is not on the list of options"),
+        ({"--chat-template-file": "/proc/self/environ"}, "is not on the list of options"),
+        ({"hf-token": "hf_x"}, "is not on the list of options"),
+        # Anything else would be dropped without a word: refused, saying where options go.
+        ({"ctx-size": 4096}, "options come from the node's presets"),
+        ({"args": ["--rpc", "10.0.0.1:50052"]}, "options come from the node's presets"),
+    ],
+)
+def test_post_models_carries_no_options(
+    agent: AgentProcess, hub: HubServer, extra: dict[str, Any], says: str
+) -> None:
+    """A model added over HTTP carries only its name (``hf-repo``), as llama.cpp's router reads
+    only ``model`` there: a request that asks for more is refused, nothing is downloaded."""
+    status, body = agent.post("/models", {"model": MODEL, **extra})
+    assert status == 400, body
+    message = body["error"]["message"]
+    key = next(iter(extra))
+    assert "POST /models" in message and repr(key) in message and says in message, message
+    assert MODEL not in listed(agent)
+    assert hub.resolves() == []

@@ -6,6 +6,7 @@ import json
 import signal
 import threading
 import time
+from http.client import HTTPConnection
 from pathlib import Path
 from typing import Any
 
@@ -127,3 +128,39 @@ def test_a_second_signal_forces_the_shutdown(start_agent: Any, demo_dir: Path) -
     assert took < 10, took
     assert not alive(pid)
     assert "forcing the shutdown (a second signal)" in agent.log()
+
+
+def test_sigterm_ends_the_event_and_log_streams_at_once(start_agent: Any, demo_dir: Path) -> None:
+    """An open ``/models/sse`` (or ``/models/logs?follow=1``) never holds the shutdown: both
+    streams end cleanly (their last chunk sent) and the agent exits long before its bound."""
+    bound = 20.0
+    agent: AgentProcess = start_agent(
+        "--models-dir", str(demo_dir), "--shutdown-timeout", str(bound)
+    )
+    streams = []
+    for path in ("/models/sse", f"/models/logs?model={TINY}&follow=1"):
+        conn = HTTPConnection("127.0.0.1", agent.port, timeout=bound + 10)
+        conn.request("GET", path)
+        response = conn.getresponse()
+        assert response.status == 200, path
+        streams.append((path, conn, response))
+    assert agent.post("/models/load", {"model": TINY}) == (200, {"success": True})
+    agent.wait_state(TINY, "loaded")
+    signalled = time.monotonic()
+    agent.proc.send_signal(signal.SIGTERM)
+    ended = {}
+    for path, conn, response in streams:
+        # A stream cut without its last chunk raises IncompleteRead here.
+        text = response.read().decode()
+        ended[path] = time.monotonic() - signalled
+        conn.close()
+        assert text, f"{path} sent nothing"
+    agent.proc.wait(timeout=bound + 10)
+    took = time.monotonic() - signalled
+    log = agent.log()
+    print(f"streams ended after {ended} s; exited {took:.2f} s after SIGTERM (bound {bound:g} s)")
+    assert agent.proc.returncode == 0, log
+    assert "forcing the shutdown" not in log, log
+    # Nothing is left to drain but the idle child (stopped in well under a second): half the
+    # bound leaves room for a loaded machine.
+    assert took < bound / 2, f"exited {took:.1f}s after SIGTERM (bound {bound:g}s)\n{log}"
