@@ -56,7 +56,6 @@ from node_agent.sources.hf_cache import hub_dir
 from node_agent.sources.options import read_options_early, use_options_of
 from node_agent.sources.preset_dir import directory_version, preset_files, preset_policy
 from node_agent.sources.spec import ModelSpec
-from node_agent.version import version_line
 
 if TYPE_CHECKING:  # pydantic is imported lazily (start-up time)
     from node_agent.models_schema import RefusedPreset
@@ -68,6 +67,7 @@ LOG_LINES = 2000  # stderr lines kept per model
 # metrics need them, start-up does not (pydantic and prometheus_client are ~40% of the
 # import time; agent start with 1000 models, bench S6).
 IMPORTED_LATER = ("node_agent.models_schema", "node_agent.router.metrics_families")
+ESTIMATOR = "node_agent.memory.estimator"
 PRESET_POLL_SECONDS = 1.0  # the kubelet syncs ConfigMap volumes every ~60 s: 1 s is plenty
 
 HELP = """\
@@ -372,7 +372,9 @@ class Agent:
             raise
         self.port = listening.port
         log.warning("%s", security_warning(self.mcp, self.options.ui_mcp_proxy))
-        self._tasks.spawn(asyncio.to_thread(_import_all, IMPORTED_LATER), "imports")
+        # With the ledger on, every first load estimates its model: gguf (and numpy) too.
+        later = IMPORTED_LATER if self.memory is None else (*IMPORTED_LATER, ESTIMATOR)
+        self._tasks.spawn(asyncio.to_thread(_import_all, later), "imports")
         for warning in startup.source_warnings(self.options, self.env, self.catalog):
             log.warning("%s", warning)
         tools_default = self._mcp_enabled and self.options.cors_origins is None
@@ -513,6 +515,8 @@ def main(argv: Sequence[str]) -> int:
         print(HELP, end="")
         return 0
     if options.show_version:
+        from node_agent.version import version_line  # importlib.metadata: only for this
+
         print(version_line())
         return 0
     logging.basicConfig(
