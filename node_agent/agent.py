@@ -37,13 +37,11 @@ from node_agent.errors import ApiError, BinaryError, ConfigError, CorralError
 from node_agent.extras import install_hint
 from node_agent.mcp.config import load_servers
 from node_agent.mcp.servers import McpServers
-from node_agent.memory.devices import open_probes
 from node_agent.redact import RedactingFilter, add_secret, add_secrets
 from node_agent.router.app import build_app
 from node_agent.router.browser_guard import start_warnings
 from node_agent.router.connections import BoundedRunner, default_max_connections
 from node_agent.router.downloads import DownloadSettings
-from node_agent.router.memory import MemoryWatch
 from node_agent.router.peers import Peers
 from node_agent.router.proxy import Proxy
 from node_agent.router.registry import Registry
@@ -57,8 +55,9 @@ from node_agent.sources.options import read_options_early, use_options_of
 from node_agent.sources.preset_dir import directory_version, preset_files, preset_policy
 from node_agent.sources.spec import ModelSpec
 
-if TYPE_CHECKING:  # pydantic is imported lazily (start-up time)
+if TYPE_CHECKING:  # pydantic, and the memory ledger, are imported lazily (start-up time)
     from node_agent.models_schema import RefusedPreset
+    from node_agent.router.memory import MemoryWatch
 
 log = logging.getLogger("corral.agent")
 
@@ -239,6 +238,9 @@ class Agent:
         """The ledger is on with ``--models-memory-margin`` or any ``--memory-limit``."""
         if options.models_memory_margin is None and not options.memory_limits:
             return None
+        from node_agent.memory.devices import open_probes
+        from node_agent.router.memory import MemoryWatch
+
         probe = open_probes()
         found = [reading.name for reading in probe.read()]
         unknown = [device for device, _ in options.memory_limits if device not in found]

@@ -3,9 +3,10 @@
 depend on how busy the machine is.
 
 gguf (and numpy with it) is for the memory ledger's estimates, pydantic for ``GET /models``
-and the operator's client, prometheus_client for ``/metrics``: each is imported where it is
-first needed (or in the background once the agent listens), never before the agent answers
-``/health``.
+and the operator's client, prometheus_client for ``/metrics``, the ledger itself only with
+its flags: each is imported where it is first needed (or in the background once the agent
+listens), never before the agent answers ``/health``. (In tests/integration: it starts an
+interpreter.)
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ NOT_AT_START = (
     "node_agent.memory.estimator",
     "node_agent.memory.shape",
     "node_agent.memory.gguf_header",
+    "node_agent.router.memory",  # the ledger: only with --models-memory-margin or --memory-limit
 )
 
 # What `corral agent` imports before it serves: the entry point, the agent and the app.
