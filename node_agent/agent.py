@@ -19,7 +19,6 @@ import os
 import signal
 import sys
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,13 +26,14 @@ from aiohttp import web
 
 from node_agent import startup
 from node_agent.aio import TaskSet
-from node_agent.binary import build_info, check_llama_server, find_llama_server
+from node_agent.binary import build_info
+from node_agent.binary_probe import BinaryProbe
 from node_agent.child.logs import LogRing
 from node_agent.child.orphans import end_orphans
 from node_agent.child.process import ChildConfig, ChildProcess
 from node_agent.child.state import ChildEvent
-from node_agent.config import AgentOptions, llama_server_arg, parse_agent_args
-from node_agent.errors import ApiError, BinaryError, ConfigError, CorralError
+from node_agent.config import AgentOptions, parse_agent_args
+from node_agent.errors import ApiError, ConfigError, CorralError
 from node_agent.extras import install_hint
 from node_agent.mcp.config import load_servers
 from node_agent.mcp.servers import McpServers
@@ -51,7 +51,6 @@ from node_agent.router.vertex import vertex_from_env
 from node_agent.sources.catalog import Catalog, diff_catalogs, keep_refused, load_catalog
 from node_agent.sources.download import Limits, cache_dir
 from node_agent.sources.hf_cache import hub_dir
-from node_agent.sources.options import read_options_early, use_options_of
 from node_agent.sources.preset_dir import directory_version, preset_files, preset_policy
 from node_agent.sources.spec import ModelSpec
 
@@ -493,21 +492,13 @@ def with_vertex(options: AgentOptions, env: Mapping[str, str]) -> AgentOptions:
     return dataclasses.replace(options, port=vertex.port)
 
 
-def main(argv: Sequence[str]) -> int:
+def main(argv: Sequence[str], probe: BinaryProbe | None = None) -> int:
+    """``corral agent``; ``probe``: the binary's checks, begun before this module imported
+    (``cli``)."""
     env = os.environ
     # The binary first: its own --help says which options the flags and presets may use.
     # Without one, --help still works, and the error waits until the flags are checked.
-    binary: Path | None = None
-    binary_version = ""
-    missing: BinaryError | None = None
-    try:
-        binary = find_llama_server(llama_server_arg(argv), env)
-        with ThreadPoolExecutor(1) as pool:
-            pool.submit(read_options_early, binary)
-            binary_version = check_llama_server(binary)
-        use_options_of(binary, binary_version)
-    except BinaryError as exc:
-        missing = exc
+    binary, binary_version, missing = (probe or BinaryProbe(argv, env)).result()
     try:
         options = parse_agent_args(argv, env)
     except CorralError as exc:
