@@ -41,10 +41,10 @@ from tests.operator.cluster import (
     operator_running,
     pod,
     prepare,
-    preset,
     send,
     status,
 )
+from tests.operator.presets import preset
 
 pytestmark = pytest.mark.kmock(cls=StrictEmulator)
 

@@ -26,7 +26,7 @@ from node_agent.sources.preset_ini import parse_preset_text
 from node_agent.sources.spec import ROUTER_KEYS
 from node_agent.sources.trust import MODEL_PRESET_OPTIONS, PATH_OPTIONS, Restricted
 from tests.crd_rules import errors as crd_errors
-from tests.operator.cluster import preset
+from tests.operator.presets import preset
 
 NODES = {"node-a": {}}
 TABLE = generated_options()
