@@ -5,6 +5,10 @@
 # Prints a markdown table; writes <out>/latest.md and <out>/latest.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The agent runs from compiled modules, as an installed one does (pip compiles them at install
+# time): with PYTHONDONTWRITEBYTECODE set in a fresh checkout, every agent start in S6 would
+# compile its ~80 modules from source (0.15 s more CPU, measured on 2 cores).
+unset PYTHONDONTWRITEBYTECODE
 hack/setup.sh
 # shellcheck disable=SC1091
 . .venv/bin/activate

@@ -19,7 +19,6 @@ import os
 import signal
 import sys
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,23 +26,22 @@ from aiohttp import web
 
 from node_agent import startup
 from node_agent.aio import TaskSet
-from node_agent.binary import build_info, check_llama_server, find_llama_server
+from node_agent.binary import build_info
+from node_agent.binary_probe import BinaryProbe
 from node_agent.child.logs import LogRing
 from node_agent.child.orphans import end_orphans
 from node_agent.child.process import ChildConfig, ChildProcess
 from node_agent.child.state import ChildEvent
-from node_agent.config import AgentOptions, llama_server_arg, parse_agent_args
-from node_agent.errors import ApiError, BinaryError, ConfigError, CorralError
+from node_agent.config import AgentOptions, parse_agent_args
+from node_agent.errors import ApiError, ConfigError, CorralError
 from node_agent.extras import install_hint
 from node_agent.mcp.config import load_servers
 from node_agent.mcp.servers import McpServers
-from node_agent.memory.devices import open_probes
 from node_agent.redact import RedactingFilter, add_secret, add_secrets
 from node_agent.router.app import build_app
 from node_agent.router.browser_guard import start_warnings
 from node_agent.router.connections import BoundedRunner, default_max_connections
 from node_agent.router.downloads import DownloadSettings
-from node_agent.router.memory import MemoryWatch
 from node_agent.router.peers import Peers
 from node_agent.router.proxy import Proxy
 from node_agent.router.registry import Registry
@@ -53,13 +51,12 @@ from node_agent.router.vertex import vertex_from_env
 from node_agent.sources.catalog import Catalog, diff_catalogs, keep_refused, load_catalog
 from node_agent.sources.download import Limits, cache_dir
 from node_agent.sources.hf_cache import hub_dir
-from node_agent.sources.options import read_options_early, use_options_of
 from node_agent.sources.preset_dir import directory_version, preset_files, preset_policy
 from node_agent.sources.spec import ModelSpec
-from node_agent.version import version_line
 
-if TYPE_CHECKING:  # pydantic is imported lazily (start-up time), and peer discovery when on
+if TYPE_CHECKING:  # imported lazily (start-up time): pydantic, the memory ledger, peer discovery
     from node_agent.models_schema import RefusedPreset
+    from node_agent.router.memory import MemoryWatch
     from node_agent.router.peer_discovery import PeerDiscovery
     from node_agent.tools.toolbox import Toolbox
 
@@ -70,6 +67,7 @@ LOG_LINES = 2000  # stderr lines kept per model
 # metrics need them, start-up does not (pydantic and prometheus_client are ~40% of the
 # import time; agent start with 1000 models, bench S6).
 IMPORTED_LATER = ("node_agent.models_schema", "node_agent.router.metrics_families")
+ESTIMATOR = "node_agent.memory.estimator"
 PRESET_POLL_SECONDS = 1.0  # the kubelet syncs ConfigMap volumes every ~60 s: 1 s is plenty
 
 HELP = """\
@@ -294,6 +292,9 @@ class Agent:
         """The ledger is on with ``--models-memory-margin`` or any ``--memory-limit``."""
         if options.models_memory_margin is None and not options.memory_limits:
             return None
+        from node_agent.memory.devices import open_probes
+        from node_agent.router.memory import MemoryWatch
+
         probe = open_probes()
         found = [reading.name for reading in probe.read()]
         unknown = [device for device, _ in options.memory_limits if device not in found]
@@ -430,7 +431,9 @@ class Agent:
             raise
         self.port = listening.port
         log.warning("%s", security_warning(self.mcp, self.options.ui_mcp_proxy, self.builtin_tools))
-        self._tasks.spawn(asyncio.to_thread(_import_all, IMPORTED_LATER), "imports")
+        # With the ledger on, every first load estimates its model: gguf (and numpy) too.
+        later = IMPORTED_LATER if self.memory is None else (*IMPORTED_LATER, ESTIMATOR)
+        self._tasks.spawn(asyncio.to_thread(_import_all, later), "imports")
         for warning in startup.source_warnings(self.options, self.env, self.catalog):
             log.warning("%s", warning)
         tools_default = self._tools_enabled and self.options.cors_origins is None
@@ -553,21 +556,13 @@ def with_vertex(options: AgentOptions, env: Mapping[str, str]) -> AgentOptions:
     return dataclasses.replace(options, port=vertex.port)
 
 
-def main(argv: Sequence[str]) -> int:
+def main(argv: Sequence[str], probe: BinaryProbe | None = None) -> int:
+    """``corral agent``; ``probe``: the binary's checks, begun before this module imported
+    (``cli``)."""
     env = os.environ
     # The binary first: its own --help says which options the flags and presets may use.
     # Without one, --help still works, and the error waits until the flags are checked.
-    binary: Path | None = None
-    binary_version = ""
-    missing: BinaryError | None = None
-    try:
-        binary = find_llama_server(llama_server_arg(argv), env)
-        with ThreadPoolExecutor(1) as pool:
-            pool.submit(read_options_early, binary)
-            binary_version = check_llama_server(binary)
-        use_options_of(binary, binary_version)
-    except BinaryError as exc:
-        missing = exc
+    binary, binary_version, missing = (probe or BinaryProbe(argv, env)).result()
     try:
         options = parse_agent_args(argv, env)
     except CorralError as exc:
@@ -577,6 +572,8 @@ def main(argv: Sequence[str]) -> int:
         print(HELP, end="")
         return 0
     if options.show_version:
+        from node_agent.version import version_line  # importlib.metadata: only for this
+
         print(version_line())
         return 0
     logging.basicConfig(

@@ -7,6 +7,7 @@ their modules lazily: ``corral models`` must not pay for aiohttp's server or kop
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -29,9 +30,13 @@ models, load, unload and status take --url (default http://127.0.0.1:8080), --ap
 
 
 def _agent(argv: Sequence[str]) -> int:
+    from node_agent.binary_probe import BinaryProbe
+
+    # llama-server's --version and --help run while the agent's modules import.
+    probe = BinaryProbe(argv, os.environ)
     from node_agent.agent import main
 
-    return main(list(argv))
+    return main(list(argv), probe)
 
 
 def _operator(argv: Sequence[str]) -> int:

@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import os
 from collections.abc import AsyncIterator
 
 import pytest
+from hypothesis import settings
+
+# Property tests: hypothesis' 100 examples each by default (the unit tier must stay under 10 s
+# on a busy machine; their @example cases pin the known edges). HYPOTHESIS_PROFILE=deep runs
+# 2,000 each, e.g. `HYPOTHESIS_PROFILE=deep hack/test.sh tests/unit -k "fuzz or property"`.
+settings.register_profile("fast", max_examples=100, deadline=None)
+settings.register_profile("deep", max_examples=2000, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fast"))
 
 
 @pytest.fixture
@@ -22,3 +32,10 @@ async def no_leaked_tasks() -> AsyncIterator[None]:
     for task in leaked:
         task.cancel()
     assert not leaked, f"tasks leaked: {[t.get_name() for t in leaked]}"
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Everything imported and collected so far lives for the whole run: freeze it, so that
+    the garbage collector's full passes (frequent in property tests) stop re-scanning it."""
+    gc.collect()
+    gc.freeze()

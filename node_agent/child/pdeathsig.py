@@ -11,7 +11,6 @@ children from a thread that lives as long as the agent (the event loop's thread)
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import signal
 import sys
@@ -24,7 +23,9 @@ PR_SET_PDEATHSIG: Final = 1  # <linux/prctl.h>
 def _load_prctl() -> Callable[..., int] | None:
     if not sys.platform.startswith("linux"):
         return None
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    # The process's own symbols include libc's: no ctypes.util.find_library, which runs
+    # `ldconfig -p` (a child process at every agent start).
+    libc = ctypes.CDLL(None, use_errno=True)
     prctl: Callable[..., int] = libc.prctl
     return prctl
 

@@ -34,10 +34,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from node_agent.core.placement import Placement, SplitNeed
-from node_agent.memory.estimator import HOST, estimate_shape, min_context
-from node_agent.memory.shape import ModelShape, VisionShape, read_shape, read_vision_shape
+from node_agent.memory.devices import HOST
+
+if TYPE_CHECKING:  # the estimator imports gguf, hence numpy: lazily, below (start-up time)
+    from node_agent.memory.shape import ModelShape, VisionShape
 
 # A preset that sets one of these has chosen its devices: the ledger does not place it.
 PINNING_OPTIONS = frozenset({"device", "main-gpu", "tensor-split", "split-mode"})
@@ -55,6 +58,8 @@ class PlacementInput:
     single: Mapping[str, Mapping[str, int]]
 
     def split_need(self) -> SplitNeed:
+        from node_agent.memory.estimator import estimate_shape
+
         def need(names: tuple[str, ...], fractions: tuple[float, ...]) -> Mapping[str, int]:
             options = {**self.options, "tensor-split": _fractions(fractions)}
             return estimate_shape(
@@ -77,6 +82,9 @@ def placement_input(
 ) -> PlacementInput:
     """Read the header once and estimate the model on each GPU alone (raises what the
     estimator raises: ConfigError, OSError, ValueError)."""
+    from node_agent.memory.estimator import estimate_shape, min_context
+    from node_agent.memory.shape import read_shape, read_vision_shape
+
     shape = read_shape(path)
     mmproj = options.get("mmproj")
     vision = read_vision_shape(Path(mmproj)) if mmproj else None

@@ -28,7 +28,6 @@ from aiohttp import web
 
 from node_agent.child.ports import CHILD_HOST
 from node_agent.errors import ApiError
-from node_agent.models_schema import ModelEntry, ModelStatus, dump
 from node_agent.router.bodies import parse_json_body, read_control_body
 from node_agent.router.state import STATE, AgentState
 from node_agent.sources import hf_hub
@@ -105,6 +104,8 @@ async def delete_models(request: web.Request) -> web.StreamResponse:
 
 def download_entries(state: AgentState, now: int) -> list[dict[str, Any]]:
     """``GET /models`` entries for downloads of models not in the catalog yet (b11434's)."""
+    from node_agent.models_schema import ModelEntry, ModelStatus, dump  # pydantic: lazily
+
     registry = state.registry
     entries = []
     for name in registry.downloads.names():

@@ -33,7 +33,6 @@ from aiohttp import web
 
 from node_agent.core.peer_rank import LOADING, RESIDENT, Choice, Node, choose, effective_state, fits
 from node_agent.errors import ApiError
-from node_agent.models_schema import parse_entries
 from node_agent.router.proxy import Proxy
 from node_agent.router.registry import Registry
 
@@ -109,6 +108,8 @@ class Peers:
             await asyncio.sleep(POLL_SECONDS)
 
     async def _poll(self, peer: PeerState) -> None:
+        from node_agent.models_schema import parse_entries  # pydantic: lazily (start-up time)
+
         try:
             models = await self._get(peer.url + "/models")
             props = await self._get(peer.url + "/props")

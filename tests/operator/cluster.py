@@ -70,24 +70,6 @@ def pod(name: str, node_name: str, labels: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def preset(
-    name: str, generation: int = 1, created: str = "2026-01-01T00:00:00Z", **spec: Any
-) -> dict[str, Any]:
-    """A ModelPreset object as the apiserver holds it (a localPath source unless given)."""
-    spec.setdefault("source", {"localPath": {"path": f"/models/{name}.gguf"}})
-    return {
-        "apiVersion": "corral.dev/v1alpha1",
-        "kind": "ModelPreset",
-        "metadata": {
-            "name": name,
-            "uid": f"uid-{name}",
-            "generation": generation,
-            "creationTimestamp": created,
-        },
-        "spec": spec,
-    }
-
-
 async def prepare(kmock: Any, agents: dict[str, str]) -> None:
     """Declare the resources, create the nodes' agent pods ({pod: node}) and the empty
     ConfigMap the chart pre-creates. The nodes themselves are the caller's."""

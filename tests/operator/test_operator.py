@@ -39,10 +39,10 @@ from tests.operator.cluster import (
     operator_running,
     pod,
     prepare,
-    preset,
     send,
     status,
 )
+from tests.operator.presets import preset
 from tests.operator.rbac import granted_to
 
 pytestmark = pytest.mark.kmock(cls=StrictEmulator)

@@ -38,10 +38,10 @@ from tests.operator.cluster import (
     node,
     operator_running,
     prepare,
-    preset,
     send,
     status,
 )
+from tests.operator.presets import preset
 
 pytestmark = pytest.mark.kmock(cls=StrictEmulator)
 

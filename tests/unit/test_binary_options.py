@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from node_agent import binary
+from node_agent.binary_probe import BinaryProbe
 from node_agent.config import llama_server_arg, parse_agent_args
-from node_agent.errors import ConfigError
+from node_agent.errors import BinaryError, ConfigError
 from node_agent.sources import options
 from node_agent.sources.options import generated_options, llama_options, use_options_of
 from node_agent.sources.preset_ini import parse_preset_text
@@ -81,6 +82,37 @@ def test_an_unreadable_help_falls_back_to_the_generated_table(
         table = use_options_of(broken, VERSION)
     assert table is generated_options()
     assert "cannot read the options of" in caplog.text and "built-in table" in caplog.text
+
+
+def test_the_early_probe_gives_the_version_and_puts_the_binarys_options_in_use(
+    tmp_path: Path,
+) -> None:
+    """``cli`` begins both checks before the agent's modules import (start-up time)."""
+    path = tmp_path / "llama-server"
+    path.write_text(
+        f'#!/bin/sh\n[ "$1" = --version ] && {{ echo "version: {VERSION}" >&2; exit 0; }}\n'
+        f"cat <<'EOF'\n{HELP}EOF\n"
+    )
+    path.chmod(0o755)
+    probe = BinaryProbe(["-c", "1", "--llama-server", str(path)], {})
+    assert probe.result() == (path, VERSION, None)
+    assert llama_options().key("spec-future") is not None
+
+
+def test_the_early_probe_keeps_the_error_for_later(tmp_path: Path) -> None:
+    """No binary, or one whose --version fails: the error waits (``--help`` still works) and
+    the generated table stays in use."""
+    gone = str(tmp_path / "nope")
+    binary, version, missing = BinaryProbe(["--llama-server", gone], {}).result()
+    assert (binary, version) == (None, "")
+    assert isinstance(missing, BinaryError) and "does not exist" in str(missing)
+    broken = tmp_path / "llama-server"
+    broken.write_text("#!/bin/sh\nexit 3\n")
+    broken.chmod(0o755)
+    binary, version, missing = BinaryProbe(["--llama-server", str(broken)], {}).result()
+    assert (binary, version) == (broken, "")
+    assert isinstance(missing, BinaryError) and "exited with code 3" in str(missing)
+    assert llama_options() is generated_options()
 
 
 def test_the_llama_server_flag_is_found_before_parsing() -> None:

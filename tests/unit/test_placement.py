@@ -6,7 +6,7 @@ import itertools
 from collections.abc import Mapping
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from node_agent.core.placement import Gpu, Holder, Placement, choose
@@ -105,7 +105,6 @@ def machines(draw: st.DrawFn) -> tuple[list[Gpu], int, list[Holder]]:
     return gpus, size, holders
 
 
-@settings(max_examples=400, deadline=None)
 @given(machines())
 def test_properties_against_brute_force(machine: tuple[list[Gpu], int, list[Holder]]) -> None:
     gpus, size, holders = machine

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from preset_operator.presets import InvalidPreset, parse_preset
 from preset_operator.render import render
@@ -26,7 +26,7 @@ from node_agent.sources.preset_ini import parse_preset_text
 from node_agent.sources.spec import ROUTER_KEYS
 from node_agent.sources.trust import MODEL_PRESET_OPTIONS, PATH_OPTIONS, Restricted
 from tests.crd_rules import errors as crd_errors
-from tests.operator.cluster import preset
+from tests.operator.presets import preset
 
 NODES = {"node-a": {}}
 TABLE = generated_options()
@@ -186,13 +186,11 @@ _VALUES = st.text(
 ).filter(lambda v: v.strip() == v and not v.startswith("-"))
 
 
-@settings(max_examples=300, deadline=None)
 @given(_VALUES)
 def test_any_value_round_trips_operator_render_to_agent_parse(value: str) -> None:
     assert rendered_value(value) == value
 
 
-@settings(max_examples=300, deadline=None)
 @given(st.text(st.characters(blacklist_categories=("Cs",)), min_size=1))
 def test_any_text_round_trips_through_ini_value(value: str) -> None:
     """Line breaks and edge whitespace too (the encoding, beyond what the CRD admits)."""

@@ -24,7 +24,7 @@ from preset_operator.status import (
 )
 
 from tests.operator.agent_models import model_entry, model_list
-from tests.operator.cluster import preset
+from tests.operator.presets import preset
 
 REPO = Path(__file__).resolve().parents[2]
 

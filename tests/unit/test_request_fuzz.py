@@ -29,9 +29,9 @@ from node_agent.sources.options import llama_options
 from node_agent.sources.preset_ini import AGENT_KEYS, PRESET_ONLY, ROUTER_KEYS, parse_preset_text
 
 NOT_JSON = "the request body is not valid JSON: "
-# 200 examples each: the paths are few (the explicit examples cover the edges), and the unit
-# tier must stay under 10 s on a busy machine.
-FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# As many examples as the profile says (tests/conftest.py): the paths are few, and the
+# explicit examples cover the edges.
+FUZZ = settings(suppress_health_check=[HealthCheck.too_slow])
 
 # -- request bodies ----------------------------------------------------------------------------
 
@@ -116,7 +116,6 @@ def test_error_bodies_echo_any_name_as_valid_json(name: str) -> None:
     assert json.loads(response.body) == error.body()
 
 
-@settings(max_examples=200, deadline=None)
 @given(st.text(max_size=12), st.lists(st.text(min_size=1, max_size=12), min_size=1, max_size=3))
 def test_api_key_matches_exactly(given_key: str, keys: list[str]) -> None:
     assert key_matches(given_key, tuple(keys)) == (given_key in keys)

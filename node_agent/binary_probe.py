@@ -1,0 +1,49 @@
+"""The llama-server binary's two start-up checks, begun before the agent's modules import.
+
+``corral agent`` runs the binary twice before it can parse its own flags: ``--version``
+(does it run on this machine?) and ``--help`` (which options it has). Begun here, from
+``cli``, the two children run while the interpreter imports aiohttp and the agent (a few
+hundred ms), instead of after: the agent listens sooner (bench S6, start with 1,000 models).
+Only what finding the binary needs is imported first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+from node_agent.binary import check_llama_server, find_llama_server
+from node_agent.config import llama_server_arg
+from node_agent.errors import BinaryError
+from node_agent.sources.options import read_options_early, use_options_of
+
+
+class BinaryProbe:
+    """Find the binary now; run its ``--version`` and ``--help`` in two threads."""
+
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str]) -> None:
+        self._pool = ThreadPoolExecutor(2, thread_name_prefix="binary-probe")
+        self._binary: Path | None = None
+        self._version: Future[str] | None = None
+        self._missing: BinaryError | None = None
+        try:
+            self._binary = find_llama_server(llama_server_arg(argv), env)
+        except BinaryError as exc:
+            self._missing = exc
+            return
+        self._pool.submit(read_options_early, self._binary)
+        self._version = self._pool.submit(check_llama_server, self._binary)
+
+    def result(self) -> tuple[Path | None, str, BinaryError | None]:
+        """``(binary, its version line, None)`` once both checks are done, that binary's
+        options then in use; ``(…, "", error)`` when there is no usable binary."""
+        with self._pool:  # waits for both threads
+            if self._binary is None or self._version is None:
+                return None, "", self._missing
+            try:
+                version = self._version.result()
+            except BinaryError as exc:
+                return self._binary, "", exc
+        use_options_of(self._binary, version)
+        return self._binary, version, None

@@ -1,0 +1,48 @@
+"""The agent's start-up path imports nothing it can do without (issue 13: agent start with
+1,000 models, bench S6). Not a timed test: it checks *what* is imported, which does not
+depend on how busy the machine is.
+
+gguf (and numpy with it) is for the memory ledger's estimates, pydantic for ``GET /models``
+and the operator's client, prometheus_client for ``/metrics``, the ledger itself only with
+its flags: each is imported where it is first needed (or in the background once the agent
+listens), never before the agent answers ``/health``. (In tests/integration: it starts an
+interpreter.)
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+# Modules an agent with default flags must not have imported when it starts listening.
+NOT_AT_START = (
+    "numpy",
+    "gguf",
+    "pydantic",
+    "prometheus_client",
+    "kopf",
+    "yaml",
+    "node_agent.models_schema",
+    "node_agent.router.metrics_families",
+    "node_agent.memory.estimator",
+    "node_agent.memory.shape",
+    "node_agent.memory.gguf_header",
+    "node_agent.router.memory",  # the ledger: only with --models-memory-margin or --memory-limit
+)
+
+# What `corral agent` imports before it serves: the entry point, the agent and the app.
+PROBE = """
+import json, sys
+import node_agent.cli, node_agent.agent, node_agent.router.app
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def test_start_up_imports_no_heavy_module() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, check=True, timeout=60
+    )
+    loaded = set(json.loads(done.stdout))
+    assert "aiohttp.web" in loaded  # the probe did import the start-up path
+    assert [m for m in NOT_AT_START if m in loaded] == []
