@@ -29,6 +29,9 @@ NOT_AT_START = (
     "node_agent.memory.shape",
     "node_agent.memory.gguf_header",
     "node_agent.router.memory",  # the ledger: only with --models-memory-margin or --memory-limit
+    "node_agent.tools.toolbox",  # the built-in tools: only with --tools or --agent
+    "node_agent.router.peer_discovery",  # only with --peers-from-service
+    "node_agent.core.endpoint_slices",
 )
 
 # What `corral agent` imports before it serves: the entry point, the agent and the app.
