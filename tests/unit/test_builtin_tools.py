@@ -5,7 +5,9 @@ them on: names, runtimes, globs, edits, argument reading, quoting, and bounded p
 from __future__ import annotations
 
 import asyncio
+import os
 import shlex
+import signal
 import time
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import pytest
 
 from node_agent.config import parse_agent_args
 from node_agent.errors import ConfigError
+from node_agent.tools.container import ContainerRuntime
 from node_agent.tools.edits import EditError, apply_edits, fuzzy
 from node_agent.tools.globs import glob_match, path_glob_match
 from node_agent.tools.io import ContainerIO, HostIO, SshIO, shell_quote_join, tools_io
@@ -257,3 +260,44 @@ async def test_a_host_file_is_read_up_to_a_bound(
     assert await io.read_file("small") == b"12345678"
     assert await io.read_file("large") is None  # "failed to open file", not all of it
     assert io.resolve("a/../b/./c") == f"{tmp_path}/b/c"
+
+
+FAKE_RUN = """#!/bin/sh
+# docker run --rm -i --cidfile FILE IMAGE sh: a container id a while after it started
+touch "$STARTED_DIR/$$"
+sleep 1
+echo "cid$$" > "$5"
+exec cat > /dev/null
+"""
+
+
+async def test_a_respawn_that_its_client_left_is_not_left_half_done(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """aiohttp cancels the handler of a client that went away; the respawn goes on."""
+    (tmp_path / "docker").write_text(FAKE_RUN)
+    (tmp_path / "docker").chmod(0o755)
+    started = tmp_path / "started"
+    started.mkdir()
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setenv("STARTED_DIR", str(started))
+    runtime = ContainerRuntime(ContainerSpec("docker", "img", False))
+    await runtime.start()
+    (pid,) = (int(p.name) for p in started.iterdir())
+    assert await runtime.spec() == f"docker-container:cid{pid}"
+    os.kill(pid, signal.SIGKILL)  # the container died
+    for _ in range(100):
+        await asyncio.sleep(0.05)
+        if runtime._proc is not None and runtime._proc.returncode is not None:
+            break
+    call = asyncio.ensure_future(runtime.spec())
+    while len(list(started.iterdir())) < 2:  # the new `docker run` runs: its client leaves
+        await asyncio.sleep(0.02)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    try:
+        (respawned,) = {int(p.name) for p in started.iterdir()} - {pid}  # none orphaned
+        assert await runtime.spec() == f"docker-container:cid{respawned}"
+    finally:
+        await runtime.close()
