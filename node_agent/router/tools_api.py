@@ -163,6 +163,7 @@ async def call_tool(request: web.Request) -> web.StreamResponse:
     (a bad runtime is a 500); ``stream`` answers Server-Sent Events."""
     # Imported here: node_agent.tools is loaded only by an agent that has tools on.
     from node_agent.tools.params import ParamError, as_bool, as_str, at
+    from node_agent.tools.toolbox import CANCELLED, ToolboxClosed
 
     error, body = loads(await read_control_body(request))
     if error is not None:
@@ -177,6 +178,8 @@ async def call_tool(request: web.Request) -> web.StreamResponse:
         params = body.get("params", {})
         stream = as_bool(body["stream"]) if "stream" in body else False
         params = await _runtime_params(request, params)
+    except ToolboxClosed:
+        return _json(CANCELLED)
     except RuntimeNotAllowed as exc:
         body = {"code": 403, "message": str(exc), "type": "permission_error"}
         return _json(body, 403)

@@ -30,6 +30,7 @@ from node_agent.tools.names import (
 )
 from node_agent.tools.params import ParamError, at, opt_bool, opt_int, opt_str, required_str
 from node_agent.tools.process import run_program
+from node_agent.tools.toolbox import Toolbox, ToolboxClosed
 
 # --- flags ---------------------------------------------------------------------------------
 
@@ -271,16 +272,20 @@ exec cat > /dev/null
 """
 
 
-async def test_a_respawn_that_its_client_left_is_not_left_half_done(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """aiohttp cancels the handler of a client that went away; the respawn goes on."""
+@pytest.fixture
+def started(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fake ``docker`` on PATH; the folder where each ``run`` leaves its pid."""
     (tmp_path / "docker").write_text(FAKE_RUN)
     (tmp_path / "docker").chmod(0o755)
-    started = tmp_path / "started"
-    started.mkdir()
+    folder = tmp_path / "started"
+    folder.mkdir()
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
-    monkeypatch.setenv("STARTED_DIR", str(started))
+    monkeypatch.setenv("STARTED_DIR", str(folder))
+    return folder
+
+
+async def test_a_respawn_that_its_client_left_is_not_left_half_done(started: Path) -> None:
+    """aiohttp cancels the handler of a client that went away; the respawn goes on."""
     runtime = ContainerRuntime(ContainerSpec("docker", "img", False))
     await runtime.start()
     (pid,) = (int(p.name) for p in started.iterdir())
@@ -301,3 +306,13 @@ async def test_a_respawn_that_its_client_left_is_not_left_half_done(
         assert await runtime.spec() == f"docker-container:cid{respawned}"
     finally:
         await runtime.close()
+
+
+async def test_no_container_is_started_once_the_toolbox_closes(started: Path) -> None:
+    toolbox = Toolbox(("get_info",), "docker:img")
+    await toolbox.start()
+    assert len(list(started.iterdir())) == 1
+    await toolbox.close()
+    with pytest.raises(ToolboxClosed):  # a call in the shutdown's window
+        await toolbox.runtime_spec()
+    assert len(list(started.iterdir())) == 1
