@@ -43,7 +43,6 @@ PROXY_TIMEOUT_SECONDS = 600  # llama.cpp's read and write timeouts for the proxy
 PARAM_HEADERS = {"cwd": "x-tool-cwd", "runtime": "x-tool-runtime", "resp_type": "x-resp-type"}
 
 
-
 class RuntimeNotAllowed(Exception):
     """An ``X-Tool-Runtime`` header that names a runtime other than the agent's own."""
 

@@ -224,6 +224,13 @@ async def test_a_program_past_its_time_is_killed_with_its_children(tmp_path: Pat
     assert not marker.exists()  # the background child went with the group
 
 
+async def test_a_program_that_closed_its_output_is_killed_at_its_time(tmp_path: Path) -> None:
+    started = time.monotonic()
+    res = await run_program(["sh", "-c", f"exec > {tmp_path / 'log'} 2>&1; sleep 30"], 100, 0.5)
+    assert res.timed_out and res.exit_code == 1
+    assert time.monotonic() - started < 10
+
+
 async def test_a_program_that_cannot_start() -> None:
     res = await run_program(["/no/such/program"], 100, 5)
     assert (res.output, res.exit_code) == (b"failed to spawn process", -1)
