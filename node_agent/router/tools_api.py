@@ -168,10 +168,16 @@ async def call_tool(request: web.Request) -> web.StreamResponse:
     if error is not None:
         return _invalid(error)
     try:
-        # A lone surrogate (\ud800) is no text: llama.cpp's parser refuses it, so do we.
-        json.dumps(body, ensure_ascii=False).encode()
+        # A lone surrogate (\ud800) is no text, 1e999 or NaN no number: llama.cpp's parser
+        # refuses them, so do we.
+        json.dumps(body, ensure_ascii=False, allow_nan=False).encode()
     except UnicodeError as exc:
         return _invalid(f"the request body is not valid JSON: {exc}")
+    except ValueError:
+        return _invalid(
+            "the request body is not valid JSON: a number overflows a double (like 1e999) "
+            "or is NaN/Infinity"
+        )
     try:
         name = as_str(at(body, "tool"))
         params = body.get("params", {})

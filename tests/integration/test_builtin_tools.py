@@ -907,3 +907,37 @@ def test_a_container_that_cannot_start_stops_the_agent_with_a_clear_error(
         assert f"--tools-runtime {runtime}: " in proc.stderr
         assert path is nothing or "no such image" in proc.stderr  # the engine's own words
         assert time.monotonic() - started < 30
+
+
+@pytest.mark.parametrize("number", [b"1e999", b"-1e999", b"NaN", b"Infinity"])
+def test_a_number_that_is_no_double_is_a_400_for_either(
+    all_tools: tuple[Pair, Path], number: bytes
+) -> None:
+    pair, root = all_tools
+    raw = b'{"tool": "read_file", "params": {"path": "%s/notes.txt", "end_line": %s}}' % (
+        str(root).encode(),
+        number,
+    )
+    peer = call(pair.peer, "POST", "/tools", raw=raw, headers=ORIGIN)
+    corral = call(pair.corral, "POST", "/tools", raw=raw, headers=ORIGIN)
+    assert corral.status == peer.status == 400, (peer.body, corral.body)
+    assert corral.json()["type"] == peer.json()["type"] == "invalid_request_error"
+    assert "not valid JSON: a number overflows a double" in corral.json()["message"]
+
+
+@pytest.mark.parametrize(
+    "number", [2**32 + 2, 2**64 - 1, 10**20, -(2**63) - 1, 1e20, -1e20, 2.9, -3.7]
+)
+def test_a_number_beyond_int_is_cast_as_llama_cpp_casts_it(
+    all_tools: tuple[Pair, Path], number: float
+) -> None:
+    """nlohmann's ``get<int>``: 2**32 + 2 wraps to 2, 2**64 - 1 to -1 (no limit), a double
+    outside ``int`` is INT_MIN (nothing)."""
+    pair, root = all_tools
+    params = {"path": "notes.txt", "end_line": number}
+    ((step, answer),) = run_steps(
+        pair,
+        root,
+        [("end_line", {"tool": "read_file", "params": params}, {"X-Tool-Cwd": str(root)})],
+    )
+    assert answer.status == 200

@@ -126,6 +126,11 @@ def test_arguments_read_as_nlohmann_json_reads_them() -> None:
         at(None, "x")
     assert opt_int({"n": "7"}, "n", 3) == 3 and opt_int({"n": 7.9}, "n", 3) == 7
     assert opt_int({"n": True}, "n", 3) == 3  # a boolean is not a number
+    # A C cast of what nlohmann parsed (an int64/uint64 wraps; a double beyond int, INT_MIN).
+    assert [opt_int({"n": n}, "n", 3) for n in (2**32 + 2, 2**64 - 1, -3.7)] == [2, -1, -3]
+    int_min = -(2**31)
+    beyond = (10**20, -(2**63) - 1, 1e20, -1e20, 2.0**31, float("inf"), float("nan"))
+    assert [opt_int({"n": n}, "n", 3) for n in beyond] == [int_min] * len(beyond)
     assert opt_bool({"b": 1}, "b", False) is False and opt_str({"s": None}, "s", "d") == "d"
     assert opt_str([], "s", "d") == "d"
 
