@@ -201,9 +201,7 @@ def cross_site_simple(
     )
 
 
-def cross_site_proxy(
-    policy: BrowserPolicy, headers: Mapping[str, str], scheme: str
-) -> str | None:
+def cross_site_proxy(policy: BrowserPolicy, headers: Mapping[str, str], scheme: str) -> str | None:
     """Why a ``/cors-proxy`` request is refused as another site's, or None. CORS only hides
     the answer: a page elsewhere could still make the agent fetch URLs (a blind SSRF)."""
     origin = headers.get("Origin")

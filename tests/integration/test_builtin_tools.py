@@ -935,7 +935,7 @@ def test_a_number_beyond_int_is_cast_as_llama_cpp_casts_it(
     outside ``int`` is INT_MIN (nothing)."""
     pair, root = all_tools
     params = {"path": "notes.txt", "end_line": number}
-    ((step, answer),) = run_steps(
+    ((_, answer),) = run_steps(
         pair,
         root,
         [("end_line", {"tool": "read_file", "params": params}, {"X-Tool-Cwd": str(root)})],

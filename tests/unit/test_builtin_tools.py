@@ -5,9 +5,11 @@ them on: names, runtimes, globs, edits, argument reading, quoting, and bounded p
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shlex
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -15,6 +17,7 @@ import pytest
 
 from node_agent.config import parse_agent_args
 from node_agent.errors import ConfigError
+from node_agent.tools.builtin import TOOLS
 from node_agent.tools.container import ContainerRuntime
 from node_agent.tools.edits import EditError, apply_edits, fuzzy
 from node_agent.tools.globs import glob_match, path_glob_match
@@ -296,11 +299,16 @@ def started(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return folder
 
 
+def runs(started: Path) -> set[int]:
+    """The pids of the fake ``docker run``s started so far."""
+    return {int(p.name) for p in started.iterdir()}
+
+
 async def test_a_respawn_that_its_client_left_is_not_left_half_done(started: Path) -> None:
     """aiohttp cancels the handler of a client that went away; the respawn goes on."""
     runtime = ContainerRuntime(ContainerSpec("docker", "img", False))
     await runtime.start()
-    (pid,) = (int(p.name) for p in started.iterdir())
+    (pid,) = runs(started)
     assert await runtime.spec() == f"docker-container:cid{pid}"
     os.kill(pid, signal.SIGKILL)  # the container died
     for _ in range(100):
@@ -308,13 +316,15 @@ async def test_a_respawn_that_its_client_left_is_not_left_half_done(started: Pat
         if runtime._proc is not None and runtime._proc.returncode is not None:
             break
     call = asyncio.ensure_future(runtime.spec())
-    while len(list(started.iterdir())) < 2:  # the new `docker run` runs: its client leaves
+    for _ in range(1000):  # the new `docker run` runs: then its client leaves
         await asyncio.sleep(0.02)
+        if len(runs(started)) == 2:
+            break
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
         await call
     try:
-        (respawned,) = {int(p.name) for p in started.iterdir()} - {pid}  # none orphaned
+        (respawned,) = runs(started) - {pid}  # none orphaned
         assert await runtime.spec() == f"docker-container:cid{respawned}"
     finally:
         await runtime.close()
@@ -323,8 +333,42 @@ async def test_a_respawn_that_its_client_left_is_not_left_half_done(started: Pat
 async def test_no_container_is_started_once_the_toolbox_closes(started: Path) -> None:
     toolbox = Toolbox(("get_info",), "docker:img")
     await toolbox.start()
-    assert len(list(started.iterdir())) == 1
+    assert len(runs(started)) == 1
     await toolbox.close()
     with pytest.raises(ToolboxClosed):  # a call in the shutdown's window
         await toolbox.runtime_spec()
-    assert len(list(started.iterdir())) == 1
+    assert len(runs(started)) == 1
+
+
+async def test_a_fifo_is_no_file_to_read_or_write(tmp_path: Path) -> None:
+    """Opened as llama.cpp opens it, a FIFO would hold a tool thread until a peer came."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    io = HostIO(str(tmp_path))
+    try:
+        assert await asyncio.wait_for(io.write_file("fifo", b"x"), 10) is False
+        assert await asyncio.wait_for(io.read_file("fifo"), 10) is None
+    finally:  # let an open that blocked (the old code's) go on, so the thread ends
+        for flags in (os.O_RDONLY, os.O_WRONLY):
+            with contextlib.suppress(OSError):
+                os.close(os.open(fifo, flags | os.O_NONBLOCK))
+
+
+async def test_tool_calls_that_never_end_stall_only_the_tools(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    release = threading.Event()
+
+    def stuck(*_: object) -> list[object]:  # like grep's `(a+)+$` over a long line
+        release.wait()
+        return []
+
+    monkeypatch.setattr("node_agent.tools.builtin._matching", stuck)
+    (glob,) = (t for t in TOOLS if t.name == "file_glob_search")
+    calls = [asyncio.ensure_future(glob.invoke({"path": str(tmp_path)}, None)) for _ in range(40)]
+    try:
+        await asyncio.sleep(1)  # they hold every thread they can get
+        assert await asyncio.wait_for(asyncio.to_thread(sum, [1, 2]), 10) == 3
+    finally:
+        release.set()
+        await asyncio.gather(*calls)
