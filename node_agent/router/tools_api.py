@@ -231,7 +231,7 @@ async def _runtime_params(request: web.Request, params: Any) -> Any:
             f"({configured or 'the host'}): a request may not choose where tools run; the "
             "agent's --tools-runtime sets it (send no X-Tool-Runtime header)"
         )
-    given["runtime"] = given["runtime"] or own
+    given["runtime"] = own  # naming --tools-runtime itself (docker:IMAGE too) is its container
     values = {k: v for k, v in given.items() if v}
     if isinstance(params, dict):
         params = {k: v for k, v in params.items() if k not in PARAM_HEADERS}
