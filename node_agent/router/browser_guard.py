@@ -201,6 +201,24 @@ def cross_site_simple(
     )
 
 
+def cross_site_proxy(policy: BrowserPolicy, headers: Mapping[str, str], scheme: str) -> str | None:
+    """Why a ``/cors-proxy`` request is refused as another site's, or None. CORS only hides
+    the answer: a page elsewhere could still make the agent fetch URLs (a blind SSRF)."""
+    origin = headers.get("Origin")
+    if headers.get("Sec-Fetch-Site") == "cross-site":
+        why = "from another site (Sec-Fetch-Site: cross-site)"
+    elif origin is None or _same_origin(origin, headers.get("Host", ""), scheme):
+        return None  # not a browser, or the agent's own web UI
+    elif allow_origin(policy, origin) in (origin, ANY_ORIGIN):
+        return None
+    else:
+        why = f"from Origin {origin!r}, which --cors-origins does not allow"
+    return (
+        f"/cors-proxy is refused for a request {why}: any web page could make the agent "
+        "fetch URLs for it; use the agent's own web UI, or list its origin in --cors-origins"
+    )
+
+
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -224,6 +242,8 @@ def guard_middleware(
             # Blank, as llama.cpp's (its headers are added in cors_headers below).
             return web.Response(status=200, content_type="text/html")
         refusal = cross_site_simple(request.method, request.path, request.headers, request.scheme)
+        if refusal is None and request.path == "/cors-proxy":
+            refusal = cross_site_proxy(policy, request.headers, request.scheme)
         if refusal is not None:
             raise ApiError(403, refusal)
         return await handler(request)

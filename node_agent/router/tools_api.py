@@ -42,6 +42,11 @@ PROXY_TIMEOUT_SECONDS = 600  # llama.cpp's read and write timeouts for the proxy
 # Request headers llama.cpp turns into tool parameters (the runtime sets them, not the model).
 PARAM_HEADERS = {"cwd": "x-tool-cwd", "runtime": "x-tool-runtime", "resp_type": "x-resp-type"}
 
+
+class RuntimeNotAllowed(Exception):
+    """An ``X-Tool-Runtime`` header that names a runtime other than the agent's own."""
+
+
 MCP_SERVERS: web.AppKey[McpServers | None] = web.AppKey("corral_mcp", McpServers)
 BUILTIN: web.AppKey[Toolbox | None] = web.AppKey("corral_builtin_tools")
 PROXY_SESSION: web.AppKey[aiohttp.ClientSession] = web.AppKey(
@@ -157,20 +162,32 @@ async def call_tool(request: web.Request) -> web.StreamResponse:
     (a bad runtime is a 500); ``stream`` answers Server-Sent Events."""
     # Imported here: node_agent.tools is loaded only by an agent that has tools on.
     from node_agent.tools.params import ParamError, as_bool, as_str, at
+    from node_agent.tools.toolbox import CANCELLED, ToolboxClosed
 
     error, body = loads(await read_control_body(request))
     if error is not None:
         return _invalid(error)
     try:
-        # A lone surrogate (\ud800) is no text: llama.cpp's parser refuses it, so do we.
-        json.dumps(body, ensure_ascii=False).encode()
+        # A lone surrogate (\ud800) is no text, 1e999 or NaN no number: llama.cpp's parser
+        # refuses them, so do we.
+        json.dumps(body, ensure_ascii=False, allow_nan=False).encode()
     except UnicodeError as exc:
         return _invalid(f"the request body is not valid JSON: {exc}")
+    except ValueError:
+        return _invalid(
+            "the request body is not valid JSON: a number overflows a double (like 1e999) "
+            "or is NaN/Infinity"
+        )
     try:
         name = as_str(at(body, "tool"))
         params = body.get("params", {})
         stream = as_bool(body["stream"]) if "stream" in body else False
         params = await _runtime_params(request, params)
+    except ToolboxClosed:
+        return _json(CANCELLED)
+    except RuntimeNotAllowed as exc:
+        body = {"code": 403, "message": str(exc), "type": "permission_error"}
+        return _json(body, 403)
     except ParamError as exc:
         return _invalid(str(exc))
     except RuntimeError as exc:  # the --tools-runtime container could not be started again
@@ -204,8 +221,17 @@ async def _runtime_params(request: web.Request, params: Any) -> Any:
 
     given = {p: request.headers.get(h, "") for p, h in PARAM_HEADERS.items()}
     builtin = request.app[BUILTIN]
-    if not given["runtime"] and builtin is not None:
-        given["runtime"] = await builtin.runtime_spec() or ""
+    configured = builtin.runtime if builtin is not None else None
+    own = (await builtin.runtime_spec() if builtin is not None else None) or ""
+    if given["runtime"] and given["runtime"] not in (own, configured):
+        # Unlike llama.cpp: a client that could name any container or ssh host would get
+        # around the sandbox the agent's administrator chose.
+        raise RuntimeNotAllowed(
+            f"X-Tool-Runtime {given['runtime']!r} is not this agent's tools runtime "
+            f"({configured or 'the host'}): a request may not choose where tools run; the "
+            "agent's --tools-runtime sets it (send no X-Tool-Runtime header)"
+        )
+    given["runtime"] = own  # naming --tools-runtime itself (docker:IMAGE too) is its container
     values = {k: v for k, v in given.items() if v}
     if isinstance(params, dict):
         params = {k: v for k, v in params.items() if k not in PARAM_HEADERS}

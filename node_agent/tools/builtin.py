@@ -6,7 +6,6 @@ result, or ``{"error": …}`` for what the model should read (a 200, as in llama
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import os
 import re
@@ -26,6 +25,7 @@ from node_agent.tools.params import (
     required_str,
 )
 from node_agent.tools.process import OnChunk
+from node_agent.tools.threads import in_thread
 
 READ_MAX = 16 * 1024
 READ_MAX_BASE64 = 32 * 1024 * 1024
@@ -116,7 +116,7 @@ async def read_file(params: Any, _: OnChunk | None) -> Result:
     content = await io.read_file(path)
     if content is None:
         return {"error": f"failed to open file: {path}"}
-    text = await asyncio.to_thread(_line_range, content, start_line, end_line, append_loc)
+    text = await in_thread(_line_range, content, start_line, end_line, append_loc)
     return {"plain_text_response": text}
 
 
@@ -164,7 +164,7 @@ async def file_glob_search(params: Any, _: OnChunk | None) -> Result:
     listing = await io.list_entries(base, max_depth, kind)
     if listing.err:
         return {"error": f"{listing.err}: {path}"}
-    matches = await asyncio.to_thread(_matching, listing.entries, include, exclude)
+    matches = await in_thread(_matching, listing.entries, include, exclude)
     shown = matches[:limit]
     text = "".join(f"{e.rel}{'/' if e.is_dir else ''}\n" for e in shown)
     text += f"\n---\nTotal matches: {len(matches)}\n"
@@ -209,7 +209,7 @@ async def grep_search(params: Any, _: OnChunk | None) -> Result:
         listing = await io.list_entries(absolute, 0, Kind.FILES)
         if listing.err:
             return {"error": f"{listing.err}: {path}"}
-        matching = await asyncio.to_thread(_matching, listing.entries, include, exclude)
+        matching = await in_thread(_matching, listing.entries, include, exclude)
         files.extend((f"{absolute}/{e.rel}", e.rel) for e in matching)
     else:
         return {"error": f"path does not exist: {path}"}
@@ -224,7 +224,7 @@ async def grep_search(params: Any, _: OnChunk | None) -> Result:
         if content is None:
             continue
         # In a thread: a pattern that backtracks for long must not stop the agent's loop.
-        found, matches, full = await asyncio.to_thread(
+        found, matches, full = await in_thread(
             _grep_file, regex, content, shown, numbered, context, GREP_MAX_RESULTS - total
         )
         out.extend(found)
@@ -310,7 +310,7 @@ async def edit_file(params: Any, _: OnChunk | None) -> Result:
     try:
         # surrogateescape: bytes that are not UTF-8 come back unchanged
         text = original.decode("utf-8", "surrogateescape")
-        edited = await asyncio.to_thread(apply_edits, text, edits, path)
+        edited = await in_thread(apply_edits, text, edits, path)
     except EditError as exc:
         return {"error": str(exc)}
     if not await io.write_file(path, edited.encode("utf-8", "surrogateescape")):

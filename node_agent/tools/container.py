@@ -35,6 +35,7 @@ class ContainerRuntime:
         self._proc: asyncio.subprocess.Process | None = None
         self._id = ""
         self._lock = asyncio.Lock()
+        self._respawn: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         async with self._lock:
@@ -43,11 +44,20 @@ class ContainerRuntime:
     async def spec(self) -> str:
         """The runtime a call uses: a container that runs (started again if it died)."""
         async with self._lock:
-            if self._proc is None or self._proc.returncode is not None:
+            if self._respawn is None and (self._proc is None or self._proc.returncode is not None):
                 log.warning(
                     '%s tools runtime container "%s" died, respawning', self.engine, self._id
                 )
-                await self._spawn()
+                self._id = ""  # never the dead one's, whatever becomes of the respawn
+                self._respawn = asyncio.ensure_future(self._spawn())
+            if self._respawn is not None:
+                # Shielded: a client that goes away (aiohttp cancels its handler) must not
+                # leave a `run` half started; the next call waits for the same respawn.
+                try:
+                    await asyncio.shield(self._respawn)
+                finally:
+                    if self._respawn.done():
+                        self._respawn = None
             return f"{self.engine}-container:{self._id}"
 
     async def _spawn(self) -> None:
@@ -109,6 +119,10 @@ class ContainerRuntime:
 
     async def close(self) -> None:
         async with self._lock:
+            if self._respawn is not None:
+                self._respawn.cancel()
+                await asyncio.gather(self._respawn, return_exceptions=True)
+                self._respawn = None
             await self._end()
 
 

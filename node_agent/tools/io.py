@@ -10,7 +10,6 @@ than a tool's own program are bounded to 15 s.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import posixpath
 import re
@@ -19,11 +18,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, BinaryIO
 
 from node_agent.tools.names import ContainerSpec, check_attachable
 from node_agent.tools.params import opt_str
 from node_agent.tools.process import ExecResult, OnChunk, run_program
+from node_agent.tools.threads import in_thread
 
 LIST_MAX_OUTPUT = 8 * 1024 * 1024  # git ls-files / find output kept
 LIST_TIMEOUT = 15  # seconds for one listing, git and the walk together
@@ -130,10 +130,10 @@ class HostIO(ToolsIO):
         return posixpath.normpath(path)  # no "." or "..", never a trailing '/'
 
     async def is_directory(self, path: str) -> bool:
-        return await asyncio.to_thread(os.path.isdir, self.resolve(path))
+        return await in_thread(os.path.isdir, self.resolve(path))
 
     async def is_regular_file(self, path: str) -> bool:
-        return await asyncio.to_thread(os.path.isfile, self.resolve(path))
+        return await in_thread(os.path.isfile, self.resolve(path))
 
     async def file_size(self, path: str) -> int | None:
         def size() -> int | None:
@@ -143,12 +143,12 @@ class HostIO(ToolsIO):
                 return None
             return st.st_size if stat.S_ISREG(st.st_mode) else None
 
-        return await asyncio.to_thread(size)
+        return await in_thread(size)
 
     async def read_file(self, path: str) -> bytes | None:
         def read() -> bytes | None:
             try:
-                with open(self.resolve(path), "rb") as f:
+                with _open_regular(self.resolve(path), os.O_RDONLY) as f:
                     # Bounded as in an isolate (llama.cpp reads a host file whole, whatever
                     # its size: grep_search over a disk image would take the agent's memory).
                     content = f.read(HOST_READ_MAX + 1)
@@ -158,30 +158,31 @@ class HostIO(ToolsIO):
             except (OSError, ValueError):
                 return None
 
-        return await asyncio.to_thread(read)
+        return await in_thread(read)
 
     async def write_file(self, path: str, content: bytes) -> bool:
         def write() -> bool:
             target = self.resolve(path)
             try:
                 os.makedirs(posixpath.dirname(target) or "/", exist_ok=True)
-                with open(target, "wb") as f:
+                with _open_regular(target, os.O_WRONLY | os.O_CREAT) as f:
+                    f.truncate()
                     f.write(content)
             except (OSError, ValueError):
                 return False
             return True
 
-        return await asyncio.to_thread(write)
+        return await in_thread(write)
 
     async def list_entries(self, base: str, max_depth: int, kind: Kind) -> Listing:
-        if not await asyncio.to_thread(os.path.isdir, base):
+        if not await in_thread(os.path.isdir, base):
             return Listing(err="path does not exist or is not a directory")
         deadline = time.monotonic() + LIST_TIMEOUT
         if kind is Kind.FILES:
             res = await self.run(["git", "-C", base, *GIT_LS_FILES], LIST_MAX_OUTPUT, LIST_TIMEOUT)
             if res.exit_code == 0 and not res.timed_out:
-                return await asyncio.to_thread(self._git_files, base, res.output, max_depth)
-        return await asyncio.to_thread(_walk, base, max_depth, kind, deadline)
+                return await in_thread(self._git_files, base, res.output, max_depth)
+        return await in_thread(_walk, base, max_depth, kind, deadline)
 
     @staticmethod
     def _git_files(base: str, output: bytes, max_depth: int) -> Listing:
@@ -369,3 +370,21 @@ def tools_io(params: Any) -> ToolsIO:
     if isinstance(where, ContainerSpec):
         return ContainerIO(where, cwd)
     return SshIO(where, cwd)
+
+
+def _open_regular(path: str, flags: int) -> BinaryIO:
+    """A host file opened only if it is a regular one (a folder raises IsADirectoryError).
+    ``O_NONBLOCK``: a FIFO would otherwise block the open until a peer came, holding a tool
+    thread for good; refused here, it answers llama.cpp's "failed to open/write file"."""
+    fd = os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(path)
+        if not stat.S_ISREG(mode):
+            raise OSError(f"not a regular file: {path}")
+        os.set_blocking(fd, True)
+        return open(fd, "wb" if flags & os.O_WRONLY else "rb")
+    except BaseException:
+        os.close(fd)
+        raise

@@ -4,7 +4,7 @@ llama.cpp's ``server_tools::setup`` and ``make_tools_runtime`` (``server-tools.c
 unknown tool name or a runtime it cannot use ends the server at start. A runtime names an
 isolate the tools run in: ``docker:<image>``/``podman:<image>`` (a container the agent starts
 and removes), ``docker-container:<id>``/``podman-container:<id>`` (one that exists) or
-``ssh:<target>``. The same checks apply to a client's ``X-Tool-Runtime`` header.
+``ssh:<target>``. A client's ``X-Tool-Runtime`` header may name only the agent's own runtime.
 """
 
 from __future__ import annotations

@@ -47,10 +47,19 @@ def as_str(value: Any) -> str:
     return value
 
 
+INT_MIN, INT_MAX = -(2**31), 2**31 - 1
+
+
 def as_int(value: Any) -> int:
+    """nlohmann's ``get<int>``: a C cast of the number it parsed. An integer beyond 64 bits is
+    a double there; a double outside ``int`` is x86's ``cvttsd2si`` answer, INT_MIN."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise _wrong("number", value)
-    return int(value)  # nlohmann truncates a float
+    if isinstance(value, int) and -(2**63) <= value < 2**64:
+        return (value - INT_MIN) % 2**32 + INT_MIN  # an int64/uint64 cast to int: wraps
+    if isinstance(value, int) or not INT_MIN <= value < INT_MAX + 1:  # also inf and NaN
+        return INT_MIN
+    return int(value)  # truncated toward zero
 
 
 def as_bool(value: Any) -> bool:

@@ -56,9 +56,15 @@ async def run_program(
     except (OSError, ValueError):
         return ExecResult(b"failed to spawn process")
     feeding = asyncio.ensure_future(_feed(proc, stdin_data))
+    deadline = time.monotonic() + seconds
     try:
-        output, truncated, timed_out = await _read(proc, max_output, seconds, on_chunk)
-        await proc.wait()
+        output, truncated, timed_out = await _read(proc, max_output, deadline, on_chunk)
+        try:  # a program that closed its output (``> /tmp/log``) still has its time only
+            await asyncio.wait_for(proc.wait(), max(deadline - time.monotonic(), 0))
+        except TimeoutError:
+            timed_out = True
+            _kill(proc)
+            await proc.wait()
     finally:
         feeding.cancel()
         if proc.returncode is None:  # cancelled (the client or the agent went away)
@@ -80,10 +86,9 @@ async def _feed(proc: asyncio.subprocess.Process, data: bytes | None) -> None:
 
 
 async def _read(
-    proc: asyncio.subprocess.Process, max_output: int, seconds: float, on_chunk: OnChunk | None
+    proc: asyncio.subprocess.Process, max_output: int, deadline: float, on_chunk: OnChunk | None
 ) -> tuple[bytes, bool, bool]:
     assert proc.stdout is not None
-    deadline = time.monotonic() + seconds
     output = bytearray()
     truncated = timed_out = False
     while True:

@@ -14,6 +14,10 @@ from node_agent.tools.process import OnChunk
 CANCELLED: Result = {"error": "cancelled"}
 
 
+class ToolboxClosed(Exception):
+    """The agent is shutting down: no call starts (nor a container for one)."""
+
+
 class Toolbox:
     """``names``: the enabled tools (checked at parse time); ``runtime``: the
     ``--tools-runtime`` value or None (the host)."""
@@ -61,6 +65,8 @@ class Toolbox:
 
     async def runtime_spec(self) -> str | None:
         """The runtime a call runs in when its client named none."""
+        if self._closing.is_set():  # else a call in the shutdown's window respawns `run`
+            raise ToolboxClosed
         if self._container is not None:
             return await self._container.spec()
         return self.runtime

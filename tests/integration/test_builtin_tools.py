@@ -299,27 +299,18 @@ def steps(root: Path) -> list[tuple[str, dict[str, Any], dict[str, str]]]:
         ("stream not a boolean", {"tool": "read_file", "params": {}, "stream": "yes"}, {}),
         ("tool not a string", {"tool": 7}, {}),
         ("a body that is a list", [1], {}),  # type: ignore[list-item]
-        (
-            "an unknown runtime",
-            {"tool": "read_file", "params": {"path": "x"}},
-            {"X-Tool-Runtime": "bogus"},
-        ),
-        (
-            "a runtime to start is not one to attach to",
-            {"tool": "get_info", "params": {}},
-            {"X-Tool-Runtime": "docker:alpine"},
-        ),
-        (
-            "an ssh target that would be an option",
-            {"tool": "get_info", "params": {}},
-            {"X-Tool-Runtime": "ssh:-oProxyCommand=touch%20/tmp/x"},
-        ),
-        (
-            "a container id that would be an option",
-            {"tool": "get_info", "params": {}},
-            {"X-Tool-Runtime": "docker-container:--privileged"},
-        ),
     ]
+
+
+# Runtimes a client names; llama.cpp honours (or checks) them, Corral refuses them all.
+NAMED_RUNTIMES = [
+    ("bogus", "unknown tool runtime: bogus"),
+    ("docker:alpine", "tool runtime must name a running container: docker:alpine"),
+    ("ssh:-oProxyCommand=touch%20/tmp/x", "invalid ssh target: -oProxyCommand=touch%20/tmp/x"),
+    ("docker-container:--privileged", "invalid container id: --privileged"),
+    ("docker-container:abc1", None),  # llama.cpp runs the call in that container
+    ("ssh:me@box", None),  # ... or on that host, with the agent's own ssh keys
+]
 
 
 def run_steps(
@@ -413,14 +404,31 @@ def test_every_tool_answers_like_llama_cpp(all_tools: tuple[Pair, Path]) -> None
         .endswith("[exit due to timed out]")
     )
     assert answers["an unknown tool"].status == 404
-    assert answers["an unknown runtime"].json() == {
-        "code": 500,
-        "message": "unknown tool runtime: bogus",
-        "type": "server_error",
-    }
     globbed = answers["glob every file"].json()
     assert "node_modules/pkg/index.js" not in globbed["plain_text_response"]  # junk, not walked
     assert globbed["base"] == str(root)
+
+
+@pytest.mark.parametrize(("runtime", "peer_error"), NAMED_RUNTIMES)
+def test_a_client_cannot_choose_where_tools_run_unlike_llama_cpp(
+    all_tools: tuple[Pair, Path], runtime: str, peer_error: str | None
+) -> None:
+    """A deliberate difference: the header would get around the administrator's sandbox."""
+    pair, _ = all_tools
+    body = {"tool": "get_info", "params": {}}
+    headers = {**ORIGIN, "X-Tool-Runtime": runtime}
+    if peer_error is not None:  # llama.cpp checks it; a good one it would just use
+        peer = call(pair.peer, "POST", "/tools", body, headers=headers)
+        assert peer.json()["message"] == peer_error
+    corral = call(pair.corral, "POST", "/tools", body, headers=headers)
+    assert corral.status == 403
+    assert corral.json() == {
+        "code": 403,
+        "message": f"X-Tool-Runtime {runtime!r} is not this agent's tools runtime (the host): "
+        "a request may not choose where tools run; the agent's --tools-runtime sets it "
+        "(send no X-Tool-Runtime header)",
+        "type": "permission_error",
+    }
 
 
 def test_a_bad_regex_and_a_body_that_is_not_json(all_tools: tuple[Pair, Path]) -> None:
@@ -671,15 +679,13 @@ def test_a_runtime_gets_the_same_calls_as_from_llama_cpp(
     try:
         cases = [c for c in steps(root) if c[0] in RUNTIME_STEPS]
         run_steps(pair, root, cases)
-        # A runtime a client names (an attached container) overrides --tools-runtime.
-        named = [
-            (
-                "in a named container",
-                {"tool": "get_info", "params": {}},
-                {"X-Tool-Runtime": "docker-container:abc1"},
-            )
-        ]
-        run_steps(pair, root, named)
+        if not runtime.startswith("docker:"):  # naming the agent's own runtime is no choice
+            own = [("named", {"tool": "get_info", "params": {}}, {"X-Tool-Runtime": runtime})]
+            run_steps(pair, root, own)
+        # Another one is refused (llama.cpp would run the call there): no engine call for it.
+        other = {**ORIGIN, "X-Tool-Runtime": "docker-container:abc1"}
+        refused = call(pair.corral, "POST", "/tools", {"tool": "get_info"}, headers=other)
+        assert refused.status == 403, refused.body
     finally:
         stop(pair)
     peer, corral = recorded(logs["llama.cpp"]), recorded(logs["corral"])
@@ -901,3 +907,37 @@ def test_a_container_that_cannot_start_stops_the_agent_with_a_clear_error(
         assert f"--tools-runtime {runtime}: " in proc.stderr
         assert path is nothing or "no such image" in proc.stderr  # the engine's own words
         assert time.monotonic() - started < 30
+
+
+@pytest.mark.parametrize("number", [b"1e999", b"-1e999", b"NaN", b"Infinity"])
+def test_a_number_that_is_no_double_is_a_400_for_either(
+    all_tools: tuple[Pair, Path], number: bytes
+) -> None:
+    pair, root = all_tools
+    raw = b'{"tool": "read_file", "params": {"path": "%s/notes.txt", "end_line": %s}}' % (
+        str(root).encode(),
+        number,
+    )
+    peer = call(pair.peer, "POST", "/tools", raw=raw, headers=ORIGIN)
+    corral = call(pair.corral, "POST", "/tools", raw=raw, headers=ORIGIN)
+    assert corral.status == peer.status == 400, (peer.body, corral.body)
+    assert corral.json()["type"] == peer.json()["type"] == "invalid_request_error"
+    assert "not valid JSON: a number overflows a double" in corral.json()["message"]
+
+
+@pytest.mark.parametrize(
+    "number", [2**32 + 2, 2**64 - 1, 10**20, -(2**63) - 1, 1e20, -1e20, 2.9, -3.7]
+)
+def test_a_number_beyond_int_is_cast_as_llama_cpp_casts_it(
+    all_tools: tuple[Pair, Path], number: float
+) -> None:
+    """nlohmann's ``get<int>``: 2**32 + 2 wraps to 2, 2**64 - 1 to -1 (no limit), a double
+    outside ``int`` is INT_MIN (nothing)."""
+    pair, root = all_tools
+    params = {"path": "notes.txt", "end_line": number}
+    ((_, answer),) = run_steps(
+        pair,
+        root,
+        [("end_line", {"tool": "read_file", "params": params}, {"X-Tool-Cwd": str(root)})],
+    )
+    assert answer.status == 200

@@ -368,6 +368,17 @@ def test_the_cors_proxy_when_asked_for_answers_like_llama_cpp(
             peer, corral = pair.both(method, f"/cors-proxy?url={target}", body, headers=sent)
             assert (corral.status, corral.json()) == (peer.status, peer.json()), method
             assert corral.json()["x_token"] == "t0k" and corral.json()["path"] == "/mcp?x=1"
+        # Unlike llama.cpp: another site's page cannot make the agent fetch (even a GET).
+        other: dict[str, str | None] = {
+            "Origin": "http://evil.example",
+            "Sec-Fetch-Site": "cross-site",
+        }
+        peer = call(pair.peer, "GET", f"/cors-proxy?url={target}", headers=other)
+        corral = call(pair.corral, "GET", f"/cors-proxy?url={target}", headers=other)
+        assert peer.status == 200 and corral.status == 403, corral.body
+        assert corral.json()["error"]["message"].startswith(
+            "/cors-proxy is refused for a request from another site (Sec-Fetch-Site: cross-site)"
+        )
         for bad in ("nope", "ftp://h/x", "http://u:secret@h/", "http:///x"):
             peer, corral = pair.both("GET", f"/cors-proxy?url={bad}")
             assert_same(f"GET /cors-proxy?url={bad}", peer, corral)

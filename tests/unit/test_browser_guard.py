@@ -10,6 +10,7 @@ from node_agent.router.browser_guard import (
     allow_origin,
     allowed_hosts,
     cors_origins_default,
+    cross_site_proxy,
     cross_site_simple,
     host_allowed,
     origin_is_localhost,
@@ -138,6 +139,22 @@ def test_cross_site_simple_posts_are_refused() -> None:
     # A same-site page on another port is another origin.
     assert post({"Origin": "http://127.0.0.1:3000", "Content-Type": "text/plain"}) is not None
     assert post({"Origin": "http://127.0.0.1", "Content-Type": "text/plain"}) is not None
+
+
+def test_another_sites_page_cannot_use_the_cors_proxy() -> None:
+    local = BrowserPolicy(origins="localhost")
+    host = {"Host": "127.0.0.1:8080"}
+
+    def refused(policy: BrowserPolicy, headers: dict[str, str]) -> bool:
+        return cross_site_proxy(policy, {**host, **headers}, "http") is not None
+
+    assert refused(local, {"Origin": "http://evil.example"})  # an origin CORS does not allow
+    assert refused(BrowserPolicy(), {"Sec-Fetch-Site": "cross-site"})  # even with `*`
+    assert refused(local, {"Origin": "http://localhost:5173", "Sec-Fetch-Site": "cross-site"})
+    assert not refused(local, {})  # not a browser (curl)
+    assert not refused(local, {"Origin": "http://127.0.0.1:8080", "Sec-Fetch-Site": "same-origin"})
+    assert not refused(local, {"Origin": "http://localhost:5173", "Sec-Fetch-Site": "same-site"})
+    assert not refused(BrowserPolicy(), {"Origin": "http://client.example"})  # `*` allows it
 
 
 def test_what_is_not_a_cross_site_simple_post() -> None:
