@@ -20,7 +20,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -435,7 +435,7 @@ class Registry:
 
     publish = _publish  # for the routes that report their own events (DELETE /models)
 
-    def events(self) -> AsyncIterator[Event]:
+    def events(self) -> AsyncGenerator[Event, None]:
         """Every event from now on, for one ``/models/sse`` client (or metrics, the page)."""
         return self._hub.subscribe()
 
