@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Final
 
@@ -122,7 +122,7 @@ class LogRing:
         held = list(self._lines)
         return self._next_seq, held[start - oldest :]
 
-    async def follow(self, backlog: int = 0) -> AsyncIterator[str]:
+    async def follow(self, backlog: int = 0) -> AsyncGenerator[str, None]:
         """Yield the last ``backlog`` lines, then each new line as it comes, until closed."""
         seq = self._next_seq - min(max(backlog, 0), len(self._lines))
         while True:

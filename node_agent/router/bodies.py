@@ -17,7 +17,7 @@ import asyncio
 import concurrent.futures
 import functools
 import multiprocessing
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -29,15 +29,20 @@ from node_agent.router.connections import mark_receiving
 OFF_LOOP_BYTES = 1024 * 1024
 _large = asyncio.Semaphore(1)
 CLIENT_TIMEOUT: web.AppKey[float] = web.AppKey("corral_client_timeout", float)
+T = TypeVar("T")
 
 
 async def read_body(request: web.Request) -> bytes:
     """The whole body, or 408 when it has not arrived within the client timeout."""
+    return await _receive(request, request.read())
+
+
+async def _receive(request: web.Request, reading: Awaitable[T]) -> T:
     limit = request.app.get(CLIENT_TIMEOUT)
     mark_receiving(request.protocol, True)
     try:
         async with asyncio.timeout(limit):
-            return await request.read()
+            return await reading
     except TimeoutError:
         raise ApiError(
             408, f"the request body did not arrive within {limit:g} s (--client-timeout)"
@@ -53,16 +58,41 @@ async def read_json(request: web.Request) -> tuple[bytes, Any]:
 
 
 async def read_control_body(request: web.Request) -> bytes:
-    """A control route's body (a lookup, a tool call, a download's name), read as
-    :func:`read_body` reads it: such a body is small by nature, so one over
-    ``OFF_LOOP_BYTES`` is refused (413) rather than parsed on the event loop."""
-    body = await read_body(request)  # --max-body-size's own 413 first
-    if len(body) <= OFF_LOOP_BYTES:
+    """A control route's body (a lookup, a tool call, a download's name), within the client
+    timeout as :func:`read_body`: such a body is small by nature, so one over
+    ``OFF_LOOP_BYTES`` is refused (413) from its ``Content-Length``, or once that much of a
+    chunked one has come, never read whole into memory nor parsed on the event loop.
+    ``--max-body-size``'s own 413 (every route's) comes first."""
+    most = request.client_max_size
+    announced = request.content_length
+    if most and (announced or 0) > most:
+        raise web.HTTPRequestEntityTooLarge(most, announced or 0)
+    cap = min(OFF_LOOP_BYTES, most or OFF_LOOP_BYTES)
+    if announced is not None and announced > cap:
+        raise _too_large(request, f"this one is {announced} bytes")
+    body = await _receive(request, _read_at_most(request, cap))
+    if body is not None:
         return body
-    raise ApiError(
+    if cap < OFF_LOOP_BYTES:
+        raise web.HTTPRequestEntityTooLarge(most)
+    raise _too_large(request, f"this one is more than {cap} bytes")
+
+
+async def _read_at_most(request: web.Request, cap: int) -> bytes | None:
+    """The body, or None once more than ``cap`` bytes of it have come (the rest unread)."""
+    body = bytearray()
+    while chunk := await request.content.readany():
+        body.extend(chunk)
+        if len(body) > cap:
+            return None
+    return bytes(body)
+
+
+def _too_large(request: web.Request, size: str) -> ApiError:
+    return ApiError(
         413,
         f"request body too large: {request.method} {request.path} takes at most "
-        f"{OFF_LOOP_BYTES // (1024 * 1024)} MiB, this one is {len(body)} bytes",
+        f"{OFF_LOOP_BYTES // (1024 * 1024)} MiB, {size}",
     )
 
 
@@ -72,9 +102,6 @@ async def json_document(body: bytes) -> Any:
     if len(body) <= OFF_LOOP_BYTES:
         return parse_json_body(body)
     return await digest(body, top_level_fields)
-
-
-T = TypeVar("T")
 
 
 async def digest(body: bytes, parse: Callable[[bytes], tuple[str | None, T]]) -> T:

@@ -150,6 +150,8 @@ class Downloads:
         if await asyncio.to_thread(use_cached, plan.destination, plan.sha256):
             self._errors.pop(name, None)
             return True
+        if self.active(name):  # another load began it while the cache was looked at: join it
+            return False
         self._begin(name, frozenset({str(plan.destination)}))
         self._run(name, self._preset(name, plan), becomes_model=False)
         return False

@@ -9,7 +9,7 @@ that goes away is forgotten.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,7 +52,7 @@ class EventHub:
     def statistics(self) -> HubStatistics:
         return HubStatistics(len(self._subscribers), self._published, self._dropped)
 
-    async def subscribe(self) -> AsyncIterator[Event]:
+    async def subscribe(self) -> AsyncGenerator[Event, None]:
         """Every event from now on, until the caller stops iterating."""
         queue: asyncio.Queue[Event] = asyncio.Queue(QUEUE_LIMIT)
         self._subscribers.add(queue)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TypeVar
 
 from aiohttp import web
@@ -24,11 +24,19 @@ T = TypeVar("T")
 ENDING: web.AppKey[asyncio.Event] = web.AppKey("corral_ending", asyncio.Event)
 
 
-async def until_shutdown(app: web.Application, items: AsyncIterator[T]) -> AsyncIterator[T]:
-    """``items`` until they end or the agent begins its shutdown, whichever comes first."""
+async def until_shutdown(app: web.Application, items: AsyncGenerator[T, None]) -> AsyncIterator[T]:
+    """``items`` until they end or the agent begins its shutdown, whichever comes first;
+    ``items`` is closed either way (and when the client leaves)."""
     ending = app[ENDING]
     if ending.is_set():
+        await items.aclose()
         return
+    async with contextlib.aclosing(items), contextlib.aclosing(_until(ending, items)) as steps:
+        async for item in steps:
+            yield item
+
+
+async def _until(ending: asyncio.Event, items: AsyncIterator[T]) -> AsyncGenerator[T, None]:
     stop = asyncio.ensure_future(ending.wait())
     step: asyncio.Future[T] | None = None
     try:
@@ -47,8 +55,15 @@ async def until_shutdown(app: web.Application, items: AsyncIterator[T]) -> Async
         stop.cancel()
         if step is not None and not step.done():
             step.cancel()
-            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+            try:
                 await step
+            except StopAsyncIteration:
+                pass
+            except asyncio.CancelledError:
+                # Only ``step``'s own cancellation ends here; the handler's goes on.
+                task = asyncio.current_task()
+                if not step.cancelled() or (task is not None and task.cancelling() > 0):
+                    raise
 
 
 async def _end_streams(app: web.Application) -> None:

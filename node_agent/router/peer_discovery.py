@@ -1,7 +1,8 @@
 """``--peers-from-service``: the agent's peers from its headless Service's EndpointSlices.
 
 A thin I/O layer over the pure :class:`~node_agent.core.endpoint_slices.SliceView`: list the
-slices labelled ``kubernetes.io/service-name=<service>`` in the namespace, watch them from the
+slices labelled ``kubernetes.io/service-name=<service>`` and managed by the EndpointSlice
+controller in the namespace, watch them from the
 list's resourceVersion (reconnecting from the last one seen when the server ends the watch), and
 list again when the view says the watch cannot resume (410 Gone, any ERROR event). Every change
 of the peer set goes to ``on_change`` (``Peers.use_discovered``). The apiserver is asked with
@@ -11,7 +12,10 @@ the pod's service-account token (read per request: projected tokens rotate) and 
 Kubernetes client library: two GET requests do not need one, and start-up stays light.
 
 An apiserver that cannot be reached, or that refuses, leaves the peer set as it was (the poller
-already drops peers that stop answering) and is asked again after a growing pause.
+already drops peers that stop answering) and is asked again after a growing pause; so does an
+answer of a shape nobody expected (the task must outlive it: a discovery that ended would freeze
+the peer set until a restart), and a watch that ends as soon as it began (no pause would hammer
+the apiserver).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import asyncio
 import json
 import logging
 import ssl
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +33,13 @@ from urllib.parse import quote, urlencode
 
 import aiohttp
 
-from node_agent.core.endpoint_slices import SERVICE_LABEL, SliceView, Step
+from node_agent.core.endpoint_slices import (
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    SERVICE_LABEL,
+    SliceView,
+    Step,
+)
 from node_agent.errors import ConfigError
 
 log = logging.getLogger("corral.peers")
@@ -36,6 +47,7 @@ log = logging.getLogger("corral.peers")
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 WATCH_SECONDS = 290  # the apiserver ends a watch after this; it resumes from the last version
 RETRY_SECONDS = (1.0, 30.0)  # first and longest pause after a failed list or watch
+QUICK_END_SECONDS = 1.0  # a watch that ends sooner is paused after, as a failed one
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +129,7 @@ class PeerDiscovery:
         self._on_change = on_change
         self.where = f"{namespace}/{service}"
         self._path = f"/apis/discovery.k8s.io/v1/namespaces/{quote(namespace)}/endpointslices"
-        self._selector = f"{SERVICE_LABEL}={service}"
+        self._selector = f"{SERVICE_LABEL}={service},{MANAGED_BY_LABEL}={MANAGED_BY}"
         self._peers: tuple[str, ...] | None = None
 
     async def run(self) -> None:
@@ -133,10 +145,17 @@ class PeerDiscovery:
             while True:
                 try:
                     await self._list(session)
-                    pause = RETRY_SECONDS[0]
-                    while await self._watch(session):
-                        pass
-                except (aiohttp.ClientError, TimeoutError, ValueError, OSError) as exc:
+                    resume = True
+                    while resume:
+                        began = time.monotonic()
+                        resume = await self._watch(session)
+                        if time.monotonic() - began >= QUICK_END_SECONDS:
+                            pause = RETRY_SECONDS[0]
+                            continue
+                        log.info("peers from %s: the watch ended at once", self.where)
+                        await asyncio.sleep(pause)
+                        pause = min(pause * 2, RETRY_SECONDS[1])
+                except Exception as exc:  # the task's boundary; CancelledError goes on
                     log.warning(
                         "peers from EndpointSlices of %s: %s (again in %gs; peers unchanged)",
                         self.where,

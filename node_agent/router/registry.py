@@ -20,7 +20,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -220,7 +220,7 @@ class Registry:
             raise ApiError(400, "model is not loaded")
         if self.max_queue is not None and self._sched.view(name).queued >= self.max_queue:
             raise queue_full_error(name, self.max_queue)
-        await self._fetch_first(name)
+        await self._fetch_first(name, queue_timeout=self.queue_timeout, max_queue=self.max_queue)
         lease = await self._admit(name, inference=inference, may_load=autoload, direct=False)
         assert lease is not None
         return lease
@@ -246,8 +246,11 @@ class Registry:
         await self._load(name)
 
     async def _load(self, name: str) -> None:
-        """Load ``name`` (its download first, if any); returns once its child is spawned."""
-        await self._fetch_first(name)
+        """Load ``name`` (its download first, if any); returns once its child is spawned.
+        The download is waited for without the queue bounds: the client was told success, and
+        ``--load-timeout`` and the downloader's own limits bound it; a failed download leaves
+        the model failed (``GET /models``, ``download_failed``)."""
+        await self._fetch_first(name, queue_timeout=None, max_queue=None)
         await self._admit(name, inference=True, may_load=True, direct=True)
         while True:  # granted: wait for the spawn (the run's first step)
             changed = self._changed.current()
@@ -260,13 +263,15 @@ class Registry:
         if view.failed and not view.state.running:
             raise failed_error(name, view.error or "")
 
-    async def _fetch_first(self, name: str) -> None:
+    async def _fetch_first(
+        self, name: str, *, queue_timeout: float | None, max_queue: int | None
+    ) -> None:
         """A preset's file the agent downloads itself: in the cache before the load is queued
         (the download holds no slot and no memory)."""
         plan = needs_download(self._specs[name])
         if plan is not None:
             await self.downloads.fetch_preset(
-                name, plan, queue_timeout=self.queue_timeout, max_queue=self.max_queue
+                name, plan, queue_timeout=queue_timeout, max_queue=max_queue
             )
 
     def _refuse_if_closing(self) -> None:
@@ -430,7 +435,7 @@ class Registry:
 
     publish = _publish  # for the routes that report their own events (DELETE /models)
 
-    def events(self) -> AsyncIterator[Event]:
+    def events(self) -> AsyncGenerator[Event, None]:
         """Every event from now on, for one ``/models/sse`` client (or metrics, the page)."""
         return self._hub.subscribe()
 

@@ -83,9 +83,11 @@ def model_entry(
     child = registry.child(name)
     # Keys left unset are absent from the JSON, as llama.cpp sends them.
     crash: dict[str, Any] = {}
+    downloading = registry.downloads.active(name)  # a preset's file, before its load
     if view.failed and view.state is ModelState.UNLOADED:
         crash = {"exit_code": view.exit_code, "failed": True}
-    downloading = registry.downloads.active(name)  # a preset's file, before its load
+    elif view.state is ModelState.UNLOADED and not downloading and registry.downloads.failed(name):
+        crash = {"failed": True}  # its file's download failed: the load did too
     status = ModelStatus(
         value="downloading" if downloading else view.state.value,
         args=child_args(binary, spec, child.port if child is not None else None),

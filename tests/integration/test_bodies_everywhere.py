@@ -107,6 +107,47 @@ def test_a_control_body_over_a_mib_is_refused_unparsed(agent: AgentProcess, path
     assert "at most 1 MiB" in message, message
 
 
+def _head(path: str, length: str) -> bytes:
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"{length}\r\nConnection: close\r\n\r\n"
+    ).encode()
+
+
+def _answer(sock: socket.socket) -> tuple[int, str]:
+    response = HTTPResponse(sock)
+    response.begin()
+    body = json.loads(response.read())
+    return response.status, body["error"]["message"]
+
+
+@pytest.mark.parametrize("path", ["/v1/streams/lookup", "/models", "/tools"])
+def test_a_control_body_announced_over_a_mib_is_refused_before_it_is_read(
+    agent: AgentProcess, path: str
+) -> None:
+    """Content-Length says 3 MiB (under --max-body-size) and only a few bytes come: the
+    answer is the 413 at once, not a wait for the rest (the client timeout's 408)."""
+    with socket.create_connection(("127.0.0.1", agent.port), timeout=30) as sock:
+        sock.sendall(_head(path, f"Content-Length: {3 * 1024 * 1024}") + b'{"model"')
+        status, message = _answer(sock)
+    assert status == 413, message
+    assert message.endswith(f"takes at most 1 MiB, this one is {3 * 1024 * 1024} bytes"), message
+
+
+@pytest.mark.parametrize("path", ["/v1/streams/lookup", "/models", "/tools"])
+def test_a_chunked_control_body_is_refused_once_past_a_mib(agent: AgentProcess, path: str) -> None:
+    """A chunked body: 1 MiB and a bit, then nothing more (the body is not over): the agent
+    stops reading at the cap and answers 413, never waiting for the whole."""
+    chunk = b"x" * (64 * 1024)
+    with socket.create_connection(("127.0.0.1", agent.port), timeout=30) as sock:
+        sock.sendall(_head(path, "Transfer-Encoding: chunked"))
+        for _ in range(17):
+            sock.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        status, message = _answer(sock)
+    assert status == 413, message
+    assert message.endswith(f"takes at most 1 MiB, this one is more than {1024 * 1024} bytes")
+
+
 def test_a_large_prediction_is_parsed_off_the_loop(agent: AgentProcess) -> None:
     """A /predict body over a MiB still gets its instances answered (parsed in the worker)."""
     padding = "x" * (1024 * 1024)

@@ -203,3 +203,29 @@ async def test_a_cancelled_download_keeps_its_partial_file_for_the_next(
     assert partial.endswith(".downloadInProgress")
     discard_partial(destination(url, tmp_path, server.sha256))
     assert cache_files(tmp_path) == []
+
+
+async def test_two_loads_starting_one_preset_download_share_it(
+    server: Server, tmp_path: Path
+) -> None:
+    """Both pass the first "already downloading?" check before the cache is looked at (a
+    thread): the second must then wait for the first's download, not be told "already
+    exists"."""
+    from node_agent.router.downloads import Downloads, DownloadSettings
+    from node_agent.router.events import EventHub
+    from node_agent.sources.download import DownloadPlan
+
+    url = server.url("slow/demo-tiny.gguf")
+    plan = DownloadPlan(url, server.sha256, destination(url, tmp_path, server.sha256))
+    downloads = Downloads(EventHub(), DownloadSettings(env={}))
+    try:
+        started = await asyncio.gather(
+            downloads.start_preset("m", plan), downloads.start_preset("m", plan)
+        )
+        assert started == [False, False]  # neither was cached; one download on its way
+        assert downloads.names() == ["m"]
+        server.release.set()
+        await downloads.fetch_preset("m", plan, queue_timeout=None, max_queue=None)
+        assert server.requests == ["/slow/demo-tiny.gguf"]
+    finally:
+        await downloads.close()

@@ -401,3 +401,61 @@ def test_post_models_carries_no_options(
     assert "POST /models" in message and repr(key) in message and says in message, message
     assert MODEL not in listed(agent)
     assert hub.resolves() == []
+
+
+def _preset_ini(tmp_path: Path, hub: HubServer, sha256: str) -> Path:
+    ini = tmp_path / "presets.ini"
+    ini.write_text(
+        f"[remote]\nmodel-url = {hub.url}/{REPO}/resolve/main/tiny-Q8_0.gguf\n"
+        f"model-sha256 = {sha256}\n"
+    )
+    return ini
+
+
+def test_a_load_outlasts_the_queue_limits_while_its_file_downloads(
+    sse: Sse, start_agent: Start, hub: HubServer, tmp_path: Path, demo_dir: Path
+) -> None:
+    """``POST /models/load`` answered success: the load goes on however long the download takes
+    (``--queue-timeout`` bounds requests that wait, not a load already promised)."""
+    data = (demo_dir / "demo-tiny.gguf").read_bytes()
+    ini = _preset_ini(tmp_path, hub, hashlib.sha256(data).hexdigest())
+    agent = start_agent(
+        "--models-preset",
+        str(ini),
+        "--queue-timeout",
+        "1",
+        "--max-queue",
+        "1",
+        "-c",
+        "512",
+        env={"LLAMA_CACHE": str(tmp_path / "cache")},
+    )
+    events = sse(agent.port)
+    hub.hold(100_000)
+    assert agent.post("/models/load", {"model": "remote"}) == (200, {"success": True})
+    events.wait_event("remote", "download_progress")
+    threading.Event().wait(2.5)  # past --queue-timeout: the load still waits
+    assert agent.state("remote") == "downloading"
+    hub.release()
+    wait_until(lambda: agent.state("remote") == "loaded", "the load after the download")
+
+
+def test_a_failed_download_of_a_loading_preset_shows_as_failed(
+    sse: Sse, start_agent: Start, hub: HubServer, tmp_path: Path
+) -> None:
+    ini = _preset_ini(tmp_path, hub, "0" * 64)  # the file never matches
+    agent = start_agent(
+        "--models-preset", str(ini), "-c", "512", env={"LLAMA_CACHE": str(tmp_path / "cache")}
+    )
+    events = sse(agent.port)
+    assert agent.post("/models/load", {"model": "remote"}) == (200, {"success": True})
+    events.wait_event("remote", "download_failed")
+    wait_until(lambda: not _downloading(agent), "the download's end")
+    entry = listed(agent)["remote"]
+    assert entry["status"]["value"] == "unloaded"
+    assert entry["status"].get("failed") is True, entry
+    assert "sha256" in (entry["corral"]["error"] or ""), entry
+
+
+def _downloading(agent: AgentProcess) -> bool:
+    return agent.state("remote") == "downloading"

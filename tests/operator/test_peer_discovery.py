@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import shutil
 import ssl
 import subprocess
@@ -102,14 +103,19 @@ class ExpiringEmulator(SliceEmulator):
             yield event
 
 
-def endpoint_slice(pod: str, port: int, *, service: str = SERVICE, serving: bool = True) -> Any:
+MANAGED = {"endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}
+
+
+def endpoint_slice(
+    pod: str, port: int, *, service: str = SERVICE, serving: bool = True, managed: bool = True
+) -> Any:
     return {
         "apiVersion": "discovery.k8s.io/v1",
         "kind": "EndpointSlice",
         "metadata": {
             "name": f"{service}-{pod}",
             "namespace": NS,
-            "labels": {"kubernetes.io/service-name": service},
+            "labels": {"kubernetes.io/service-name": service, **(MANAGED if managed else {})},
         },
         "addressType": "IPv4",
         "endpoints": [
@@ -217,8 +223,11 @@ async def test_a_request_follows_its_peer_in_and_out_of_the_endpoint_slices(
     log = await asyncio.to_thread(a.log)
     assert f"added ['http://127.0.0.1:{b.port}']" in log
     assert f"gone ['http://127.0.0.1:{b.port}']" in log
-    # Every request named the Service's label; none was refused.
-    assert kmock.selectors and set(kmock.selectors) == {f"kubernetes.io/service-name={SERVICE}"}
+    # Every request named the Service's label and the controller's; none was refused.
+    assert kmock.selectors and set(kmock.selectors) == {
+        f"kubernetes.io/service-name={SERVICE},"
+        "endpointslice.kubernetes.io/managed-by=endpointslice-controller.k8s.io"
+    }
     assert kmock.refused == []
     # What the agents asked is exactly what the chart's agent Role grants: no more, no less.
     assert set(kmock.slice_access) == granted_to("-agent")
@@ -254,6 +263,134 @@ async def test_a_watch_that_cannot_resume_lists_again(kmock: Any) -> None:
     lists = [a for a in kmock.slice_access if a.verb == "list"]
     assert len(lists) == 3  # the first, then one after each 410
     assert seen == [("http://127.0.0.1:1001",), ("http://127.0.0.1:1001", "http://127.0.0.1:1002")]
+
+
+@pytest.mark.kmock(cls=SliceEmulator)
+async def test_a_hand_made_slice_is_no_peer(kmock: Any) -> None:
+    """A slice with the Service's label that the EndpointSlice controller does not manage
+    (anyone allowed to create one could point the agents and their API key anywhere)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        kmock.resources.load_bundled()
+    await send(kmock, "POST", SLICES, endpoint_slice("agent-x", 6666, managed=False))
+    await send(kmock, "POST", SLICES, endpoint_slice("agent-a", 1001))
+    seen: list[tuple[str, ...]] = []
+    view = SliceView(Me(pod_name="me"))
+    task = asyncio.create_task(
+        PeerDiscovery(KubeApi(str(kmock.url).rstrip("/")), NS, SERVICE, view, seen.append).run()
+    )
+    try:
+
+        async def listed() -> bool:
+            return bool(seen)
+
+        await until(listed, "the discovery never listed")
+        await send(kmock, "POST", SLICES, endpoint_slice("agent-y", 6667, managed=False))
+        await send(kmock, "POST", SLICES, endpoint_slice("agent-b", 1002))
+
+        async def b_too() -> bool:
+            return len(seen[-1]) == 2
+
+        await until(b_too, f"B never became a peer: {seen}")
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert seen == [("http://127.0.0.1:1001",), ("http://127.0.0.1:1001", "http://127.0.0.1:1002")]
+
+
+@contextlib.asynccontextmanager
+async def scripted_apiserver(
+    answers: list[Callable[[web.Request], Awaitable[web.StreamResponse]]],
+) -> AsyncIterator[tuple[str, list[str]]]:
+    """An apiserver that answers the n-th request with ``answers[n]`` (the last one from then
+    on): yields its URL and the requests' queries."""
+    asked: list[str] = []
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        asked.append(request.query_string)
+        return await answers[min(len(asked), len(answers)) - 1](request)
+
+    app = web.Application()
+    app.router.add_get(SLICES, answer)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}", asked
+    finally:
+        await runner.cleanup()
+
+
+def json_answer(body: Any) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def send_it(request: web.Request) -> web.StreamResponse:
+        return web.json_response(body)
+
+    return send_it
+
+
+async def test_answers_of_an_unexpected_shape_never_end_the_discovery() -> None:
+    """A list answer that is a list, then null, then one whose item and endpoints are of the
+    wrong shape, then a watch that sends the good slice, null and a list: the discovery takes
+    the good slice and goes on."""
+    good = endpoint_slice("agent-a", 1001)
+    odd = endpoint_slice("agent-x", 6666)
+    odd["endpoints"] = {"addresses": ["192.0.2.1"]}
+    added = json.dumps({"type": "ADDED", "object": good}).encode()
+    lines = added + b"\nnull\n[1]\n"  # a null event: list again, and watch again
+
+    async def watch(request: web.Request) -> web.StreamResponse:
+        if request.query.get("watch") != "true":
+            return web.json_response({"metadata": {"resourceVersion": "5"}, "items": [odd, None]})
+        return web.Response(body=lines, content_type="application/json")
+
+    seen: list[tuple[str, ...]] = []
+    async with scripted_apiserver([json_answer([]), json_answer(None), watch]) as (url, asked):
+        view = SliceView(Me(pod_name="me"))
+        task = asyncio.create_task(
+            PeerDiscovery(KubeApi(url), NS, SERVICE, view, seen.append).run()
+        )
+        try:
+
+            async def found() -> bool:
+                return ("http://127.0.0.1:1001",) in seen
+
+            await until(found, f"the discovery never took the good slice: {seen} {asked}")
+
+            async def went_on() -> bool:  # listed again after the null event, and watched
+                return len(asked) >= 5
+
+            await until(went_on, f"the discovery stopped: {asked}")
+            assert not task.done()
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+async def test_a_watch_that_ends_at_once_is_not_asked_again_at_once() -> None:
+    """200 and an empty body, every time: at most a few watches in 3 s (a pause after each,
+    growing), not hundreds."""
+
+    async def empty(request: web.Request) -> web.StreamResponse:
+        if request.query.get("watch") != "true":
+            return web.json_response({"metadata": {"resourceVersion": "5"}, "items": []})
+        return web.Response(body=b"", content_type="application/json")
+
+    async with scripted_apiserver([empty]) as (url, asked):
+        view = SliceView(Me(pod_name="me"))
+        task = asyncio.create_task(
+            PeerDiscovery(KubeApi(url), NS, SERVICE, view, lambda peers: None).run()
+        )
+        try:
+            await asyncio.sleep(3)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    watches = [q for q in asked if "watch=true" in q]
+    assert 1 <= len(watches) <= 3, len(watches)  # pauses of 1 s then 2 s
 
 
 @pytest.fixture(scope="module")

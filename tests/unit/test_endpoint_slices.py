@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from node_agent.core.endpoint_slices import Me, SliceView, Step
+from node_agent.core.endpoint_slices import MANAGED_BY, MANAGED_BY_LABEL, Me, SliceView, Step
 
 ME = Me(pod_name="agent-me", pod_ip="10.0.0.1")
 
@@ -28,11 +28,13 @@ def slice_(
     family: str = "IPv4",
     ports: list[dict[str, Any]] | None = None,
     version: str = "1",
+    managed_by: str = MANAGED_BY,
 ) -> dict[str, Any]:
+    labels = {"kubernetes.io/service-name": "svc", MANAGED_BY_LABEL: managed_by}
     return {
         "apiVersion": "discovery.k8s.io/v1",
         "kind": "EndpointSlice",
-        "metadata": {"name": name, "resourceVersion": version},
+        "metadata": {"name": name, "resourceVersion": version, "labels": labels},
         "addressType": family,
         "endpoints": list(endpoints),
         "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}] if ports is None else ports,
@@ -179,3 +181,70 @@ def test_a_relist_replaces_everything_known() -> None:
     )
     assert view.peers() == ("http://10.0.0.3:8080",)
     assert view.resource_version == "20"
+
+
+def test_a_slice_the_endpointslice_controller_does_not_manage_is_left_out() -> None:
+    # A hand-made slice with the Service's label: whoever may create one would otherwise
+    # point the agents (and their API key) at an address of their choosing.
+    view = listed(
+        slice_("s1", endpoint("agent-a", "10.0.0.2")),
+        slice_("evil", endpoint("agent-x", "192.0.2.66"), managed_by="someone"),
+    )
+    assert view.peers() == ("http://10.0.0.2:8080",)
+    assert view.skipped == [f"EndpointSlice evil: not managed by {MANAGED_BY} (a hand-made slice)"]
+    unlabelled = slice_("bare", endpoint("agent-y", "192.0.2.67"))
+    del unlabelled["metadata"]["labels"]
+    assert view.event({"type": "ADDED", "object": unlabelled}) is Step.WATCH
+    assert view.peers() == ("http://10.0.0.2:8080",)
+    # A managed slice that loses its label is dropped.
+    relabelled = slice_("s1", endpoint("agent-a", "10.0.0.2"), managed_by="someone")
+    view.event({"type": "MODIFIED", "object": relabelled})
+    assert view.peers() == ()
+
+
+@pytest.mark.parametrize(
+    "endpoints",
+    [
+        "10.0.0.9",
+        {"addresses": ["10.0.0.9"]},  # an object, not a list
+        [["10.0.0.9"]],  # an endpoint that is a list
+        [None],
+        [{"addresses": "10.0.0.9"}],
+        [{"addresses": [None]}],
+        [{"addresses": ["10.0.0.9"], "conditions": ["ready"]}],
+        [{"addresses": ["10.0.0.9"], "targetRef": "agent-z"}],
+    ],
+)
+def test_a_slice_of_an_unexpected_shape_is_left_out_and_said(endpoints: Any) -> None:
+    bad = slice_("bad")
+    bad["endpoints"] = endpoints
+    view = listed(slice_("s1", endpoint("agent-a", "10.0.0.2")), bad)
+    assert view.peers() == ("http://10.0.0.2:8080",)
+    assert len(view.skipped) == 1 and view.skipped[0].startswith(
+        "EndpointSlice bad: endpoints of an unexpected shape"
+    ), view.skipped
+
+
+@pytest.mark.parametrize(
+    "item", [None, ["s1"], "s1", {"metadata": ["x"], "addressType": "IPv4", "ports": {}}]
+)
+def test_a_list_item_of_an_unexpected_shape_is_left_out_and_said(item: Any) -> None:
+    view = listed(slice_("s1", endpoint("agent-a", "10.0.0.2")), item)
+    assert view.peers() == ("http://10.0.0.2:8080",)
+    assert len(view.skipped) == 1, view.skipped
+
+
+@pytest.mark.parametrize("body", [None, [], "items", {"items": {"a": 1}}])
+def test_a_list_answer_that_is_no_list_is_an_error_and_changes_nothing(body: Any) -> None:
+    view = listed(slice_("s1", endpoint("agent-a", "10.0.0.2")))
+    with pytest.raises(ValueError, match="the list answer is not an EndpointSliceList"):
+        view.listed(body)
+    assert view.peers() == ("http://10.0.0.2:8080",)
+
+
+@pytest.mark.parametrize("event", [None, [], "ADDED", {"type": "ADDED", "object": None}])
+def test_a_watch_event_of_an_unexpected_shape_relists_and_is_said(event: Any) -> None:
+    view = listed(slice_("s1", endpoint("agent-a", "10.0.0.2")))
+    assert view.event(event) is Step.RELIST
+    assert view.peers() == ("http://10.0.0.2:8080",)
+    assert len(view.skipped) == 1 and "not a watch event" in view.skipped[0]
