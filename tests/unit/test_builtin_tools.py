@@ -1,6 +1,7 @@
 """The pure parts of llama.cpp's built-in tools (node_agent.tools), and the flags that turn
-them on: names, runtimes, globs, edits, argument reading, quoting, and bounded programs.
-(Every tool's answers side by side with b11434: tests/integration/test_builtin_tools.py.)"""
+them on: names, runtimes, globs, edits, argument reading, quoting, host files. (Programs, the
+runtime container and the tools' threads: tests/integration/test_tools_programs.py; every
+tool's answers side by side with b11434: tests/integration/test_builtin_tools.py.)"""
 
 from __future__ import annotations
 
@@ -8,17 +9,12 @@ import asyncio
 import contextlib
 import os
 import shlex
-import signal
-import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from node_agent.config import parse_agent_args
 from node_agent.errors import ConfigError
-from node_agent.tools.builtin import TOOLS
-from node_agent.tools.container import ContainerRuntime
 from node_agent.tools.edits import EditError, apply_edits, fuzzy
 from node_agent.tools.globs import glob_match, path_glob_match
 from node_agent.tools.io import ContainerIO, HostIO, SshIO, shell_quote_join, tools_io
@@ -32,8 +28,6 @@ from node_agent.tools.names import (
     split_tool_names,
 )
 from node_agent.tools.params import ParamError, at, opt_bool, opt_int, opt_str, required_str
-from node_agent.tools.process import run_program
-from node_agent.tools.toolbox import Toolbox, ToolboxClosed
 
 # --- flags ---------------------------------------------------------------------------------
 
@@ -217,49 +211,6 @@ def test_shell_quote_join_gives_back_the_argv(argv: list[str]) -> None:
     assert shlex.split(shell_quote_join(argv)) == argv
 
 
-async def test_a_program_output_is_bounded_and_drained() -> None:
-    res = await run_program(["sh", "-c", "seq 1 100000; echo done >&2"], 10, 30)
-    assert res.output == b"1\n2\n3\n4\n5\n\n[output truncated]" and res.exit_code == 0
-
-
-async def test_a_program_past_its_time_is_killed_with_its_children(tmp_path: Path) -> None:
-    marker = tmp_path / "late"
-    started = time.monotonic()
-    res = await run_program(["sh", "-c", f"(sleep 3; touch {marker}) & sleep 30"], 100, 0.5)
-    assert res.timed_out and res.exit_code == 1  # killed: subprocess.h's EXIT_FAILURE
-    assert time.monotonic() - started < 10
-    await asyncio.sleep(3.5)
-    assert not marker.exists()  # the background child went with the group
-
-
-async def test_a_program_that_closed_its_output_is_killed_at_its_time(tmp_path: Path) -> None:
-    started = time.monotonic()
-    res = await run_program(["sh", "-c", f"exec > {tmp_path / 'log'} 2>&1; sleep 30"], 100, 0.5)
-    assert res.timed_out and res.exit_code == 1
-    assert time.monotonic() - started < 10
-
-
-async def test_a_program_that_cannot_start() -> None:
-    res = await run_program(["/no/such/program"], 100, 5)
-    assert (res.output, res.exit_code) == (b"failed to spawn process", -1)
-    res = await run_program(["true"], 100, 5, cwd="/no/such/folder")
-    assert res.exit_code == -1
-
-
-async def test_stdin_reaches_the_program_and_a_stopped_reader_ends_it() -> None:
-    res = await run_program(["cat"], 100, 5, stdin_data=b"piped")
-    assert res.output == b"piped"
-    seen: list[bytes] = []
-
-    async def stop_after_first(chunk: bytes) -> bool:
-        seen.append(chunk)
-        return False
-
-    started = time.monotonic()
-    res = await run_program(["sh", "-c", "echo hi; sleep 30"], 100, 60, on_chunk=stop_after_first)
-    assert seen == [b"hi\n"] and time.monotonic() - started < 10
-
-
 def test_a_long_path_is_matched_without_deep_recursion() -> None:
     deep = "d/" * 5000 + "x.py"
     assert path_glob_match("*.py", deep) and glob_match("**/*.py", deep)
@@ -278,68 +229,6 @@ async def test_a_host_file_is_read_up_to_a_bound(
     assert io.resolve("a/../b/./c") == f"{tmp_path}/b/c"
 
 
-FAKE_RUN = """#!/bin/sh
-# docker run --rm -i --cidfile FILE IMAGE sh: a container id a while after it started
-touch "$STARTED_DIR/$$"
-sleep 1
-echo "cid$$" > "$5"
-exec cat > /dev/null
-"""
-
-
-@pytest.fixture
-def started(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A fake ``docker`` on PATH; the folder where each ``run`` leaves its pid."""
-    (tmp_path / "docker").write_text(FAKE_RUN)
-    (tmp_path / "docker").chmod(0o755)
-    folder = tmp_path / "started"
-    folder.mkdir()
-    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
-    monkeypatch.setenv("STARTED_DIR", str(folder))
-    return folder
-
-
-def runs(started: Path) -> set[int]:
-    """The pids of the fake ``docker run``s started so far."""
-    return {int(p.name) for p in started.iterdir()}
-
-
-async def test_a_respawn_that_its_client_left_is_not_left_half_done(started: Path) -> None:
-    """aiohttp cancels the handler of a client that went away; the respawn goes on."""
-    runtime = ContainerRuntime(ContainerSpec("docker", "img", False))
-    await runtime.start()
-    (pid,) = runs(started)
-    assert await runtime.spec() == f"docker-container:cid{pid}"
-    os.kill(pid, signal.SIGKILL)  # the container died
-    for _ in range(100):
-        await asyncio.sleep(0.05)
-        if runtime._proc is not None and runtime._proc.returncode is not None:
-            break
-    call = asyncio.ensure_future(runtime.spec())
-    for _ in range(1000):  # the new `docker run` runs: then its client leaves
-        await asyncio.sleep(0.02)
-        if len(runs(started)) == 2:
-            break
-    call.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await call
-    try:
-        (respawned,) = runs(started) - {pid}  # none orphaned
-        assert await runtime.spec() == f"docker-container:cid{respawned}"
-    finally:
-        await runtime.close()
-
-
-async def test_no_container_is_started_once_the_toolbox_closes(started: Path) -> None:
-    toolbox = Toolbox(("get_info",), "docker:img")
-    await toolbox.start()
-    assert len(runs(started)) == 1
-    await toolbox.close()
-    with pytest.raises(ToolboxClosed):  # a call in the shutdown's window
-        await toolbox.runtime_spec()
-    assert len(runs(started)) == 1
-
-
 async def test_a_fifo_is_no_file_to_read_or_write(tmp_path: Path) -> None:
     """Opened as llama.cpp opens it, a FIFO would hold a tool thread until a peer came."""
     fifo = tmp_path / "fifo"
@@ -352,23 +241,3 @@ async def test_a_fifo_is_no_file_to_read_or_write(tmp_path: Path) -> None:
         for flags in (os.O_RDONLY, os.O_WRONLY):
             with contextlib.suppress(OSError):
                 os.close(os.open(fifo, flags | os.O_NONBLOCK))
-
-
-async def test_tool_calls_that_never_end_stall_only_the_tools(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    release = threading.Event()
-
-    def stuck(*_: object) -> list[object]:  # like grep's `(a+)+$` over a long line
-        release.wait()
-        return []
-
-    monkeypatch.setattr("node_agent.tools.builtin._matching", stuck)
-    (glob,) = (t for t in TOOLS if t.name == "file_glob_search")
-    calls = [asyncio.ensure_future(glob.invoke({"path": str(tmp_path)}, None)) for _ in range(40)]
-    try:
-        await asyncio.sleep(1)  # they hold every thread they can get
-        assert await asyncio.wait_for(asyncio.to_thread(sum, [1, 2]), 10) == 3
-    finally:
-        release.set()
-        await asyncio.gather(*calls)
