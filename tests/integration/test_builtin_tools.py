@@ -40,6 +40,7 @@ from tests.integration.test_compat import (
     call,
     content_type,
 )
+from tests.integration.test_tools_mcp import assert_the_result_reaches_the_model
 
 AGENT = (sys.executable, "-m", "node_agent.cli", "agent", "--port", "0")
 ORIGIN = {"Origin": "http://localhost:5173"}  # with tools on, both let only localhost in
@@ -500,24 +501,7 @@ def test_a_chat_completion_uses_a_built_in_tool_as_the_web_ui_does(
     )
     result = answer.json()["plain_text_response"]
     assert result == "hello\nworld\nfoo bar\nHello again\n"
-    turn = {
-        "role": "assistant",
-        "content": "",
-        "tool_calls": [
-            {
-                "id": "call_1",
-                "type": "function",
-                "function": {"name": "read_file", "arguments": json.dumps(arguments)},
-            }
-        ],
-    }
-    answered = {**asked, "messages": [question, turn, {"role": "tool", "content": result}]}
-    for body in (asked, answered):
-        peer, corral = pair.both("POST", "/v1/chat/completions", body)
-        assert_same("POST /v1/chat/completions with built-in tools", peer, corral)
-        assert corral.status == 200, corral.body
-    prompt = call(pair.corral, "POST", "/apply-template", answered, headers=ORIGIN).json()["prompt"]
-    assert f"<|im_start|>tool\n{result}<|im_end|>" in prompt
+    assert_the_result_reaches_the_model(pair, asked, "read_file", arguments, result, ORIGIN)
     # The tools run in the agent: the child was given none of the flags.
     (child,) = pair.agent.children()
     assert "--tools" not in Path(f"/proc/{child}/cmdline").read_text()

@@ -191,6 +191,39 @@ def test_the_cors_proxy_is_off_unless_asked_for(tools_pair: tuple[Pair, Path]) -
     assert corral.json()["cors_proxy_enabled"] is peer.json()["cors_proxy_enabled"] is False
 
 
+def assert_the_result_reaches_the_model(
+    pair: Pair,
+    asked: dict[str, Any],
+    tool: str,
+    arguments: dict[str, Any],
+    result: str,
+    template_headers: dict[str, str] | None = None,
+) -> None:
+    """The web UI's loop after a tool ran: the model's call and the tool's result go back as
+    messages; both routers answer the same, and the result reaches the model's prompt (the
+    demo models' ChatML template shows no tool definitions)."""
+    call_turn = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": tool, "arguments": json.dumps(arguments)},
+            }
+        ],
+    }
+    messages = [*asked["messages"], call_turn, {"role": "tool", "content": result}]
+    answered = {**asked, "messages": messages}
+    for body in (asked, answered):
+        peer, corral = pair.both("POST", "/v1/chat/completions", body)
+        assert_same(f"POST /v1/chat/completions with the tool {tool}", peer, corral)
+        assert corral.status == 200, corral.body
+    headers = template_headers or {}
+    prompt = call(pair.corral, "POST", "/apply-template", answered, headers=headers).json()
+    assert f"<|im_start|>tool\n{result}<|im_end|>" in prompt["prompt"]
+
+
 def test_a_chat_completion_uses_a_tool_as_the_web_ui_does(tools_pair: tuple[Pair, Path]) -> None:
     pair, _ = tools_pair
     definitions = [t["definition"] for t in call(pair.corral, "GET", "/tools").json()]
@@ -201,26 +234,7 @@ def test_a_chat_completion_uses_a_tool_as_the_web_ui_does(tools_pair: tuple[Pair
     arguments = {"a": 2, "b": 3}
     result = tool_call(pair.corral, "stub_add", arguments)["plain_text_response"]
     assert result == "5 cwd=-"
-    turn = {
-        "role": "assistant",
-        "content": "",
-        "tool_calls": [
-            {
-                "id": "call_1",
-                "type": "function",
-                "function": {"name": "stub_add", "arguments": json.dumps(arguments)},
-            }
-        ],
-    }
-    answered = {**asked, "messages": [question, turn, {"role": "tool", "content": result}]}
-    for body in (asked, answered):
-        peer, corral = pair.both("POST", "/v1/chat/completions", body)
-        assert_same("POST /v1/chat/completions with tools", peer, corral)
-        assert corral.status == 200, corral.body
-    # The tool's result reached the model's prompt (the demo models' ChatML template shows
-    # no tool definitions).
-    prompt = call(pair.corral, "POST", "/apply-template", answered).json()["prompt"]
-    assert f"<|im_start|>tool\n{result}<|im_end|>" in prompt
+    assert_the_result_reaches_the_model(pair, asked, "stub_add", arguments, result)
 
 
 def test_a_crashed_mcp_server_or_child_loses_no_tools(tools_pair: tuple[Pair, Path]) -> None:
