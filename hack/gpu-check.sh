@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On a machine with NVIDIA GPUs: check what the ledger and automatic placement rely on.
 #
-#   hack/gpu-check.sh                 # LLAMA_SERVER=path/to/a CUDA or Vulkan llama-server
+#   hack/gpu-check.sh                 # LLAMA_SERVER=path/to/a CUDA or Vulkan llama-server (default: corral llama-server build --cuda)
 #   MODEL=some.gguf hack/gpu-check.sh # default: the real model (SmolLM2), else a demo model
 #
 # 1. NVML's figures per GPU agree with nvidia-smi's (total, used within 1%);
@@ -31,7 +31,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from node_agent.binary import find_llama_server
+from node_agent.llama_server.binary import find_llama_server
 from node_agent.memory.buffers import LoggedBuffers
 from node_agent.memory.devices import load_nvml
 from tests.integration.harness import AgentProcess, chat, http

@@ -2,7 +2,7 @@
 # Static checks: ruff (lint + format), mypy --strict on both packages, import-linter layers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-hack/setup.sh
+hack/setup.sh lint
 # shellcheck disable=SC1091
 . .venv/bin/activate
 ruff check .

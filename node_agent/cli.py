@@ -19,6 +19,7 @@ commands:
   agent        run the node agent (llama-server router flags; see `corral agent --help`)
   operator     run the ModelPreset operator (Kubernetes)
   demo-models  write tiny generated GGUF models into a folder: corral demo-models DIR [--large]
+  llama-server build llama-server for this machine (`build`), or show the one in use (`path`)
   models       list the models of a running agent
   load NAME    load a model on a running agent, with progress
   unload NAME  unload a model on a running agent
@@ -56,6 +57,12 @@ def _demo_models(argv: Sequence[str]) -> int:
     return main(list(argv))
 
 
+def _llama_server(argv: Sequence[str]) -> int:
+    from node_agent.llama_server.cli import main
+
+    return main(argv)
+
+
 def _client(argv: Sequence[str]) -> int:
     from node_agent.client import main
 
@@ -66,6 +73,7 @@ COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "agent": _agent,
     "operator": _operator,
     "demo-models": _demo_models,
+    "llama-server": _llama_server,
     "models": lambda argv: _client(["models", *argv]),
     "load": lambda argv: _client(["load", *argv]),
     "unload": lambda argv: _client(["unload", *argv]),

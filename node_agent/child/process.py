@@ -36,7 +36,7 @@ from typing import Any, Final
 
 import aiohttp
 
-from node_agent.binary import explain_exit
+from node_agent.llama_server.binary import explain_exit
 from node_agent.child import protocol
 from node_agent.child.logs import LogRing, failure_line
 from node_agent.child.ports import CHILD_HOST, release_port, reserve_port

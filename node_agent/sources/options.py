@@ -29,7 +29,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from node_agent.binary import build_info
+from node_agent.llama_server.binary import build_info
 from node_agent.sources.help_text import parse_help
 
 log = logging.getLogger(__name__)
@@ -194,7 +194,7 @@ def generated_options() -> OptionTable:
     """The table of the pinned llama-server (``llama_options.py``, built once)."""
     from node_agent.sources.llama_options import OPTIONS, VERSION
 
-    origin = f"the pinned llama-server {build_info(VERSION)} (Corral's built-in table)"
+    origin = f"llama-server {build_info(VERSION)} (Corral's built-in table)"
     return OptionTable(tuple(LlamaOption(*row) for row in OPTIONS), origin)
 
 

@@ -38,16 +38,17 @@ def real_model() -> Path:
 
 @pytest.fixture(scope="session")
 def b11434() -> Path:
-    """llama-server b11434 built from source (hack/build-b11434.sh; CI builds it once)."""
+    """llama-server b11434 built from source (`corral llama-server build`; hack/setup.sh
+    builds it once per machine)."""
     path = b11434_path()
     if not os.access(path, os.X_OK):
-        missing_in_ci_fails(f"llama-server b11434: {path} is missing (hack/build-b11434.sh)")
+        missing_in_ci_fails(f"llama-server b11434: {path} is missing (corral llama-server build)")
     return path
 
 
 @pytest.fixture(scope="session")
 def llama_server() -> str:
-    from node_agent.binary import find_llama_server
+    from node_agent.llama_server.binary import find_llama_server
 
     return str(find_llama_server(None, os.environ))
 

@@ -29,9 +29,14 @@ def missing_in_ci_fails(reason: str) -> NoReturn:
 
 
 def b11434_path() -> Path:
-    """Where hack/build-b11434.sh leaves llama-server b11434 (outside the checkout)."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return Path(os.environ.get("LLAMA_SERVER_B11434") or cache / "corral" / "llama-server-b11434")
+    """llama-server b11434 as `corral llama-server build` leaves it (hack/setup.sh runs it), in
+    the cache outside the checkout; where none is built, the folder it would be in."""
+    from node_agent.llama_server.cache import builds, cache_root
+    from node_agent.llama_server.plan import LLAMA_CPP_BUILD, SERVER_TARGET
+
+    root = cache_root(os.environ)
+    built = [b.binary for b in builds(root) if b.llama_cpp == LLAMA_CPP_BUILD]
+    return built[0] if built else root / f"b{LLAMA_CPP_BUILD}-cpu" / SERVER_TARGET
 
 
 def free_port() -> int:

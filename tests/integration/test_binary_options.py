@@ -1,8 +1,9 @@
-"""The options of the llama-server in use: b11434's own, not the pinned binary's table.
+"""The options of the llama-server in use: its own ``--help``, not a table of another build's.
 
-``--n-cpu-ffn`` is new in b11434 (the pinned b10434 has no such option): with b11434 as the
-child it is a valid preset key and flag, and reaches the child; with the pinned binary the
-same preset is refused, and the error names that binary.
+``--n-cpu-ffn`` is new in b11434 (b10434 has no such option): with b11434 as the child it is a
+valid preset key and flag, and reaches the child; with a binary that lacks it (b11434 behind a
+wrapper that answers ``--help`` and ``--version`` as b10434 does) the same preset is refused,
+and the error names that binary.
 """
 
 from __future__ import annotations
@@ -37,9 +38,25 @@ def test_an_option_only_b11434_has_works_with_it(
     assert agent.get("/props")[1]["build_info"] == "b0-unknown"
 
 
-def test_the_pinned_binary_refuses_it_naming_itself(
-    llama_server: str, demo_dir: Path, tmp_path: Path
+def older_binary(b11434: Path, folder: Path) -> str:
+    """b11434 that says it is b10434 and whose ``--help`` lacks the new option."""
+    wrapper = folder / "llama-server-b10434"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        'case " $* " in\n'
+        '  *" --version "*) echo "version: 0.1.0-dev (build 1, commit 7e4c0a9)" >&2; exit 0 ;;\n'
+        f'  *" --help "*) "{b11434}" "$@" | grep -v -e "--{NEW_OPTION}"; exit 0 ;;\n'
+        "esac\n"
+        f'exec "{b11434}" "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+def test_a_binary_without_it_refuses_it_naming_itself(
+    b11434: Path, demo_dir: Path, tmp_path: Path
 ) -> None:
+    llama_server = older_binary(b11434, tmp_path)
     ini = preset(tmp_path, demo_dir)
     for args in (
         ["--models-preset", str(ini)],

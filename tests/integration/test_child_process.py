@@ -20,7 +20,7 @@ import aiohttp
 import pytest
 
 from node_agent import demo_models as dm
-from node_agent.binary import check_llama_server, find_llama_server
+from node_agent.llama_server.binary import check_llama_server, find_llama_server
 from node_agent.child.keys import child_key
 from node_agent.child.orphans import AGENT_PID_ENV, TAG_ENV, end_orphans, find_orphans
 from node_agent.child.process import ChildProcess

