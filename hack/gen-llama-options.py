@@ -5,7 +5,8 @@ Usage: ``hack/gen-llama-options.py [--llama-server PATH] [--check]``
 
 The agent reads the ``--help`` of the binary it runs; this committed table, from the build
 Corral follows (b11434, as ``corral llama-server build`` makes it), serves where no binary can
-be asked (the operator) or where asking fails. Parsing is ``node_agent.sources.help_text``'s, shared with the agent.
+be asked (the operator) or where asking fails. Parsing is ``node_agent.sources.help_text``'s,
+shared with the agent.
 ``--check`` exits 1 when the committed table differs from what the binary says (for CI).
 """
 

@@ -26,7 +26,6 @@ from aiohttp import web
 
 from node_agent import startup
 from node_agent.aio import TaskSet
-from node_agent.llama_server.binary import build_info
 from node_agent.binary_probe import BinaryProbe
 from node_agent.child.logs import LogRing
 from node_agent.child.orphans import end_orphans
@@ -35,6 +34,7 @@ from node_agent.child.state import ChildEvent
 from node_agent.config import AgentOptions, parse_agent_args
 from node_agent.errors import ApiError, ConfigError, CorralError
 from node_agent.extras import install_hint
+from node_agent.llama_server.binary import build_info
 from node_agent.mcp.config import load_servers
 from node_agent.mcp.servers import McpServers
 from node_agent.redact import RedactingFilter, add_secret, add_secrets

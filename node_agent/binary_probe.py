@@ -13,9 +13,9 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from node_agent.llama_server.binary import check_llama_server, find_llama_server, set_in_use
 from node_agent.config import llama_server_arg
 from node_agent.errors import BinaryError
+from node_agent.llama_server.binary import check_llama_server, find_llama_server, set_in_use
 from node_agent.sources.options import read_options_early, use_options_of
 
 

@@ -36,7 +36,6 @@ from typing import Any, Final
 
 import aiohttp
 
-from node_agent.llama_server.binary import explain_exit
 from node_agent.child import protocol
 from node_agent.child.logs import LogRing, failure_line
 from node_agent.child.ports import CHILD_HOST, release_port, reserve_port
@@ -51,6 +50,7 @@ from node_agent.child.state import (
 )
 from node_agent.child.streams import health_session, read_lines, watch_health
 from node_agent.errors import ChildError
+from node_agent.llama_server.binary import explain_exit
 
 # The supervisor's whole public API, importable from here.
 __all__ = [

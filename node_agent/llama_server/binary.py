@@ -35,9 +35,7 @@ HOW_TO_BUILD: Final = (
     f"Build llama.cpp b{LLAMA_CPP_BUILD} for any CPU with `{BUILD_COMMAND}` (once; about "
     f"20 minutes on 2 cores, less with more; cached and found from then on)"
 )
-HOW_TO_GET: Final = (
-    f"{HOW_TO_BUILD}, or point to your own with --llama-server PATH or ${ENV_VAR}."
-)
+HOW_TO_GET: Final = f"{HOW_TO_BUILD}, or point to your own with --llama-server PATH or ${ENV_VAR}."
 
 
 def _usable(path: Path, origin: str) -> Path:

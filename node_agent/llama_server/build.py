@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from node_agent.llama_server.binary import check_llama_server
 from node_agent.errors import BinaryError
+from node_agent.llama_server.binary import check_llama_server
 from node_agent.llama_server.cache import Built, builds, cache_root, read_built
 from node_agent.llama_server.plan import (
     SDIST_NAME,
@@ -33,6 +33,7 @@ from node_agent.llama_server.plan import (
     STAMP,
     BuildPlan,
     build_targets,
+    installed,
     progress_of,
     sdist_file,
     sdist_version,
@@ -274,9 +275,7 @@ class Builder:
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
         for item in bin_dir.iterdir():
-            # The server and the shared libraries beside it (libllama, libggml*, the CPU
-            # variants and GPU backends ggml loads at start).
-            if item.name == SERVER_TARGET or ".so" in item.name or item.suffix == ".dylib":
+            if installed(item.name, self.targets):
                 shutil.copy2(item, staging / item.name, follow_symlinks=False)
         try:
             version = check_llama_server(staging / SERVER_TARGET)

@@ -36,7 +36,9 @@ is already there is reused. About 20 minutes on 2 cores; needs cmake and a C++ c
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="corral llama-server")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{build,path}")
-    build = sub.add_parser("build", help="build llama-server for this machine", description=DESCRIPTION)
+    build = sub.add_parser(
+        "build", help="build llama-server for this machine", description=DESCRIPTION
+    )
     cuda = build.add_mutually_exclusive_group()
     cuda.add_argument("--cuda", action="store_true", help="add the CUDA backend (needs nvcc)")
     cuda.add_argument(

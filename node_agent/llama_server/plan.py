@@ -94,8 +94,7 @@ class BuildPlan:
             # copied; ggml looks for its backend modules in the binary's folder.
             "-DBUILD_SHARED_LIBS=ON",
             "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
-            "-DCMAKE_INSTALL_RPATH="
-            + ("@loader_path" if self.system == "Darwin" else "$ORIGIN"),
+            "-DCMAKE_INSTALL_RPATH=" + ("@loader_path" if self.system == "Darwin" else "$ORIGIN"),
             "-DGGML_BACKEND_DL=ON",
             "-DGGML_CPU_ALL_VARIANTS=ON" if self.cpu_variants else "",
         ]
@@ -124,6 +123,20 @@ def build_targets(configure_output: str) -> list[str]:
         if m and "AMX_TILE" not in m.group(2):
             targets.append(m.group(1))
     return targets
+
+
+def installed(name: str, targets: list[str]) -> bool:
+    """Whether the file ``name`` of the build's ``bin/`` goes into the cache: the server and
+    the shared libraries beside it (libllama, libggml*, the GPU backends), of the CPU variants
+    only those among ``targets`` — the ``ggml`` target builds every variant, the AMX one too."""
+    if name == SERVER_TARGET:
+        return True
+    if not (".so" in name or name.endswith(".dylib")):
+        return False
+    if name.startswith("libggml-cpu-"):
+        variant = name.removeprefix("lib").split(".so")[0].removesuffix(".dylib")
+        return variant in targets
+    return True
 
 
 # Progress as the build tools print it: ninja "[12/461] Building …", make "[ 45%] Building …".

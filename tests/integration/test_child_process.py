@@ -20,13 +20,13 @@ import aiohttp
 import pytest
 
 from node_agent import demo_models as dm
-from node_agent.llama_server.binary import check_llama_server, find_llama_server
 from node_agent.child.keys import child_key
 from node_agent.child.orphans import AGENT_PID_ENV, TAG_ENV, end_orphans, find_orphans
 from node_agent.child.process import ChildProcess
 from node_agent.child.spawn import ChildConfig
 from node_agent.child.state import ChildEvent, ChildState, EventKind
 from node_agent.errors import ChildError
+from node_agent.llama_server.binary import check_llama_server, find_llama_server
 
 HANG_SERVER = Path(__file__).with_name("hang_server.py")
 REPO = Path(__file__).resolve().parents[2]

@@ -16,15 +16,15 @@ from __future__ import annotations
 
 import itertools
 import os
-import shutil
 import subprocess
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from node_agent.llama_server.binary import set_in_use
 from node_agent.memory.arch_models import (
     ARCH_MODELS,
     VisionProjector,
@@ -32,7 +32,6 @@ from node_agent.memory.arch_models import (
     write_vision_projector,
 )
 from node_agent.memory.buffers import MIB, LoggedBuffers
-from node_agent.llama_server.binary import set_in_use
 from node_agent.memory.estimator import estimate
 from node_agent.memory.shape import read_shape, read_vision_shape
 from tests.integration.harness import b11434_path, missing_in_ci_fails

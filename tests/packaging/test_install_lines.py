@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 
 from node_agent.demo_models import DEMO_MODELS, write_model
-from node_agent.real_model import DISTRIBUTION, MODEL_NAME
 from node_agent.llama_server.cache import cache_root
+from node_agent.real_model import DISTRIBUTION, MODEL_NAME
 from tests.integration.harness import (
     REPO,
     b11434_path,

@@ -52,3 +52,13 @@ def test_registry_is_required(tmp_path: Path) -> None:
     run, calls = make_images(tmp_path)
     assert run.returncode != 0 and calls == ""
     assert "set REGISTRY" in run.stderr
+
+
+def test_the_agent_image_pins_the_llama_cpp_build_corral_follows() -> None:
+    # Floating `server` / `server-cuda` tags would give the children another llama.cpp than
+    # the one whose options the agent, the CRD's allow-list and the tests know.
+    from node_agent.llama_server.plan import LLAMA_CPP_BUILD
+
+    dockerfile = (REPO / "Dockerfile.agent").read_text()
+    assert f"ARG LLAMA_CPP_CPU_TAG=server-b{LLAMA_CPP_BUILD}\n" in dockerfile
+    assert f"ARG LLAMA_CPP_CUDA_TAG=server-cuda-b{LLAMA_CPP_BUILD}\n" in dockerfile

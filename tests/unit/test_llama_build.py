@@ -21,6 +21,7 @@ from node_agent.llama_server.plan import (
     BuildPlan,
     build_targets,
     cuda_archs_of,
+    installed,
     parse_cuda_archs,
     progress_of,
 )
@@ -31,7 +32,7 @@ CONFIGURE = """\
 -- Adding CPU backend variant ggml-cpu-x64:
 -- Adding CPU backend variant ggml-cpu-haswell: -msse4.2;-mavx2 GGML_SSE42;GGML_AVX2
 -- Adding CPU backend variant ggml-cpu-zen4: -mavx512f GGML_AVX512;GGML_AVX512_BF16
--- Adding CPU backend variant ggml-cpu-sapphirerapids: -mamx-tile GGML_AVX512;GGML_AMX_TILE;GGML_AMX_INT8
+-- Adding CPU backend variant ggml-cpu-sapphirerapids: -mamx-tile GGML_AMX_TILE;GGML_AMX_INT8
 -- Configuring done
 """
 
@@ -82,6 +83,14 @@ class TestPlan:
             "ggml-cpu-zen4",
         ]
         assert build_targets("-- Configuring done\n") == ["llama-server"]
+
+    def test_what_goes_into_the_cache(self) -> None:
+        targets = build_targets(CONFIGURE)
+        assert installed("llama-server", targets) and installed("libllama.so.0", targets)
+        assert installed("libggml-cpu-haswell.so", targets)
+        assert installed("libggml-cuda.so", targets)  # a GPU backend
+        assert not installed("libggml-cpu-sapphirerapids.so", targets)  # built all the same
+        assert not installed("rpc-server", targets) and not installed("llama-cli", targets)
 
     @pytest.mark.parametrize(
         ("line", "expected"),
@@ -146,7 +155,8 @@ else:
     server = os.path.join(build, "bin", "llama-server")
     open(server, "w").write('#!/bin/sh\necho "version: 0.6.0-dev (build 0, commit unknown)" >&2\n')
     os.chmod(server, 0o755)
-    for lib in ("libllama.so", "libggml-cpu-haswell.so", "rpc-server"):
+    for lib in ("libllama.so", "libggml-cpu-haswell.so", "libggml-cpu-sapphirerapids.so",
+                "rpc-server"):
         open(os.path.join(build, "bin", lib), "w").close()
 """
 
@@ -200,10 +210,15 @@ class TestBuilder:
             "libggml-cpu-haswell.so",
             "libllama.so",
             "llama-server",
-        ]  # the server and its libraries, nothing else of bin/
+        ]  # the server and its libraries but the AMX variant, nothing else of bin/
         stamp = json.loads((built.folder / "corral-build.json").read_text())
         assert stamp["version"] == "0.6.0-dev (build 0, commit unknown)"
-        assert stamp["targets"] == ["llama-server", "ggml-cpu-x64", "ggml-cpu-haswell", "ggml-cpu-zen4"]
+        assert stamp["targets"] == [
+            "llama-server",
+            "ggml-cpu-x64",
+            "ggml-cpu-haswell",
+            "ggml-cpu-zen4",
+        ]
         assert "-DGGML_CPU_ALL_VARIANTS=ON" in stamp["cmake_args"]
         # The build and source folders are gone; the finished build is found.
         assert not (root / "build").exists() and not (root / "src").exists()
