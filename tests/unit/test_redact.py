@@ -4,6 +4,7 @@ must leave alone."""
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 
@@ -98,3 +99,45 @@ def test_the_operators_last_error_is_masked() -> None:
         dt.timedelta(seconds=30),
     )
     assert entry["lastError"] == "download of http://***@h/m failed"
+
+
+# Text a client controls and redact() may see (a Host header, an Origin, a model name, a child's
+# stderr line), shaped to make a backtracking pattern try every start (issue 26, rows 2-4, 16).
+HOSTILE = {
+    "host of a.a.a…": "a." * 100_000,
+    "blank lines": "\n" * 200_000,
+    "spaces": " " * 200_000,
+    "schemes without user info": "a://" * 50_000,
+    "a scheme then no @": "http://" + "b" * 200_000,
+    "options without values": "--api-key " * 20_000,
+    "a signed-looking query key": "?x-amz-" + "a-" * 100_000,
+    "bearers": "Bearer " * 30_000,
+    "token prefixes": "hf_" * 70_000,
+    "ini keys without =": "hf-token" + " " * 200_000,
+}
+
+
+@pytest.mark.parametrize("text", HOSTILE.values(), ids=HOSTILE.keys())
+def test_redaction_takes_linear_time_on_hostile_text(text: str) -> None:
+    # Linear: 200 KB in a few ms. The quadratic patterns took 3 s on 16 KB of `a.`, 17 s on
+    # 16 KB of newlines (and hours on these 200 KB), holding the GIL all along.
+    start = time.perf_counter()
+    redact(text)
+    assert time.perf_counter() - start < 1.0
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("see http://u:p@h/x and ftp://v@w/y", "see http://***@h/x and ftp://***@w/y"),
+        ("git+ssh://git@github.com/x", "git+ssh://***@github.com/x"),
+        ("_http://u@h", "_http://u@h"),  # no word boundary before the scheme: not a URL
+        ("x.http://u@h", "x.http://***@h"),
+        ("1http://u@h", "1http://u@h"),  # a scheme starts with a letter
+        ("http://@h", "http://@h"),  # nothing to hide
+        ("http://u/p@h", "http://u/p@h"),  # the @ is in the path
+        ("HTTP://U:P@H", "HTTP://***@H"),
+    ],
+)
+def test_url_user_info_is_hidden_as_before(text: str, shown: str) -> None:
+    assert redact(text) == shown
