@@ -19,8 +19,14 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterable, Sequence
+from typing import Final
+
+from node_agent.clip import clip
 
 MASK = "***"
+# What redact_clipped reads past its cut (longer than any secret): a secret that the first cut
+# splits, and so is not recognised, lies wholly past the second.
+_CLIP_MARGIN: Final = 1024
 # Options (long names, without dashes) whose value is a secret.
 SECRET_OPTIONS = ("hf-token", "api-key", "hft")
 SECRET_ENV = ("HF_TOKEN", "LLAMA_API_KEY", "LLAMA_ARG_HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
@@ -82,6 +88,14 @@ def redact(text: str) -> str:
     return _HF_TOKEN.sub("hf_" + MASK, text)
 
 
+def redact_clipped(text: str, limit: int) -> str:
+    """``redact(text)`` cut to about ``limit`` characters, with work bounded by ``limit``
+    rather than by ``text`` (a line a child or a client wrote may be megabytes)."""
+    if len(text) <= limit:
+        return redact(text)
+    return clip(redact(text[: limit + _CLIP_MARGIN]), limit, length=len(text))
+
+
 def _hide_user_info(text: str) -> str:
     """``scheme://user:pass@host`` -> ``scheme://***@host``, in time linear in ``text``.
 
@@ -129,12 +143,17 @@ def redact_args(args: Sequence[str]) -> list[str]:
     return out
 
 
+# The most of one log message written: client text in it is clipped where it is put in
+# (node_agent.clip); this bounds what was not (issue 26).
+LOG_MESSAGE_CHARS: Final = 8000
+
+
 class RedactingFilter(logging.Filter):
     """A log filter that redacts each record's final message (installed on the handlers)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        clean = redact(message)
+        clean = redact_clipped(message, LOG_MESSAGE_CHARS)
         if clean != message:
             record.msg, record.args = clean, None
         if record.exc_info and record.exc_text is None and record.exc_info[1] is not None:

@@ -27,6 +27,7 @@ from typing import Any
 
 from aiohttp import web
 
+from node_agent.clip import clip
 from node_agent.core.scheduler import Lease
 from node_agent.errors import ApiError
 from node_agent.router.bodies import CLIENT_TIMEOUT, json_document, read_body, read_json
@@ -154,7 +155,7 @@ def _canonical(registry: Registry, name: str | None) -> str:
         raise ApiError(400, MODEL_MISSING)
     canonical = registry.resolve(name)
     if canonical is None:
-        raise ApiError(400, f"model '{name}' not found")
+        raise ApiError(400, f"model '{clip(name)}' not found")
     return canonical
 
 
@@ -301,7 +302,7 @@ async def load_model(request: web.Request) -> web.StreamResponse:
         raise ApiError(404, MODEL_MISSING)
     canonical = registry.resolve(model)
     if canonical is None:
-        raise ApiError(404, f"model '{model}' not found")
+        raise ApiError(404, f"model '{clip(model)}' not found")
     await registry.load(canonical)
     return _json({"success": True})
 

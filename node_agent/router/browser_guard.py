@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from node_agent.clip import clip
 from node_agent.errors import ApiError
 
 log = logging.getLogger("corral.http")
@@ -135,7 +136,7 @@ def allow_origin(policy: BrowserPolicy, origin: str) -> str | None:
         if origin and origin_is_localhost(origin):
             return origin
         if origin:
-            log.warning("(CORS) skip non-localhost origin: %s", origin)
+            log.warning("(CORS) skip non-localhost origin: %s", clip(origin))
         return None
     if "," in policy.origins:
         # llama.cpp sends the list as it is, which no browser accepts (the header holds one
@@ -212,7 +213,7 @@ def cross_site_proxy(policy: BrowserPolicy, headers: Mapping[str, str], scheme: 
     elif allow_origin(policy, origin) in (origin, ANY_ORIGIN):
         return None
     else:
-        why = f"from Origin {origin!r}, which --cors-origins does not allow"
+        why = f"from Origin {clip(origin)!r}, which --cors-origins does not allow"
     return (
         f"/cors-proxy is refused for a request {why}: any web page could make the agent "
         "fetch URLs for it; use the agent's own web UI, or list its origin in --cors-origins"
@@ -230,7 +231,7 @@ def guard_middleware(
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         if not host_allowed(policy.allowed_hosts, request.headers.get("Host")):
-            host = request.headers.get("Host", "")
+            host = clip(request.headers.get("Host", ""))
             raise ApiError(
                 403,
                 f"Host {host!r} is not allowed: the agent answers only to local names and "

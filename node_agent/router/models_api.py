@@ -27,6 +27,7 @@ from typing import Any
 from aiohttp import web
 
 from node_agent.child.ports import CHILD_HOST
+from node_agent.clip import clip
 from node_agent.errors import ApiError
 from node_agent.router.bodies import parse_json_body, read_control_body
 from node_agent.router.state import STATE, AgentState
@@ -85,7 +86,7 @@ async def delete_models(request: web.Request) -> web.StreamResponse:
         raise ApiError(400, NON_EMPTY)
     canonical = registry.resolve(name)
     if canonical is None:
-        raise ApiError(500, f"model name={name} is not found")
+        raise ApiError(500, f"model name={clip(name)} is not found")
     downloading = registry.downloads.active(canonical)
     if not downloading and registry.spec(canonical).source != SOURCE_CACHE:
         raise ApiError(500, f"model name={canonical} is not removable (not from cache)")

@@ -1,8 +1,9 @@
-"""Slow and greedy clients, as issue 16 (rows 6–8) probed the agent with, and what to measure
-while they run: ``/health`` latency and the agent's memory.
+"""Slow and greedy clients, as issue 16 (rows 6–8) probed the agent with, hostile requests as
+issue 26 did, and what to measure while they run: ``/health`` latency and the agent's memory.
 
-Used by ``tests/integration/test_security_connections.py`` (short limits, assertions) and by
-``hack/attack-figures.py`` (the default limits, figures printed for the closing note).
+Used by ``tests/integration/test_security_connections.py`` and ``test_attacks_http.py`` (short
+limits, assertions) and by ``hack/attack-figures.py`` (the default limits, figures printed for
+the closing note).
 """
 
 from __future__ import annotations
@@ -97,6 +98,18 @@ class Probe:
         finally:
             self._stop.set()
             thread.join()
+
+    def worst_ms(self) -> float:
+        """The slowest ``/health`` answer, in ms (inf when one failed)."""
+        return max(self.latencies, default=0.0) * 1000
+
+    def rss_growth_mib(self) -> float:
+        """How far the agent's RSS rose above its first sample, in MiB."""
+        return (max(self.rss_kib) - self.rss_kib[0]) / 1024 if self.rss_kib else 0.0
+
+    def figures(self) -> str:
+        """The two figures issue 26 asks of every attack."""
+        return f"worst /health {self.worst_ms():.0f} ms, RSS growth {self.rss_growth_mib():.1f} MiB"
 
     def summary(self) -> str:
         lat = sorted(self.latencies)
@@ -210,3 +223,63 @@ def _status_line(s: socket.socket) -> bytes:
             break
         data += chunk
     return data.partition(b"\r\n")[0]
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    head: bytes
+    body: bytes  # as sent (chunked framing left in)
+    seconds: float
+
+
+def send_raw(
+    port: int,
+    method: str,
+    target: str,
+    headers: dict[str, str] | None = None,
+    body: bytes = b"",
+    timeout: float = 120.0,
+) -> Answer:
+    """One request exactly as given (no encoding of the target, any header size), read to the
+    end of the connection."""
+    all_headers = {"Host": "127.0.0.1", **(headers or {})}
+    head = f"{method} {target} HTTP/1.1\r\n" + "".join(
+        f"{k}: {v}\r\n" for k, v in all_headers.items()
+    )
+    head += f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    start = time.monotonic()
+    data = b""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(head.encode() + body)
+        while chunk := s.recv(65536):
+            data += chunk
+    answer_head, _, answer_body = data.partition(b"\r\n\r\n")
+    status = int(answer_head.split()[1]) if answer_head else 0
+    return Answer(status, answer_head, answer_body, time.monotonic() - start)
+
+
+def bearer(key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+# Issue 26's hostile texts: `a.a.a…` made the URL user-info pattern try every start.
+DOTS_32K = "a." * 16_000
+DOTS_40K = "a." * 20_000
+
+
+def huge_host(port: int) -> Answer:
+    """Row 2: no key, a 32 KB ``Host`` (refused by the Host check, before the key)."""
+    return send_raw(port, "GET", "/models", {"Host": DOTS_32K})
+
+
+def huge_origin(port: int) -> Answer:
+    """Row 3: no key, a 32 KB ``Origin`` that CORS (``localhost``) skips with a warning."""
+    return send_raw(port, "GET", "/health", {"Origin": "http://" + DOTS_32K})
+
+
+def huge_model(port: int, key: str | None) -> Answer:
+    """Row 4: with the key, a chat request for a 40 KB model name."""
+    body = json.dumps({"model": DOTS_40K, "messages": [{"role": "user", "content": "hi"}]})
+    headers = {"Content-Type": "application/json", **bearer(key)}
+    return send_raw(port, "POST", "/v1/chat/completions", headers, body.encode())

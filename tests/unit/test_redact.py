@@ -141,3 +141,26 @@ def test_redaction_takes_linear_time_on_hostile_text(text: str) -> None:
 )
 def test_url_user_info_is_hidden_as_before(text: str, shown: str) -> None:
     assert redact(text) == shown
+
+
+def test_error_bodies_and_log_lines_are_bounded_and_still_redacted() -> None:
+    from node_agent.errors import MESSAGE_CHARS, ApiError
+    from node_agent.redact import LOG_MESSAGE_CHARS
+
+    add_secret("a-secret-at-the-cut")
+    for limit, shown in (
+        (MESSAGE_CHARS, lambda text: ApiError(400, text).body()["error"]["message"]),
+        (LOG_MESSAGE_CHARS, lambda text: _filtered(text)),
+    ):
+        # The secret straddles the cut: hidden all the same, and the length is said.
+        text = "x" * (limit - 5) + "a-secret-at-the-cut" + "y" * 1_000_000
+        clean = shown(text)
+        assert "a-secret" not in clean and "a-sec" not in clean
+        assert clean.endswith(f"({len(text)} characters)")
+        assert len(clean) < limit + 100
+
+
+def _filtered(text: str) -> str:
+    record = logging.LogRecord("t", logging.INFO, __file__, 1, "%s", (text,), None)
+    RedactingFilter().filter(record)
+    return record.getMessage()
