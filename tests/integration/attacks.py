@@ -283,3 +283,11 @@ def huge_model(port: int, key: str | None) -> Answer:
     body = json.dumps({"model": DOTS_40K, "messages": [{"role": "user", "content": "hi"}]})
     headers = {"Content-Type": "application/json", **bearer(key)}
     return send_raw(port, "POST", "/v1/chat/completions", headers, body.encode())
+
+
+def slot_paths(port: int, key: str | None, count: int, length: int = 8000) -> Answer:
+    """Row 5: ``count`` slot actions on distinct ``length``-character slot ids (each a 400),
+    then the scrape that used to render a label per path; the scrape's answer."""
+    for i in range(count):
+        send_raw(port, "POST", f"/slots/{i:08d}{'s' * (length - 8)}", bearer(key))
+    return send_raw(port, "GET", "/metrics", bearer(key))

@@ -12,7 +12,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tests.integration.attacks import Answer, Probe, huge_host, huge_model, huge_origin
+from tests.integration.attacks import (
+    Answer,
+    Probe,
+    huge_host,
+    huge_model,
+    huge_origin,
+    slot_paths,
+)
 
 KEY = "attack-test-key"
 # The worst /health the loop may show during an attack here (the goal is 250 ms; a loaded CI
@@ -60,4 +67,17 @@ def test_row_4_a_huge_model_name_is_not_found_at_once_and_echoed_short(
     assert shown.startswith("model 'a.a.a.") and shown.endswith("(40000 characters)' not found")
     assert len(shown) < 1000
     assert max(map(len, agent.log().splitlines())) < 2000  # no log line echoes it whole
+    assert probe.worst_ms() < WORST_HEALTH_MS, probe.summary()
+
+
+def test_row_5_metrics_label_routes_not_paths(start_agent: Any) -> None:
+    agent = start_agent("--api-key", KEY, "--metrics")
+    probe = Probe(agent.port, agent.proc.pid)
+    with probe.running():
+        scrape = slot_paths(agent.port, KEY, 300)
+    assert scrape.status == 200
+    text = scrape.body.decode()
+    assert 'endpoint="/slots/{id_slot}",model="",status="400"} 300.0' in text
+    assert "sss" not in text  # no label holds a client's path
+    assert len(scrape.body) < 100_000
     assert probe.worst_ms() < WORST_HEALTH_MS, probe.summary()
