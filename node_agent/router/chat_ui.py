@@ -24,6 +24,7 @@ import gzip
 import logging
 import os
 import secrets
+import string
 import subprocess
 import tempfile
 import time
@@ -43,6 +44,16 @@ log = logging.getLogger("corral.chat_ui")
 IDLE_SECONDS = 60.0  # the UI server exits after this long without a question
 START_SECONDS = 30.0  # how long it may take to answer /health
 FETCH_SECONDS = 30.0
+# A UI file's path: short, in the characters a Svelte build names its files with. Checked on the
+# path as the client sent it, so what reaches the UI server is exactly that: no decoded `%3F`
+# that became a query (`/%3Fx.js` was its index.html, `/health%3F.x` its /health: issue 26,
+# rows 7 and 19). It answers any other path 401 (its key nobody knows), so only its own files
+# are 200s, and only 200s are kept: the cache holds the binary's files, no more (and the bounds
+# below hold even if a binary answered 200 to everything).
+MAX_PATH = 256
+_NAME_CHARS = frozenset(string.ascii_letters + string.digits + "._-")
+MAX_ASSETS = 512
+MAX_ASSET_BYTES = 64 * 1024 * 1024
 # Its answer headers that say what the bytes are and how to cache them; the rest are its own.
 _KEPT = (
     "Content-Type",
@@ -181,6 +192,7 @@ class ChatUi:
     def __init__(self, binaries: list[str]) -> None:
         self._servers = [UiServer(b) for b in dict.fromkeys(binaries)]  # in order, once each
         self._assets: dict[str, Asset] = {}
+        self._asset_bytes = 0
         self._chosen: UiServer | None = None
         self._none = False  # no binary has a UI
         self._session: aiohttp.ClientSession | None = None
@@ -196,9 +208,20 @@ class ChatUi:
         asset = await server.fetch(self._session, path)
         if path == "/" and asset.status == 200:
             asset = with_status_link(asset)
-        if asset.status == 200:
+        if asset.status == 200 and self._room_for(asset):
             self._assets[path] = asset  # only files: a path probed at random is not kept
+            self._asset_bytes += len(asset.body)
         return asset
+
+    def _room_for(self, asset: Asset) -> bool:
+        return (
+            len(self._assets) < MAX_ASSETS
+            and self._asset_bytes + len(asset.body) <= MAX_ASSET_BYTES
+        )
+
+    def statistics(self) -> dict[str, int]:
+        """The files kept: how many, how many bytes."""
+        return {"assets": len(self._assets), "bytes": self._asset_bytes}
 
     async def _server(self) -> UiServer | None:
         if self._chosen is not None or self._none or self._session is None:
@@ -238,11 +261,18 @@ class ChatUi:
 
 def is_ui_path(path: str) -> bool:
     """What the UI's own files look like: ``/``, ``/index.html``, ``/_app/…``, and files at the
-    top level with an extension (``/favicon.svg``, ``/manifest.webmanifest``, ``/sw.js``)."""
-    if path in ("/", "/index.html") or path.startswith("/_app/"):
+    top level with an extension (``/favicon.svg``, ``/manifest.webmanifest``, ``/sw.js``), each
+    name made of letters, digits, ``.``, ``_`` and ``-`` and not starting with a dot."""
+    if path == "/":
         return True
-    name = path[1:]
-    return "/" not in name and "." in name
+    if len(path) > MAX_PATH or not path.startswith("/"):
+        return False
+    names = path[1:].split("/")
+    if not all(name and name[0] != "." and _NAME_CHARS.issuperset(name) for name in names):
+        return False
+    if names[0] == "_app":
+        return len(names) > 1
+    return len(names) == 1 and "." in names[0]
 
 
 def _answer(asset: Asset, request: web.Request) -> web.Response:
@@ -265,11 +295,12 @@ async def serve_chat_ui(request: web.Request, handler: Handler) -> web.StreamRes
     the file names are known only to the binary. Before the API key check, like llama.cpp:
     the UI is public (it asks for the key itself)."""
     unmatched = isinstance(request.match_info.http_exception, web.HTTPNotFound)
-    if request.method not in ("GET", "HEAD") or not unmatched or not is_ui_path(request.path):
+    path = request.rel_url.raw_path  # as sent: a %-escape is never a UI file's
+    if request.method not in ("GET", "HEAD") or not unmatched or not is_ui_path(path):
         return await handler(request)
-    asset = await request.app[CHAT_UI].asset(request.path)
+    asset = await request.app[CHAT_UI].asset(path)  # its query is not the UI server's
     if asset is None:
-        if request.path == "/":
+        if path == "/":
             raise web.HTTPFound("/ui")
         raise web.HTTPNotFound()
     return _answer(asset, request)

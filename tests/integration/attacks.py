@@ -291,3 +291,9 @@ def slot_paths(port: int, key: str | None, count: int, length: int = 8000) -> An
     for i in range(count):
         send_raw(port, "POST", f"/slots/{i:08d}{'s' * (length - 8)}", bearer(key))
     return send_raw(port, "GET", "/metrics", bearer(key))
+
+
+def ui_paths(port: int, count: int, pad: int = 0) -> list[int]:
+    """Row 7: ``count`` distinct ``/%3F<n><pad>.js`` (a decoded ``%3F`` made them a query on
+    the UI server's ``/``, a 200 kept under each path); their statuses."""
+    return [send_raw(port, "GET", f"/%3F{i:08d}{'p' * pad}.js").status for i in range(count)]

@@ -18,7 +18,9 @@ from tests.integration.attacks import (
     huge_host,
     huge_model,
     huge_origin,
+    send_raw,
     slot_paths,
+    ui_paths,
 )
 
 KEY = "attack-test-key"
@@ -80,4 +82,20 @@ def test_row_5_metrics_label_routes_not_paths(start_agent: Any) -> None:
     assert 'endpoint="/slots/{id_slot}",model="",status="400"} 300.0' in text
     assert "sss" not in text  # no label holds a client's path
     assert len(scrape.body) < 100_000
+    assert probe.worst_ms() < WORST_HEALTH_MS, probe.summary()
+
+
+def test_rows_7_and_19_only_the_ui_files_reach_the_ui_server(start_agent: Any) -> None:
+    agent = start_agent("--api-key", KEY)
+    assert send_raw(agent.port, "GET", "/").status == 200  # the chat UI (its server started)
+    assert send_raw(agent.port, "GET", "/favicon.svg").status == 200
+    probe = Probe(agent.port, agent.proc.pid)
+    with probe.running():
+        statuses = ui_paths(agent.port, 300, pad=1000)
+    # The agent's key check, as for any path it does not serve: not the UI's index.html (a
+    # 200 kept under each path).
+    assert set(statuses) == {401}
+    # Row 19: not the UI server's own /health, with a query passed on.
+    assert send_raw(agent.port, "GET", "/health%3F.x").status == 401
+    assert send_raw(agent.port, "GET", "/_app/..%2F..%2Fhealth").status == 401
     assert probe.worst_ms() < WORST_HEALTH_MS, probe.summary()

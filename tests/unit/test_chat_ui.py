@@ -29,3 +29,12 @@ def test_the_status_link_goes_before_the_end_of_the_body() -> None:
 def test_a_page_without_a_body_is_left_alone() -> None:
     asset = Asset(200, (), b"no body here")
     assert with_status_link(asset) is asset
+
+
+def test_only_file_shaped_paths_as_sent_are_the_uis() -> None:
+    # Issue 26, rows 7 and 19: a decoded %3F (a query for the UI server), a climb, a dot file,
+    # a path too long for any of the UI's files.
+    for path in ("/%3Fx.js", "/?x.js", "/health?.x", "/_app/../health", "/.env", "/_app/"):
+        assert not is_ui_path(path), path
+    assert not is_ui_path("/" + "a" * 300 + ".js")
+    assert is_ui_path("/_app/immutable/assets/bundle.opWWFVFD.css")
