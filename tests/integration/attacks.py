@@ -297,3 +297,24 @@ def ui_paths(port: int, count: int, pad: int = 0) -> list[int]:
     """Row 7: ``count`` distinct ``/%3F<n><pad>.js`` (a decoded ``%3F`` made them a query on
     the UI server's ``/``, a 200 kept under each path); their statuses."""
     return [send_raw(port, "GET", f"/%3F{i:08d}{'p' * pad}.js").status for i in range(count)]
+
+
+def conversation_ids(
+    port: int, key: str | None, model: str, count: int, length: int = 30_000
+) -> list[Answer]:
+    """Row 15: ``count`` chat requests, each with a distinct ``length``-character
+    ``X-Conversation-Id``; the answers."""
+    body = json.dumps(
+        {"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]}
+    )
+    headers = {"Content-Type": "application/json", **bearer(key)}
+    return [
+        send_raw(
+            port,
+            "POST",
+            "/v1/chat/completions",
+            {**headers, "X-Conversation-Id": f"{i:08d}{'c' * (length - 8)}"},
+            body.encode(),
+        )
+        for i in range(count)
+    ]

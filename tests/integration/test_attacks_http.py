@@ -15,6 +15,7 @@ from typing import Any
 from tests.integration.attacks import (
     Answer,
     Probe,
+    conversation_ids,
     huge_host,
     huge_model,
     huge_origin,
@@ -98,4 +99,24 @@ def test_rows_7_and_19_only_the_ui_files_reach_the_ui_server(start_agent: Any) -
     # Row 19: not the UI server's own /health, with a query passed on.
     assert send_raw(agent.port, "GET", "/health%3F.x").status == 401
     assert send_raw(agent.port, "GET", "/_app/..%2F..%2Fhealth").status == 401
+    assert probe.worst_ms() < WORST_HEALTH_MS, probe.summary()
+
+
+def test_row_15_a_conversation_id_is_bounded(start_agent: Any, demo_dir: Path) -> None:
+    agent = start_agent("--api-key", KEY, "--models-dir", str(demo_dir))
+    assert conversation_ids(agent.port, KEY, "demo-tiny", 1, length=36)[0].status == 200
+    probe = Probe(agent.port, agent.proc.pid)
+    with probe.running():
+        answers = conversation_ids(agent.port, KEY, "demo-tiny", 200)
+    # Before: each id was kept (30 KB a conversation, 10,000 of them) and the child refused it.
+    assert {message(a) for a in answers} == {
+        "conversation id too long: 30000 characters, at most 256"
+    }
+    answer = send_raw(
+        agent.port,
+        "GET",
+        "/v1/stream?conv_id=" + "c" * 300 + "&from=0",
+        {"Authorization": f"Bearer {KEY}"},
+    )
+    assert answer.status == 400 and "conversation id too long" in message(answer)
     assert probe.worst_ms() < WORST_HEALTH_MS, probe.summary()
