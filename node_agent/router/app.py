@@ -352,7 +352,8 @@ async def ledger(request: web.Request) -> web.StreamResponse:
 
 def build_app(state: AgentState) -> web.Application:
     browser = state.settings.browser
-    middlewares: list[Any] = [errors_middleware, guard_middleware(browser), serve_chat_ui]
+    guard = guard_middleware(browser, loading_gets=frozenset(PROXIED_GET))
+    middlewares: list[Any] = [errors_middleware, guard, serve_chat_ui]
     if state.settings.api_keys:
         middlewares.append(auth_middleware(state.settings.api_keys))
     app = web.Application(

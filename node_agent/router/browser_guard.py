@@ -14,6 +14,8 @@ guards llama.cpp does not have (README, "Browsers").
   preflight, so ``--cors-origins`` cannot stop it (a page could unload a user's models).
   Such a POST is refused. Clients that are not browsers send no ``Origin``: ``curl -d`` (which
   labels JSON as a form) keeps working.
+* **Cross-site GETs that load a model** (``/props?model=X&autoload=1``, even an ``<img>``'s):
+  refused from an origin that ``--cors-origins`` does not allow, as such POSTs are.
 """
 
 from __future__ import annotations
@@ -202,6 +204,37 @@ def cross_site_simple(
     )
 
 
+def origin_allowed(policy: BrowserPolicy, origin: str) -> bool:
+    """Whether ``--cors-origins`` lets ``origin``'s pages read the agent's answers."""
+    if policy.origins == ANY_ORIGIN:
+        return True
+    if policy.origins == LOCALHOST:
+        return origin_is_localhost(origin)
+    return origin in {o.strip() for o in policy.origins.split(",")}
+
+
+def cross_site_load(policy: BrowserPolicy, headers: Mapping[str, str], scheme: str) -> str | None:
+    """Why a GET that may load a model (``?model=``) is refused as another site's, or None.
+    Browsers send a GET cross-site without asking first (a link, an ``<img>``), so CORS only
+    hides the answer: the load, and the evictions it makes, happen all the same."""
+    origin = headers.get("Origin")
+    fetch_site = headers.get("Sec-Fetch-Site", "")
+    if policy.origins == ANY_ORIGIN or fetch_site in ("same-origin", "none"):
+        return None  # every site may, as --cors-origins says; or the user's own navigation
+    if origin is not None:
+        if _same_origin(origin, headers.get("Host", ""), scheme) or origin_allowed(policy, origin):
+            return None
+        why = f"from Origin {clip(origin)!r}, which --cors-origins does not allow"
+    elif fetch_site == "cross-site":
+        why = "from another site (Sec-Fetch-Site: cross-site)"
+    else:
+        return None  # not a browser (curl sends neither), or a page of the same site
+    return (
+        f"a GET that may load a model is refused for a request {why}: any web page could "
+        "make it without asking first; send it from an allowed origin"
+    )
+
+
 def cross_site_proxy(policy: BrowserPolicy, headers: Mapping[str, str], scheme: str) -> str | None:
     """Why a ``/cors-proxy`` request is refused as another site's, or None. CORS only hides
     the answer: a page elsewhere could still make the agent fetch URLs (a blind SSRF)."""
@@ -224,9 +257,10 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def guard_middleware(
-    policy: BrowserPolicy,
+    policy: BrowserPolicy, loading_gets: frozenset[str] = frozenset()
 ) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
-    """Host check, preflights, then cross-site simple requests: all before the API key."""
+    """Host check, preflights, then cross-site simple requests: all before the API key.
+    ``loading_gets``: the GET paths that load the model their ``?model=`` names."""
 
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -245,6 +279,9 @@ def guard_middleware(
         refusal = cross_site_simple(request.method, request.path, request.headers, request.scheme)
         if refusal is None and request.path == "/cors-proxy":
             refusal = cross_site_proxy(policy, request.headers, request.scheme)
+        loads = request.path in loading_gets and "model" in request.query
+        if refusal is None and request.method in ("GET", "HEAD") and loads:
+            refusal = cross_site_load(policy, request.headers, request.scheme)
         if refusal is not None:
             raise ApiError(403, refusal)
         return await handler(request)

@@ -120,3 +120,13 @@ def test_row_15_a_conversation_id_is_bounded(start_agent: Any, demo_dir: Path) -
     )
     assert answer.status == 400 and "conversation id too long" in message(answer)
     assert probe.worst_ms() < WORST_HEALTH_MS, probe.summary()
+
+
+def test_row_20_a_cross_site_get_does_not_load_a_model(start_agent: Any, demo_dir: Path) -> None:
+    agent = start_agent("--models-dir", str(demo_dir), "--cors-origins", "localhost")
+    img = {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "no-cors", "Sec-Fetch-Dest": "image"}
+    answer = send_raw(agent.port, "GET", "/props?model=demo-tiny&autoload=1", img)
+    assert answer.status == 403 and "may load a model" in message(answer)
+    assert agent.models()["demo-tiny"]["status"]["value"] == "unloaded"
+    # The same GET from curl (no Origin, no Sec-Fetch-Site) loads it, as before.
+    assert send_raw(agent.port, "GET", "/props?model=demo-tiny&autoload=1").status == 200

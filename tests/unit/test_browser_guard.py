@@ -10,6 +10,7 @@ from node_agent.router.browser_guard import (
     allow_origin,
     allowed_hosts,
     cors_origins_default,
+    cross_site_load,
     cross_site_proxy,
     cross_site_simple,
     host_allowed,
@@ -155,6 +156,26 @@ def test_another_sites_page_cannot_use_the_cors_proxy() -> None:
     assert not refused(local, {"Origin": "http://127.0.0.1:8080", "Sec-Fetch-Site": "same-origin"})
     assert not refused(local, {"Origin": "http://localhost:5173", "Sec-Fetch-Site": "same-site"})
     assert not refused(BrowserPolicy(), {"Origin": "http://client.example"})  # `*` allows it
+
+
+def test_another_sites_page_cannot_load_a_model_with_a_get() -> None:
+    # Issue 26, row 20: `<img src=".../props?model=X&autoload=1">` on another site loaded X.
+    local = BrowserPolicy(origins="localhost")
+    listed = BrowserPolicy(origins="https://app.example, https://ops.example")
+    host = {"Host": "127.0.0.1:8080"}
+
+    def refused(policy: BrowserPolicy, headers: dict[str, str]) -> bool:
+        return cross_site_load(policy, {**host, **headers}, "http") is not None
+
+    assert refused(local, {"Sec-Fetch-Site": "cross-site"})  # an <img>: no Origin
+    assert refused(local, {"Origin": "http://evil.example", "Sec-Fetch-Site": "cross-site"})
+    assert refused(listed, {"Origin": "https://evil.example"})
+    assert not refused(listed, {"Origin": "https://ops.example", "Sec-Fetch-Site": "cross-site"})
+    assert not refused(local, {"Origin": "http://localhost:5173", "Sec-Fetch-Site": "same-site"})
+    assert not refused(local, {"Sec-Fetch-Site": "same-origin"})  # the agent's own pages
+    assert not refused(local, {"Sec-Fetch-Site": "none"})  # typed in the address bar
+    assert not refused(local, {})  # not a browser (curl)
+    assert not refused(BrowserPolicy(), {"Sec-Fetch-Site": "cross-site"})  # `*`: any site may
 
 
 def test_what_is_not_a_cross_site_simple_post() -> None:
