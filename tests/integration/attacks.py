@@ -9,14 +9,18 @@ the closing note).
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import statistics
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from http.client import HTTPConnection, HTTPException
 from pathlib import Path
+from typing import Any
 
 
 def status_kib(pid: int, key: str) -> int:
@@ -84,8 +88,13 @@ class Probe:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.latencies.append(health_once(self.port))
-            self.rss_kib.append(status_kib(self.pid, "VmRSS"))
+            latency = health_once(self.port)
+            try:
+                rss = status_kib(self.pid, "VmRSS")
+            except (OSError, KeyError):
+                break  # the agent exited (a zombie has no VmRSS): its answers are over
+            self.latencies.append(latency)
+            self.rss_kib.append(rss)
             self.helpers_kib.append(helpers_kib(self.pid))
             self._stop.wait(self.interval)
 
@@ -318,3 +327,66 @@ def conversation_ids(
         )
         for i in range(count)
     ]
+
+
+@dataclass
+class Shutdown:
+    """Row 17: what SIGTERM did with every kind of long-lived request open."""
+
+    seconds: float = 0.0  # from SIGTERM to the agent's exit
+    returncode: int | None = None
+    answers: dict[str, str] = field(default_factory=dict)  # what each open request got
+
+
+def shutdown_with_everything_open(
+    port: int, proc: subprocess.Popen[bytes], model: str, wait: float = 120.0
+) -> Shutdown:
+    """A streamed chat, ``/models/sse``, a log follow and two tool calls (one streamed) that
+    run ``sleep 50``, all open; then SIGTERM."""
+    tool = {"tool": "exec_shell_command", "params": {"command": "sleep 50", "timeout": 60}}
+    chat_body = {
+        "model": model,
+        "stream": True,
+        "max_tokens": 100_000,
+        "ignore_eos": True,
+        "messages": [{"role": "user", "content": "hello"}],
+    }
+    requests = {
+        "stream": ("POST", "/v1/chat/completions", chat_body),
+        "sse": ("GET", "/models/sse", None),
+        "log follow": ("GET", f"/models/logs?model={model}&follow=1", None),
+        "tool": ("POST", "/tools", tool),
+        "streamed tool": ("POST", "/tools", {**tool, "stream": True}),
+    }
+    out = Shutdown()
+
+    def one(name: str, method: str, path: str, body: Any) -> None:
+        conn = HTTPConnection("127.0.0.1", port, timeout=wait)
+        try:
+            data = json.dumps(body).encode() if body is not None else None
+            conn.request(method, path, data, {"Content-Type": "application/json"})
+            response = conn.getresponse()
+            text = response.read().decode(errors="replace")
+            out.answers[name] = f"{response.status} {text[-80:]!r}"
+        except (OSError, HTTPException) as exc:
+            out.answers[name] = f"{type(exc).__name__}: {exc}"
+        finally:
+            conn.close()
+
+    threads = [
+        threading.Thread(target=one, args=(name, *request), daemon=True)
+        for name, request in requests.items()
+    ]
+    for thread in threads:
+        thread.start()
+    time.sleep(3)  # all under way (the model loads, the tools' sleeps start)
+    start = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    try:
+        out.returncode = proc.wait(wait)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    out.seconds = time.monotonic() - start
+    for thread in threads:
+        thread.join(5)
+    return out

@@ -20,6 +20,7 @@ from tests.integration.attacks import (
     huge_model,
     huge_origin,
     send_raw,
+    shutdown_with_everything_open,
     slot_paths,
     ui_paths,
 )
@@ -130,3 +131,20 @@ def test_row_20_a_cross_site_get_does_not_load_a_model(start_agent: Any, demo_di
     assert agent.models()["demo-tiny"]["status"]["value"] == "unloaded"
     # The same GET from curl (no Origin, no Sec-Fetch-Site) loads it, as before.
     assert send_raw(agent.port, "GET", "/props?model=demo-tiny&autoload=1").status == 200
+
+
+def test_row_17_the_shutdown_timeout_holds_with_everything_open(
+    start_agent: Any, demo_dir: Path
+) -> None:
+    bound = 3
+    agent = start_agent(
+        "--models-dir", str(demo_dir), "--tools", "all", "--shutdown-timeout", str(bound)
+    )
+    out = shutdown_with_everything_open(agent.port, agent.proc, "demo-tiny", wait=bound + 30)
+    assert out.returncode == 0, agent.log()
+    assert out.seconds < bound + 1, out
+    # Every request got an answer, not an empty reply: the tool calls say they were cancelled.
+    assert out.answers["tool"] == '200 \'{"error":"cancelled"}\'', out.answers
+    assert '"error":"cancelled"' in out.answers["streamed tool"], out.answers
+    for name in ("stream", "sse", "log follow"):
+        assert out.answers[name].startswith("200 "), out.answers
