@@ -99,7 +99,7 @@ async def errors_middleware(
     except (asyncio.CancelledError, web.HTTPException):
         raise
     except Exception:
-        log.exception("unexpected error in %s %s", request.method, request.path)
+        log.exception("unexpected error in %s %s", request.method, clip(request.path))
         return error_response(ApiError(500, "internal error in the agent (see its log)"))
 
 

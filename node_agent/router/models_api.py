@@ -60,13 +60,13 @@ def _only_the_name(body: dict[str, Any], name: str) -> None:
         match = llama_options().key(key.lstrip("-"))
         refusal = option_refusal(match.option.name) if match is not None else None
         if refusal is not None:
-            raise ApiError(400, f"POST /models cannot set {key!r}: {refusal}")
+            raise ApiError(400, f"POST /models cannot set {clip(key)!r}: {refusal}")
     if extra:
-        fields = ", ".join(repr(key) for key in extra)
+        fields = clip(", ".join(repr(clip(key)) for key in extra))
         raise ApiError(
             400,
             f'POST /models takes only "model", not {fields}: a downloaded model\'s options '
-            f"come from the node's presets (a [{name}] section)",
+            f"come from the node's presets (a [{clip(name)}] section)",
         )
 
 

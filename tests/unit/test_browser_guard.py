@@ -212,3 +212,13 @@ def test_multipart_text_fields_as_llama_cpp_reads_them() -> None:
         "x": ["1", "2"],
     }
     assert multipart_fields("multipart/form-data; boundary=b", b"garbage") == {}
+
+
+def test_a_refusal_echoes_a_clients_origin_short() -> None:
+    # Issue 26: a client's header text is clipped where it is echoed (node_agent.clip).
+    origin = "http://" + "a." * 16_000
+    for why in (
+        cross_site_load(BrowserPolicy(origins="localhost"), {"Origin": origin}, "http"),
+        cross_site_proxy(BrowserPolicy(origins="localhost"), {"Origin": origin}, "http"),
+    ):
+        assert why is not None and "(32007 characters)" in why and len(why) < 1000
