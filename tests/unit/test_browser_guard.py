@@ -34,6 +34,10 @@ from node_agent.startup import browser_policy
         ("http://127.0.0.1.evil.com", False),
         ("http://[::1", False),  # llama.cpp's parser throws: not local
         ("http://localhost:abc", False),  # std::stoi throws
+        ("http://localhost:2147483648", False),  # ... past an int
+        ("http://localhost:" + "1" * 5000, False),  # ... (Python's int() would raise)
+        ("http://localhost:" + "0" * 5000 + "80", True),  # stoi reads 80
+        ("http://localhost:-80", True),
         ("ftp://localhost", False),
         ("localhost", False),
         ("null", False),
