@@ -142,7 +142,12 @@ def row(
                 probe = Probe(a.port, a.proc.pid, interval=0.1)
                 with probe.running():
                     time.sleep(0.3)  # the first samples: the baseline
-                    outcome = attack(a)
+                    start = time.monotonic()
+                    try:
+                        outcome = attack(a)
+                    except OSError as exc:  # e.g. no answer within the client's timeout
+                        took = time.monotonic() - start
+                        outcome = f"the attack failed after {took:.0f} s: {exc!r}"
                 print(f"row {number} ({what}): {outcome}; {probe.figures()}", flush=True)
             finally:
                 a.proc.terminate()
