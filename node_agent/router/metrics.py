@@ -27,7 +27,7 @@ from aiohttp import web
 from node_agent.aio import TaskSet
 from node_agent.clip import clip
 from node_agent.errors import ApiError
-from node_agent.router.exchange import EXCHANGE, Exchange
+from node_agent.router.exchange import EXCHANGE, Exchange, route_pattern
 from node_agent.router.registry import Registry
 from node_agent.router.state import PROXIED_GET, PROXIED_POST, STATE
 
@@ -88,7 +88,8 @@ class AgentMetrics:
     def finished(self, request: web.Request, status: int, exchange: Exchange) -> None:
         if exchange.model is not None or self._proxied(request):
             now = self._clock()
-            self.families.observe_request(route_pattern(request), status, exchange, now)
+            endpoint = route_pattern(request) or UNMATCHED
+            self.families.observe_request(endpoint, status, exchange, now)
             log_request(request, status, exchange, now)
 
     async def follow_events(self) -> None:
@@ -120,14 +121,6 @@ def log_request(request: web.Request, status: int, exchange: Exchange, now: floa
         usage.prompt_tokens if usage is not None else "-",
         usage.generated_tokens if usage is not None else "-",
     )
-
-
-def route_pattern(request: web.Request) -> str:
-    """The pattern of the route that took ``request`` (``/slots/{id_slot}``): what metrics label
-    a request by, never its path (a label per path a client sends grows without bound: 4,000
-    slot ids held 700 MB and a scrape froze the loop 3 min, issue 26 row 5)."""
-    resource = request.match_info.route.resource
-    return resource.canonical if resource is not None else UNMATCHED
 
 
 METRICS: web.AppKey[AgentMetrics] = web.AppKey("corral_metrics", AgentMetrics)
@@ -166,7 +159,7 @@ def setup_metrics(app: web.Application) -> None:
     def proxied(request: web.Request) -> bool:
         """A request to a proxied route, even one refused before its model was known."""
         if request.method == "POST":  # by the route's pattern: /slots/{id_slot}
-            return route_pattern(request) in posts
+            return (route_pattern(request) or request.path) in posts
         return request.method == "GET" and request.path in gets and "model" in request.query
 
     metrics = AgentMetrics(app[STATE].registry, proxied)
