@@ -11,6 +11,10 @@ leaves the process. What it hides:
 * the values of signed or keyed query parameters (``X-Amz-Signature``, ``sig``, ``token``…);
 * every literal the agent was told is secret (its API keys, the HF token): :func:`add_secret`.
 
+Its input may be a client's (a Host header, a model name) or a child's (a stderr line): every
+pattern runs in time linear in the text (issue 26), and :func:`redact_clipped` bounds the work
+by the length kept.
+
 A leaf module: the errors, the logs and the HTTP layer all import it.
 """
 

@@ -219,10 +219,6 @@ class ChatUi:
             and self._asset_bytes + len(asset.body) <= MAX_ASSET_BYTES
         )
 
-    def statistics(self) -> dict[str, int]:
-        """The files kept: how many, how many bytes."""
-        return {"assets": len(self._assets), "bytes": self._asset_bytes}
-
     async def _server(self) -> UiServer | None:
         if self._chosen is not None or self._none or self._session is None:
             return self._chosen
