@@ -33,6 +33,7 @@ from tests.integration.attacks import (
     huge_model,
     huge_origin,
     is_open,
+    noisy_llama_server,
     post_raw,
     send_raw,
     shutdown_with_everything_open,
@@ -212,20 +213,6 @@ def issue_26_rows(models: Path) -> list[Callable[[Path], None]]:
         answers = conversation_ids(a.port, KEY, "demo-tiny", 4000)
         return f"statuses {sorted({x.status for x in answers})}"
 
-    def noisy_binary() -> Path:
-        """A llama-server that first writes 40 MB to stderr in 64 KB lines (as a child)."""
-        script = Path(tempfile.mkdtemp()) / "llama-server"
-        real = find_llama_server(None, os.environ)
-        script.write_text(
-            "#!/bin/sh\n"
-            'case "$*" in *.gguf*)\n'
-            "  yes \"$(head -c 65535 /dev/zero | tr '\\0' x)\" | head -n 640 >&2 ;;\n"
-            "esac\n"
-            f'exec {real} "$@"\n'
-        )
-        script.chmod(0o755)
-        return script
-
     @row(
         "16",
         "a child writes 40 MB to stderr (640 lines of 64 KB) as it loads",
@@ -233,7 +220,7 @@ def issue_26_rows(models: Path) -> list[Callable[[Path], None]]:
         "--models-dir",
         str(models),
         "--llama-server",
-        str(noisy_binary()),
+        str(noisy_llama_server(Path(tempfile.mkdtemp()), find_llama_server(None, os.environ))),
     )
     def row16(a: AgentProcess) -> str:
         status, _ = a.post("/v1/chat/completions", chat("demo-tiny"), headers=auth)

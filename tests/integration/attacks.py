@@ -390,3 +390,18 @@ def shutdown_with_everything_open(
     for thread in threads:
         thread.join(5)
     return out
+
+
+def noisy_llama_server(folder: Path, real: Path, lines: int = 640) -> Path:
+    """Row 16: a llama-server that, run as a model's child, first writes ``lines`` lines of
+    64 KB to stderr (640: the issue's 40 MB)."""
+    script = folder / "llama-server"
+    script.write_text(
+        "#!/bin/sh\n"
+        'case "$*" in *.gguf*)\n'
+        f"  yes \"$(head -c 65535 /dev/zero | tr '\\0' x)\" | head -n {lines} >&2 ;;\n"
+        "esac\n"
+        f'exec {real} "$@"\n'
+    )
+    script.chmod(0o755)
+    return script

@@ -9,9 +9,11 @@ same attacks at the issue's sizes and prints the figures.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
+from node_agent.binary import find_llama_server
 from tests.integration.attacks import (
     Answer,
     Probe,
@@ -19,6 +21,7 @@ from tests.integration.attacks import (
     huge_host,
     huge_model,
     huge_origin,
+    noisy_llama_server,
     send_raw,
     shutdown_with_everything_open,
     slot_paths,
@@ -148,3 +151,20 @@ def test_row_17_the_shutdown_timeout_holds_with_everything_open(
     assert '"error":"cancelled"' in out.answers["streamed tool"], out.answers
     for name in ("stream", "sse", "log follow"):
         assert out.answers[name].startswith("200 "), out.answers
+
+
+def test_row_16_a_childs_long_stderr_lines_are_kept_cut(
+    start_agent: Any, demo_dir: Path, tmp_path: Path
+) -> None:
+    noisy = noisy_llama_server(tmp_path, find_llama_server(None, os.environ), lines=100)
+    agent = start_agent("--models-dir", str(demo_dir), "--llama-server", str(noisy))
+    probe = Probe(agent.port, agent.proc.pid)
+    with probe.running():
+        assert agent.post("/models/load", {"model": "demo-tiny"}) == (200, {"success": True})
+        agent.wait_state("demo-tiny", "loaded")
+    status, text = agent.get("/models/logs?model=demo-tiny&lines=1000")
+    assert status == 200
+    long = [line for line in text.splitlines() if line.startswith("xxxx")]
+    assert len(long) == 100  # each kept, cut short and saying how long it was
+    assert all(len(line) < 5000 and line.endswith("(65535 characters)") for line in long)
+    assert probe.worst_ms() < WORST_HEALTH_MS, probe.summary()
