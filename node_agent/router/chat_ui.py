@@ -101,6 +101,30 @@ def with_status_link(asset: Asset) -> Asset:
     return Asset(asset.status, headers, body)
 
 
+class KeptAssets:
+    """The UI's files by path, as first answered (one binary's never change): at most
+    ``max_assets`` of them and ``max_bytes`` in all; past that a file is served, not kept."""
+
+    def __init__(self, max_assets: int = MAX_ASSETS, max_bytes: int = MAX_ASSET_BYTES) -> None:
+        self._assets: dict[str, Asset] = {}
+        self._bytes = 0
+        self._max_assets = max_assets
+        self._max_bytes = max_bytes
+
+    def get(self, path: str) -> Asset | None:
+        return self._assets.get(path)
+
+    def keep(self, path: str, asset: Asset) -> None:
+        full = len(self._assets) >= self._max_assets
+        if path in self._assets or full or self._bytes + len(asset.body) > self._max_bytes:
+            return
+        self._assets[path] = asset
+        self._bytes += len(asset.body)
+
+    def statistics(self) -> dict[str, int]:
+        return {"assets": len(self._assets), "bytes": self._bytes}
+
+
 class UiServer:
     """One binary's UI server, started on demand and stopped when idle (one owner: a lock)."""
 
@@ -191,8 +215,7 @@ class ChatUi:
 
     def __init__(self, binaries: list[str]) -> None:
         self._servers = [UiServer(b) for b in dict.fromkeys(binaries)]  # in order, once each
-        self._assets: dict[str, Asset] = {}
-        self._asset_bytes = 0
+        self._assets = KeptAssets()
         self._chosen: UiServer | None = None
         self._none = False  # no binary has a UI
         self._session: aiohttp.ClientSession | None = None
@@ -200,24 +223,18 @@ class ChatUi:
 
     async def asset(self, path: str) -> Asset | None:
         """The UI's answer for ``path`` (None: no binary has a UI)."""
-        if path in self._assets:
-            return self._assets[path]
+        kept = self._assets.get(path)
+        if kept is not None:
+            return kept
         server = await self._server()
         if server is None or self._session is None:
             return None
         asset = await server.fetch(self._session, path)
         if path == "/" and asset.status == 200:
             asset = with_status_link(asset)
-        if asset.status == 200 and self._room_for(asset):
-            self._assets[path] = asset  # only files: a path probed at random is not kept
-            self._asset_bytes += len(asset.body)
+        if asset.status == 200:
+            self._assets.keep(path, asset)  # only files: a path probed at random is not kept
         return asset
-
-    def _room_for(self, asset: Asset) -> bool:
-        return (
-            len(self._assets) < MAX_ASSETS
-            and self._asset_bytes + len(asset.body) <= MAX_ASSET_BYTES
-        )
 
     async def _server(self) -> UiServer | None:
         if self._chosen is not None or self._none or self._session is None:
