@@ -1,36 +1,51 @@
 #!/usr/bin/env python3
-"""Acceptance 16.3: /health latency and the agent's memory under the issue's three attacks,
+"""Acceptance 16.3 and 26: /health latency and the agent's memory under the issues' attacks,
 with the agent's default limits (``--client-timeout 30``, ``--max-connections`` from
-``ulimit -n``, here 512 as in the issue).
+``ulimit -n``, here 512 as in issue 16).
 
-Usage: ``hack/attack-figures.py [--models DIR]`` (default: generate the demo models in a
-temporary folder). Prints one line per attack. The attacks are ``tests/integration/attacks.py``
-(the integration tests run them with short limits and assert the outcome).
+Usage: ``hack/attack-figures.py [--models DIR] [ATTACK ...]`` (default: generate the demo models
+in a temporary folder; run every attack). Prints one line per attack; issue 26's rows end with
+the worst /health time and the RSS growth during the attack (the goal: under 250 ms and 64 MiB).
+The attacks are ``tests/integration/attacks.py`` (the integration tests run them with short
+limits and assert the outcome).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from node_agent.binary import find_llama_server
 from node_agent.demo_models import write_demo_models
 from tests.integration.attacks import (
     Probe,
     big_body,
+    conversation_ids,
+    huge_host,
+    huge_model,
+    huge_origin,
     is_open,
+    noisy_llama_server,
     post_raw,
+    send_raw,
+    shutdown_with_everything_open,
+    slot_paths,
     slow_connections,
     stalled_stream,
+    ui_paths,
 )
 from tests.integration.harness import AgentProcess, chat
 
 NOFILE = 512
+KEY = "attack-figures-key"
 
 
 def agent(models: Path, *extra: str) -> AgentProcess:
@@ -112,9 +127,150 @@ def large_body(models: Path) -> None:
         a.proc.wait()
 
 
+# -- issue 26 ---------------------------------------------------------------------------------
+
+
+def row(
+    number: str, what: str, *extra: str
+) -> Callable[[Callable[[AgentProcess], str]], Callable[[Path], None]]:
+    """An issue 26 row: ``attack(agent)`` runs against a fresh agent (``extra`` its options)
+    under a probe, and says what the attacker got; the line adds the probe's figures."""
+
+    def wrap(attack: Callable[[AgentProcess], str]) -> Callable[[Path], None]:
+        def run(models: Path) -> None:
+            a = agent(models, *extra)
+            try:
+                probe = Probe(a.port, a.proc.pid, interval=0.1)
+                with probe.running():
+                    time.sleep(0.3)  # the first samples: the baseline
+                    start = time.monotonic()
+                    try:
+                        outcome = attack(a)
+                    except OSError as exc:  # e.g. no answer within the client's timeout
+                        took = time.monotonic() - start
+                        outcome = f"the attack failed after {took:.0f} s: {exc!r}"
+                print(f"row {number} ({what}): {outcome}; {probe.figures()}", flush=True)
+            finally:
+                a.proc.terminate()
+                a.proc.wait()
+
+        run.__name__ = f"row{number}"
+        return run
+
+    return wrap
+
+
+def issue_26_rows(models: Path) -> list[Callable[[Path], None]]:
+    key = ("--api-key", KEY)
+    auth = {"Authorization": f"Bearer {KEY}"}
+
+    @row("2", "no key: 3 requests with a 32 KB Host of a.a.a…", *key)
+    def row2(a: AgentProcess) -> str:
+        answers = [huge_host(a.port) for _ in range(3)]
+        return f"{answers[0].status} after {max(x.seconds for x in answers):.2f} s at most"
+
+    @row(
+        "3",
+        "no key, CORS localhost: 3 requests with a 32 KB Origin",
+        *key,
+        "--cors-origins",
+        "localhost",
+    )
+    def row3(a: AgentProcess) -> str:
+        answers = [huge_origin(a.port) for _ in range(3)]
+        return f"{answers[0].status} after {max(x.seconds for x in answers):.2f} s at most"
+
+    @row(
+        "4",
+        "with the key: 3 chat requests for a 40 KB model name",
+        *key,
+        "--models-dir",
+        str(models),
+    )
+    def row4(a: AgentProcess) -> str:
+        answers = [huge_model(a.port, KEY) for _ in range(3)]
+        return f"{answers[0].status} after {max(x.seconds for x in answers):.2f} s at most"
+
+    @row("5", "4,000 POST /slots/<8 KB id>, then GET /metrics", *key, "--metrics")
+    def row5(a: AgentProcess) -> str:
+        scrape = slot_paths(a.port, KEY, 4000)
+        size = len(scrape.body) / 1024
+        return f"the scrape: {scrape.status}, {size:.0f} KiB in {scrape.seconds:.2f} s"
+
+    @row("7", "no key: 8,000 GET /%3F<n>.js on the chat UI's paths", *key)
+    def row7(a: AgentProcess) -> str:
+        statuses = ui_paths(a.port, 8000, pad=100)
+        return f"statuses {sorted(set(statuses))}"
+
+    @row(
+        "15",
+        "4,000 chat requests with distinct 30 KB X-Conversation-Ids",
+        *key,
+        "--models-dir",
+        str(models),
+    )
+    def row15(a: AgentProcess) -> str:
+        answers = conversation_ids(a.port, KEY, "demo-tiny", 4000)
+        return f"statuses {sorted({x.status for x in answers})}"
+
+    @row(
+        "16",
+        "a child writes 40 MB to stderr (640 lines of 64 KB) as it loads",
+        *key,
+        "--models-dir",
+        str(models),
+        "--llama-server",
+        str(noisy_llama_server(Path(tempfile.mkdtemp()), find_llama_server(None, os.environ))),
+    )
+    def row16(a: AgentProcess) -> str:
+        status, _ = a.post("/v1/chat/completions", chat("demo-tiny"), headers=auth)
+        return f"the chat request: {status}"
+
+    bound = 30
+
+    @row(
+        "17",
+        f"SIGTERM with a stream, SSE, a log follow and two tool calls open; --shutdown-timeout "
+        f"{bound}",
+        "--models-dir",
+        str(models),
+        "--tools",
+        "all",
+        "--shutdown-timeout",
+        str(bound),
+    )
+    def row17(a: AgentProcess) -> str:
+        out = shutdown_with_everything_open(a.port, a.proc, "demo-tiny")
+        # (/health fails from the signal on, by design: the listener closes first.)
+        return f"exit {out.returncode} after {out.seconds:.1f} s; the requests got {out.answers}"
+
+    @row("19", "no key: GET /health%3F.x", *key)
+    def row19(a: AgentProcess) -> str:
+        send_raw(a.port, "GET", "/")  # the chat UI's server is up
+        answer = send_raw(a.port, "GET", "/health%3F.x")
+        return f"{answer.status} {answer.body[:60]!r}"
+
+    @row(
+        "20",
+        "CORS localhost: a cross-site <img> GET /props?model=demo-tiny&autoload=1",
+        "--models-dir",
+        str(models),
+        "--cors-origins",
+        "localhost",
+    )
+    def row20(a: AgentProcess) -> str:
+        img = {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "no-cors"}
+        answer = send_raw(a.port, "GET", "/props?model=demo-tiny&autoload=1", img)
+        state = a.models()["demo-tiny"]["status"]["value"]
+        return f"{answer.status}, the model is {state}"
+
+    return [row2, row3, row4, row5, row7, row15, row16, row17, row19, row20]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", type=Path)
+    parser.add_argument("attacks", nargs="*", help="names to run (slowloris, row2…); all if none")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         models = args.models or Path(tmp)
@@ -122,8 +278,10 @@ def main() -> int:
             write_demo_models(models)
         hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the attacker's sockets
-        for attack in (slowloris, non_readers, large_body):
-            attack(models)
+        attacks = [slowloris, non_readers, large_body, *issue_26_rows(models)]
+        for attack in attacks:
+            if not args.attacks or attack.__name__ in args.attacks:
+                attack(models)
     return 0
 
 

@@ -8,7 +8,11 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from node_agent.redact import redact
+from node_agent.redact import redact_clipped
+
+# The most of an error message a client gets: client text in it is clipped where it is put in
+# (node_agent.clip); this bounds what was not (issue 26).
+MESSAGE_CHARS = 4000
 
 
 class CorralError(Exception):
@@ -76,10 +80,11 @@ class ApiError(CorralError):
 
     def body(self) -> dict[str, Any]:
         """The client's error body, with every secret hidden (issue 16, row 10)."""
-        message = redact(self.message)
+        message = redact_clipped(self.message, MESSAGE_CHARS)
         error: dict[str, Any] = {"code": self.status, "message": message, "type": self.type}
         if self.detail:
             error["corral"] = {
-                k: redact(v) if isinstance(v, str) else v for k, v in self.detail.items()
+                k: redact_clipped(v, MESSAGE_CHARS) if isinstance(v, str) else v
+                for k, v in self.detail.items()
             }
         return {"error": error}

@@ -11,6 +11,10 @@ leaves the process. What it hides:
 * the values of signed or keyed query parameters (``X-Amz-Signature``, ``sig``, ``token``…);
 * every literal the agent was told is secret (its API keys, the HF token): :func:`add_secret`.
 
+Its input may be a client's (a Host header, a model name) or a child's (a stderr line): every
+pattern runs in time linear in the text (issue 26), and :func:`redact_clipped` bounds the work
+by the length kept.
+
 A leaf module: the errors, the logs and the HTTP layer all import it.
 """
 
@@ -19,8 +23,14 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterable, Sequence
+from typing import Final
+
+from node_agent.clip import clip
 
 MASK = "***"
+# What redact_clipped reads past its cut (longer than any secret): a secret that the first cut
+# splits, and so is not recognised, lies wholly past the second.
+_CLIP_MARGIN: Final = 1024
 # Options (long names, without dashes) whose value is a secret.
 SECRET_OPTIONS = ("hf-token", "api-key", "hft")
 SECRET_ENV = ("HF_TOKEN", "LLAMA_API_KEY", "LLAMA_ARG_HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
@@ -38,13 +48,19 @@ _OPTION = re.compile(
     + r")(?:\s*=\s*|\s+|\"?,\s*\"))(?P<value>[^\s\"',\]]+)",
     re.IGNORECASE,
 )
+# Blanks within the line only: a `\s*` after `^` spans newlines, so every line start of a run
+# of blank lines scanned the rest of the run (quadratic: 17 s for 16 KB, issue 26).
 _INI = re.compile(
-    r"(?P<lead>^\s*(?:" + "|".join(SECRET_OPTIONS) + r")\s*=\s*)(?P<value>.+)$",
+    r"(?P<lead>^[ \t]*(?:" + "|".join(SECRET_OPTIONS) + r")[ \t]*=[ \t]*)(?P<value>.+)$",
     re.IGNORECASE | re.MULTILINE,
 )
 _BEARER = re.compile(r"(?P<lead>\bBearer\s+)(?P<value>[^\s\"',]+)", re.IGNORECASE)
 _HF_TOKEN = re.compile(r"\bhf_[A-Za-z0-9]{8,}")
-_USERINFO = re.compile(r"(?P<lead>\b[a-z][a-z0-9+.-]*://)(?P<value>[^/\s@\"']+)@", re.IGNORECASE)
+# A URL's user info is found from its "://" (see _hide_user_info), never by a pattern that
+# starts at every letter: `\b[a-z][a-z0-9+.-]*://` scans the rest of `a.a.a…` from each `a`
+# (quadratic: a 32 KB Host header held the loop 34 s, issue 26 row 2).
+_SCHEME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+.-")
+_USER_INFO_END = re.compile(r"[/\s@\"']")
 _QUERY = re.compile(
     r"(?P<lead>[?&;](?:" + _QUERY_KEYS + r")=)(?P<value>[^&#\s\"']*)", re.IGNORECASE
 )
@@ -71,9 +87,49 @@ def redact(text: str) -> str:
     text = _INI.sub(lambda m: m["lead"] + MASK, text)
     text = _OPTION.sub(lambda m: m["lead"] + MASK, text)
     text = _BEARER.sub(lambda m: m["lead"] + MASK, text)
-    text = _USERINFO.sub(lambda m: m["lead"] + MASK + "@", text)
+    text = _hide_user_info(text)
     text = _QUERY.sub(lambda m: m["lead"] + MASK, text)
     return _HF_TOKEN.sub("hf_" + MASK, text)
+
+
+def redact_clipped(text: str, limit: int) -> str:
+    """``redact(text)`` cut to about ``limit`` characters, with work bounded by ``limit``
+    rather than by ``text`` (a line a child or a client wrote may be megabytes)."""
+    if len(text) <= limit:
+        return redact(text)
+    return clip(redact(text[: limit + _CLIP_MARGIN]), limit, length=len(text))
+
+
+def _hide_user_info(text: str) -> str:
+    """``scheme://user:pass@host`` -> ``scheme://***@host``, in time linear in ``text``.
+
+    The scheme is read backwards from each ``://`` and the user info forwards from it: each
+    scan stops at the next ``:`` or ``/``, so no character is looked at more than twice."""
+    out: list[str] = []
+    done = 0  # text[:done] is in out
+    at = text.find("://")
+    while at >= 0:
+        start = at + 3
+        end = _USER_INFO_END.search(text, start)
+        at_sign = end.start() if end is not None and end.group() == "@" else start
+        if at_sign > start and _scheme_before(text, at, done):
+            out += (text[done:start], MASK)
+            done = at_sign
+        at = text.find("://", start)
+    return "".join(out) + text[done:] if out else text
+
+
+def _scheme_before(text: str, at: int, floor: int) -> bool:
+    """Whether ``text[:at]`` ends in a URL scheme that starts after ``floor``: a letter at a
+    word boundary, then letters, digits, ``+``, ``.`` or ``-``."""
+    found = False
+    p = at
+    while p > floor and text[p - 1] in _SCHEME_CHARS:
+        p -= 1
+        before = text[p - 1] if p > 0 else " "
+        if text[p].isascii() and text[p].isalpha() and not (before.isalnum() or before == "_"):
+            found = True
+    return found
 
 
 def redact_args(args: Sequence[str]) -> list[str]:
@@ -91,12 +147,17 @@ def redact_args(args: Sequence[str]) -> list[str]:
     return out
 
 
+# The most of one log message written: client text in it is clipped where it is put in
+# (node_agent.clip); this bounds what was not (issue 26).
+LOG_MESSAGE_CHARS: Final = 8000
+
+
 class RedactingFilter(logging.Filter):
     """A log filter that redacts each record's final message (installed on the handlers)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        clean = redact(message)
+        clean = redact_clipped(message, LOG_MESSAGE_CHARS)
         if clean != message:
             record.msg, record.args = clean, None
         if record.exc_info and record.exc_text is None and record.exc_info[1] is not None:

@@ -16,8 +16,10 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Final
 
-from node_agent.redact import redact
+from node_agent.redact import redact_clipped
 
+# The most of one line a ring keeps (llama.cpp's own lines are a few hundred characters).
+MAX_LINE_CHARS: Final = 4096
 # llama.cpp's log lines look like "0.00.002.452 E srv  start: …": the level letter after the
 # timestamp. Other binaries: the usual words.
 _ERROR_LINE: Final = re.compile(r"^\S+ E |error|failed|couldn't|cannot|unable", re.IGNORECASE)
@@ -84,8 +86,10 @@ class LogRing:
         if self._closed:
             return
         # A child prints its command line and URLs: masked once here for every reader
-        # (GET /models/logs, the error line in GET /models, the operator's lastError).
-        self._lines.append(redact(line))
+        # (GET /models/logs, the error line in GET /models, the operator's lastError). Cut
+        # first: the work per line is bounded, whatever a child writes (40 MB of stderr in
+        # 64 KB lines cost the loop 0.4 s a second, issue 26 row 16).
+        self._lines.append(redact_clipped(line, MAX_LINE_CHARS))
         self._next_seq += 1
         self._wake()
 

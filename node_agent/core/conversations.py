@@ -25,6 +25,9 @@ from node_agent.core.scheduler import ModelState
 # (llama.cpp's does). Past this many the least recently remembered are forgotten; a forgotten
 # conversation's stream routes answer "not found", and its client starts over.
 MAX_CONVERSATIONS = 10_000
+# ... and each id is at most this long (llama.cpp's UI sends a UUID, 36 characters), so the book
+# holds at most ~2.5 MB of ids: 4,000 ids of 30 KB held 106 MB (issue 26, row 15).
+MAX_ID_CHARS = 256
 
 
 class StreamRoute(enum.Enum):

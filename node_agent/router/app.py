@@ -27,6 +27,7 @@ from typing import Any
 
 from aiohttp import web
 
+from node_agent.clip import clip
 from node_agent.core.scheduler import Lease
 from node_agent.errors import ApiError
 from node_agent.router.bodies import CLIENT_TIMEOUT, json_document, read_body, read_json
@@ -98,7 +99,7 @@ async def errors_middleware(
     except (asyncio.CancelledError, web.HTTPException):
         raise
     except Exception:
-        log.exception("unexpected error in %s %s", request.method, request.path)
+        log.exception("unexpected error in %s %s", request.method, clip(request.path))
         return error_response(ApiError(500, "internal error in the agent (see its log)"))
 
 
@@ -154,7 +155,7 @@ def _canonical(registry: Registry, name: str | None) -> str:
         raise ApiError(400, MODEL_MISSING)
     canonical = registry.resolve(name)
     if canonical is None:
-        raise ApiError(400, f"model '{name}' not found")
+        raise ApiError(400, f"model '{clip(name)}' not found")
     return canonical
 
 
@@ -301,7 +302,7 @@ async def load_model(request: web.Request) -> web.StreamResponse:
         raise ApiError(404, MODEL_MISSING)
     canonical = registry.resolve(model)
     if canonical is None:
-        raise ApiError(404, f"model '{model}' not found")
+        raise ApiError(404, f"model '{clip(model)}' not found")
     await registry.load(canonical)
     return _json({"success": True})
 
@@ -351,7 +352,8 @@ async def ledger(request: web.Request) -> web.StreamResponse:
 
 def build_app(state: AgentState) -> web.Application:
     browser = state.settings.browser
-    middlewares: list[Any] = [errors_middleware, guard_middleware(browser), serve_chat_ui]
+    guard = guard_middleware(browser, loading_gets=frozenset(PROXIED_GET))
+    middlewares: list[Any] = [errors_middleware, guard, serve_chat_ui]
     if state.settings.api_keys:
         middlewares.append(auth_middleware(state.settings.api_keys))
     app = web.Application(

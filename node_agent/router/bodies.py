@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
+from node_agent.clip import clip
 from node_agent.errors import ApiError
 from node_agent.router.body_fields import loads, top_level_fields
 from node_agent.router.connections import mark_receiving
@@ -91,7 +92,7 @@ async def _read_at_most(request: web.Request, cap: int) -> bytes | None:
 def _too_large(request: web.Request, size: str) -> ApiError:
     return ApiError(
         413,
-        f"request body too large: {request.method} {request.path} takes at most "
+        f"request body too large: {request.method} {clip(request.path)} takes at most "
         f"{OFF_LOOP_BYTES // (1024 * 1024)} MiB, {size}",
     )
 

@@ -14,6 +14,8 @@ guards llama.cpp does not have (README, "Browsers").
   preflight, so ``--cors-origins`` cannot stop it (a page could unload a user's models).
   Such a POST is refused. Clients that are not browsers send no ``Origin``: ``curl -d`` (which
   labels JSON as a form) keeps working.
+* **Cross-site GETs that load a model** (``/props?model=X&autoload=1``, even an ``<img>``'s):
+  refused from an origin that ``--cors-origins`` does not allow, as such POSTs are.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from node_agent.clip import clip
 from node_agent.errors import ApiError
 
 log = logging.getLogger("corral.http")
@@ -117,7 +120,10 @@ def _url_host(url: str) -> str | None:
         host, _, port = authority.partition(":")
     if port:
         digits = _PORT.match(port)
-        if digits is None or abs(int(digits.group())) > 2**31 - 1:  # std::stoi throws
+        # std::stoi throws past an int. Counted before int(): Python refuses to read more
+        # than 4,300 digits (a ValueError from a client's Origin, issue 26).
+        number = digits.group().strip().lstrip("+-").lstrip("0") if digits else ""
+        if digits is None or len(number) > 10 or int(number or "0") > 2**31 - 1:
             return None
     return host
 
@@ -135,7 +141,7 @@ def allow_origin(policy: BrowserPolicy, origin: str) -> str | None:
         if origin and origin_is_localhost(origin):
             return origin
         if origin:
-            log.warning("(CORS) skip non-localhost origin: %s", origin)
+            log.warning("(CORS) skip non-localhost origin: %s", clip(origin))
         return None
     if "," in policy.origins:
         # llama.cpp sends the list as it is, which no browser accepts (the header holds one
@@ -201,6 +207,37 @@ def cross_site_simple(
     )
 
 
+def origin_allowed(policy: BrowserPolicy, origin: str) -> bool:
+    """Whether ``--cors-origins`` lets ``origin``'s pages read the agent's answers."""
+    if policy.origins == ANY_ORIGIN:
+        return True
+    if policy.origins == LOCALHOST:
+        return origin_is_localhost(origin)
+    return origin in {o.strip() for o in policy.origins.split(",")}
+
+
+def cross_site_load(policy: BrowserPolicy, headers: Mapping[str, str], scheme: str) -> str | None:
+    """Why a GET that may load a model (``?model=``) is refused as another site's, or None.
+    Browsers send a GET cross-site without asking first (a link, an ``<img>``), so CORS only
+    hides the answer: the load, and the evictions it makes, happen all the same."""
+    origin = headers.get("Origin")
+    fetch_site = headers.get("Sec-Fetch-Site", "")
+    if policy.origins == ANY_ORIGIN or fetch_site in ("same-origin", "none"):
+        return None  # every site may, as --cors-origins says; or the user's own navigation
+    if origin is not None:
+        if _same_origin(origin, headers.get("Host", ""), scheme) or origin_allowed(policy, origin):
+            return None
+        why = f"from Origin {clip(origin)!r}, which --cors-origins does not allow"
+    elif fetch_site == "cross-site":
+        why = "from another site (Sec-Fetch-Site: cross-site)"
+    else:
+        return None  # not a browser (curl sends neither), or a page of the same site
+    return (
+        f"a GET that may load a model is refused for a request {why}: any web page could "
+        "make it without asking first; send it from an allowed origin"
+    )
+
+
 def cross_site_proxy(policy: BrowserPolicy, headers: Mapping[str, str], scheme: str) -> str | None:
     """Why a ``/cors-proxy`` request is refused as another site's, or None. CORS only hides
     the answer: a page elsewhere could still make the agent fetch URLs (a blind SSRF)."""
@@ -212,7 +249,7 @@ def cross_site_proxy(policy: BrowserPolicy, headers: Mapping[str, str], scheme: 
     elif allow_origin(policy, origin) in (origin, ANY_ORIGIN):
         return None
     else:
-        why = f"from Origin {origin!r}, which --cors-origins does not allow"
+        why = f"from Origin {clip(origin)!r}, which --cors-origins does not allow"
     return (
         f"/cors-proxy is refused for a request {why}: any web page could make the agent "
         "fetch URLs for it; use the agent's own web UI, or list its origin in --cors-origins"
@@ -223,14 +260,15 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def guard_middleware(
-    policy: BrowserPolicy,
+    policy: BrowserPolicy, loading_gets: frozenset[str] = frozenset()
 ) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
-    """Host check, preflights, then cross-site simple requests: all before the API key."""
+    """Host check, preflights, then cross-site simple requests: all before the API key.
+    ``loading_gets``: the GET paths that load the model their ``?model=`` names."""
 
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         if not host_allowed(policy.allowed_hosts, request.headers.get("Host")):
-            host = request.headers.get("Host", "")
+            host = clip(request.headers.get("Host", ""))
             raise ApiError(
                 403,
                 f"Host {host!r} is not allowed: the agent answers only to local names and "
@@ -244,6 +282,9 @@ def guard_middleware(
         refusal = cross_site_simple(request.method, request.path, request.headers, request.scheme)
         if refusal is None and request.path == "/cors-proxy":
             refusal = cross_site_proxy(policy, request.headers, request.scheme)
+        loads = request.path in loading_gets and "model" in request.query
+        if refusal is None and request.method in ("GET", "HEAD") and loads:
+            refusal = cross_site_load(policy, request.headers, request.scheme)
         if refusal is not None:
             raise ApiError(403, refusal)
         return await handler(request)

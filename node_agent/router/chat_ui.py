@@ -24,6 +24,7 @@ import gzip
 import logging
 import os
 import secrets
+import string
 import subprocess
 import tempfile
 import time
@@ -43,6 +44,16 @@ log = logging.getLogger("corral.chat_ui")
 IDLE_SECONDS = 60.0  # the UI server exits after this long without a question
 START_SECONDS = 30.0  # how long it may take to answer /health
 FETCH_SECONDS = 30.0
+# A UI file's path: short, in the characters a Svelte build names its files with. Checked on the
+# path as the client sent it, so what reaches the UI server is exactly that: no decoded `%3F`
+# that became a query (`/%3Fx.js` was its index.html, `/health%3F.x` its /health: issue 26,
+# rows 7 and 19). It answers any other path 401 (its key nobody knows), so only its own files
+# are 200s, and only 200s are kept: the cache holds the binary's files, no more (and the bounds
+# below hold even if a binary answered 200 to everything).
+MAX_PATH = 256
+_NAME_CHARS = frozenset(string.ascii_letters + string.digits + "._-")
+MAX_ASSETS = 512
+MAX_ASSET_BYTES = 64 * 1024 * 1024
 # Its answer headers that say what the bytes are and how to cache them; the rest are its own.
 _KEPT = (
     "Content-Type",
@@ -88,6 +99,30 @@ def with_status_link(asset: Asset) -> Asset:
     headers = tuple((k, v) for k, v in asset.headers if k != "ETag")  # not its bytes any more
     body = gzip.compress(html, mtime=0) if asset.gzipped else html
     return Asset(asset.status, headers, body)
+
+
+class KeptAssets:
+    """The UI's files by path, as first answered (one binary's never change): at most
+    ``max_assets`` of them and ``max_bytes`` in all; past that a file is served, not kept."""
+
+    def __init__(self, max_assets: int = MAX_ASSETS, max_bytes: int = MAX_ASSET_BYTES) -> None:
+        self._assets: dict[str, Asset] = {}
+        self._bytes = 0
+        self._max_assets = max_assets
+        self._max_bytes = max_bytes
+
+    def get(self, path: str) -> Asset | None:
+        return self._assets.get(path)
+
+    def keep(self, path: str, asset: Asset) -> None:
+        full = len(self._assets) >= self._max_assets
+        if path in self._assets or full or self._bytes + len(asset.body) > self._max_bytes:
+            return
+        self._assets[path] = asset
+        self._bytes += len(asset.body)
+
+    def statistics(self) -> dict[str, int]:
+        return {"assets": len(self._assets), "bytes": self._bytes}
 
 
 class UiServer:
@@ -180,7 +215,7 @@ class ChatUi:
 
     def __init__(self, binaries: list[str]) -> None:
         self._servers = [UiServer(b) for b in dict.fromkeys(binaries)]  # in order, once each
-        self._assets: dict[str, Asset] = {}
+        self._assets = KeptAssets()
         self._chosen: UiServer | None = None
         self._none = False  # no binary has a UI
         self._session: aiohttp.ClientSession | None = None
@@ -188,8 +223,9 @@ class ChatUi:
 
     async def asset(self, path: str) -> Asset | None:
         """The UI's answer for ``path`` (None: no binary has a UI)."""
-        if path in self._assets:
-            return self._assets[path]
+        kept = self._assets.get(path)
+        if kept is not None:
+            return kept
         server = await self._server()
         if server is None or self._session is None:
             return None
@@ -197,7 +233,7 @@ class ChatUi:
         if path == "/" and asset.status == 200:
             asset = with_status_link(asset)
         if asset.status == 200:
-            self._assets[path] = asset  # only files: a path probed at random is not kept
+            self._assets.keep(path, asset)  # only files: a path probed at random is not kept
         return asset
 
     async def _server(self) -> UiServer | None:
@@ -238,11 +274,18 @@ class ChatUi:
 
 def is_ui_path(path: str) -> bool:
     """What the UI's own files look like: ``/``, ``/index.html``, ``/_app/…``, and files at the
-    top level with an extension (``/favicon.svg``, ``/manifest.webmanifest``, ``/sw.js``)."""
-    if path in ("/", "/index.html") or path.startswith("/_app/"):
+    top level with an extension (``/favicon.svg``, ``/manifest.webmanifest``, ``/sw.js``), each
+    name made of letters, digits, ``.``, ``_`` and ``-`` and not starting with a dot."""
+    if path == "/":
         return True
-    name = path[1:]
-    return "/" not in name and "." in name
+    if len(path) > MAX_PATH or not path.startswith("/"):
+        return False
+    names = path[1:].split("/")
+    if not all(name and name[0] != "." and _NAME_CHARS.issuperset(name) for name in names):
+        return False
+    if names[0] == "_app":
+        return len(names) > 1
+    return len(names) == 1 and "." in names[0]
 
 
 def _answer(asset: Asset, request: web.Request) -> web.Response:
@@ -265,11 +308,12 @@ async def serve_chat_ui(request: web.Request, handler: Handler) -> web.StreamRes
     the file names are known only to the binary. Before the API key check, like llama.cpp:
     the UI is public (it asks for the key itself)."""
     unmatched = isinstance(request.match_info.http_exception, web.HTTPNotFound)
-    if request.method not in ("GET", "HEAD") or not unmatched or not is_ui_path(request.path):
+    path = request.rel_url.raw_path  # as sent: a %-escape is never a UI file's
+    if request.method not in ("GET", "HEAD") or not unmatched or not is_ui_path(path):
         return await handler(request)
-    asset = await request.app[CHAT_UI].asset(request.path)
+    asset = await request.app[CHAT_UI].asset(path)  # its query is not the UI server's
     if asset is None:
-        if request.path == "/":
+        if path == "/":
             raise web.HTTPFound("/ui")
         raise web.HTTPNotFound()
     return _answer(asset, request)

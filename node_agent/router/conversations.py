@@ -32,7 +32,7 @@ from typing import Any
 from aiohttp import web
 
 from node_agent.aio import TaskSet
-from node_agent.core.conversations import ConversationBook, StreamRoute, detaches
+from node_agent.core.conversations import MAX_ID_CHARS, ConversationBook, StreamRoute, detaches
 from node_agent.core.scheduler import Lease, ModelState
 from node_agent.errors import ApiError
 from node_agent.router.bodies import read_control_body
@@ -238,8 +238,8 @@ class Conversations:
         ids = data.get("conversation_ids") if isinstance(data, dict) else None
         per_model: dict[str, list[str]] = {}
         for conv_id in ids if isinstance(ids, list) else ():
-            if not isinstance(conv_id, str) or not conv_id:
-                continue
+            if not isinstance(conv_id, str) or not conv_id or len(conv_id) > MAX_ID_CHARS:
+                continue  # no such conversation is kept
             owner = self.book.owner(conv_id)
             if owner is not None and self.book.route(conv_id, self.state_of) is StreamRoute.PROXY:
                 per_model.setdefault(owner, []).append(conv_id)
@@ -311,6 +311,16 @@ def _conv_id(request: web.Request) -> str:
     conv_id = request.query.get("conv_id", "")
     if not conv_id:
         raise ApiError(400, MISSING_ID)
+    return _bounded(conv_id)
+
+
+def _bounded(conv_id: str) -> str:
+    """``conv_id``, refused when longer than any conversation id the book keeps."""
+    if len(conv_id) > MAX_ID_CHARS:
+        raise ApiError(
+            400,
+            f"conversation id too long: {len(conv_id)} characters, at most {MAX_ID_CHARS}",
+        )
     return conv_id
 
 
@@ -319,7 +329,7 @@ CONVERSATIONS: web.AppKey[Conversations] = web.AppKey("corral_conversations", Co
 
 def conversation_id(request: web.Request) -> str:
     """The request's ``X-Conversation-Id`` (header names are case-insensitive), or ""."""
-    return request.headers.get(HEADER, "")
+    return _bounded(request.headers.get(HEADER, ""))
 
 
 def setup_conversations(app: web.Application) -> None:

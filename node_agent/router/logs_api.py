@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from node_agent.clip import clip
 from node_agent.errors import ApiError
 from node_agent.router.long_lived import until_shutdown
 from node_agent.router.state import STATE, LogsFor
@@ -30,7 +31,7 @@ async def model_logs(request: web.Request) -> web.StreamResponse:
         raise ApiError(400, "model name is missing from the request")
     name = registry.resolve(given)
     if name is None:
-        raise ApiError(400, f"model '{given}' not found")
+        raise ApiError(400, f"model '{clip(given)}' not found")
     try:
         lines = int(request.query.get("lines", DEFAULT_LINES))
     except ValueError:

@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from node_agent.aio import TaskSet
+from node_agent.clip import clip
 from node_agent.errors import ApiError
-from node_agent.redact import redact
-from node_agent.router.exchange import EXCHANGE, Exchange
+from node_agent.router.exchange import EXCHANGE, Exchange, route_pattern
 from node_agent.router.registry import Registry
 from node_agent.router.state import PROXIED_GET, PROXIED_POST, STATE
 
@@ -41,6 +41,7 @@ request_log = logging.getLogger("corral.requests")
 # nginx's code for "the client closed the connection before the response": the handler was
 # cancelled (aiohttp's handler_cancellation), so no status ever reached anyone.
 CLIENT_WENT_AWAY = 499
+UNMATCHED = "(no route)"  # the endpoint label of a request no route took
 
 
 class AgentMetrics:
@@ -78,15 +79,17 @@ class AgentMetrics:
         if self._registry.memory is not None:
             self._registry.memory.refresh()  # the ledger's figures as of this scrape
         return web.Response(
-            # Labels name models (a preset's section name, an alias): never a secret's text.
-            body=redact(generate_latest(self.families.registry).decode()).encode(),
+            # Its labels are route patterns and model names redacted as they were made
+            # (metrics_families.model_label): bounded in number and already clean.
+            body=generate_latest(self.families.registry),
             headers={"Content-Type": CONTENT_TYPE_LATEST},
         )
 
     def finished(self, request: web.Request, status: int, exchange: Exchange) -> None:
         if exchange.model is not None or self._proxied(request):
             now = self._clock()
-            self.families.observe_request(request.path, status, exchange, now)
+            endpoint = route_pattern(request) or UNMATCHED
+            self.families.observe_request(endpoint, status, exchange, now)
             log_request(request, status, exchange, now)
 
     async def follow_events(self) -> None:
@@ -110,7 +113,7 @@ def log_request(request: web.Request, status: int, exchange: Exchange, now: floa
     request_log.info(
         "%s %s model=%s status=%d wait=%s duration=%.3fs prompt_tokens=%s generated_tokens=%s",
         request.method,
-        request.path,
+        clip(request.path),
         exchange.model or "-",
         status,
         f"{wait:.3f}s" if wait is not None else "-",
@@ -156,8 +159,7 @@ def setup_metrics(app: web.Application) -> None:
     def proxied(request: web.Request) -> bool:
         """A request to a proxied route, even one refused before its model was known."""
         if request.method == "POST":  # by the route's pattern: /slots/{id_slot}
-            resource = request.match_info.route.resource
-            return (resource.canonical if resource is not None else request.path) in posts
+            return (route_pattern(request) or request.path) in posts
         return request.method == "GET" and request.path in gets and "model" in request.query
 
     metrics = AgentMetrics(app[STATE].registry, proxied)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -26,6 +27,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from node_agent.core.scheduler import ModelState, ModelView, Statistics
+from node_agent.redact import redact
 from node_agent.router.exchange import Exchange
 
 LOAD_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -35,6 +37,13 @@ RATE_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
 
 # Why a loaded model went away, as the registry's unload event says (``data.reason``).
 EVICTION_REASONS = frozenset({"count", "memory", "ttl", "manual", "reload"})
+
+
+@lru_cache(maxsize=4096)
+def model_label(name: str) -> str:
+    """A model's name as a label value: redacted (a name may be made from a URL), once per name
+    rather than the whole scrape on the loop (issue 26, row 5). The names are the catalog's."""
+    return redact(name)
 
 
 class _Scheduler(Protocol):
@@ -138,7 +147,9 @@ class Families:
         )
 
     def observe_request(self, endpoint: str, status: int, exchange: Exchange, now: float) -> None:
-        model = exchange.model or ""
+        """Count a finished request; ``endpoint``: its route's pattern, never its path (a label
+        per path a client sends grows without bound)."""
+        model = model_label(exchange.model or "")
         self.requests.labels(model, endpoint, str(status)).inc()
         self.request_seconds.labels(model, endpoint).observe(max(0.0, now - exchange.started))
         wait = exchange.wait_seconds
@@ -172,6 +183,7 @@ class LifecycleTracker:
 
     def on_event(self, model: str, event: str, data: Mapping[str, Any] | None, now: float) -> None:
         status = data.get("status") if data is not None else None
+        model = model_label(model)
         life = self._models.setdefault(model, _Lifecycle())
         if event == "model_status" and status == "loading":
             life.loading_since = now  # the child was spawned
@@ -236,8 +248,9 @@ class SnapshotCollector(Collector):
         queued = GaugeMetricFamily(
             "corral_queue_depth", "Requests waiting for a model now.", labels=["model"]
         )
-        for name in snapshots.specs():
-            view = snapshots.scheduler.view(name)
+        for model in snapshots.specs():
+            view = snapshots.scheduler.view(model)
+            name = model_label(model)
             for value in ModelState:
                 state.add_metric([name, value.value], 1.0 if view.state is value else 0.0)
             stopping.add_metric([name], 1.0 if view.stopping else 0.0)
@@ -287,5 +300,5 @@ def _ledger(statistics: Mapping[str, Any]) -> Iterator[Metric]:
     )
     for device in devices:
         for model, value in (device.get("held") or {}).items():
-            held.add_metric([str(device["name"]), model], value)
+            held.add_metric([str(device["name"]), model_label(model)], value)
     yield held

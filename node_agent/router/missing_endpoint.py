@@ -13,6 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from node_agent.errors import ApiError
+from node_agent.router.exchange import route_pattern
 
 # llama.cpp's answer to a path it has no route for (server-http.cpp), byte for byte.
 NOT_FOUND: dict[str, Any] = {
@@ -23,8 +24,7 @@ _NOT_FOUND_BYTES = json.dumps(NOT_FOUND, separators=(",", ":")).encode()
 
 def route_of(request: web.Request) -> str:
     """The route's pattern (``/slots/{id_slot}``), else the path."""
-    resource = request.match_info.route.resource
-    return resource.canonical if resource is not None else request.path
+    return route_pattern(request) or request.path
 
 
 def endpoint_missing(

@@ -27,6 +27,7 @@ from typing import Any
 from aiohttp import web
 
 from node_agent.child.ports import CHILD_HOST
+from node_agent.clip import clip
 from node_agent.errors import ApiError
 from node_agent.router.bodies import parse_json_body, read_control_body
 from node_agent.router.state import STATE, AgentState
@@ -59,13 +60,13 @@ def _only_the_name(body: dict[str, Any], name: str) -> None:
         match = llama_options().key(key.lstrip("-"))
         refusal = option_refusal(match.option.name) if match is not None else None
         if refusal is not None:
-            raise ApiError(400, f"POST /models cannot set {key!r}: {refusal}")
+            raise ApiError(400, f"POST /models cannot set {clip(key)!r}: {refusal}")
     if extra:
-        fields = ", ".join(repr(key) for key in extra)
+        fields = clip(", ".join(repr(clip(key)) for key in extra))
         raise ApiError(
             400,
             f'POST /models takes only "model", not {fields}: a downloaded model\'s options '
-            f"come from the node's presets (a [{name}] section)",
+            f"come from the node's presets (a [{clip(name)}] section)",
         )
 
 
@@ -85,7 +86,7 @@ async def delete_models(request: web.Request) -> web.StreamResponse:
         raise ApiError(400, NON_EMPTY)
     canonical = registry.resolve(name)
     if canonical is None:
-        raise ApiError(500, f"model name={name} is not found")
+        raise ApiError(500, f"model name={clip(name)} is not found")
     downloading = registry.downloads.active(canonical)
     if not downloading and registry.spec(canonical).source != SOURCE_CACHE:
         raise ApiError(500, f"model name={canonical} is not removable (not from cache)")

@@ -57,10 +57,18 @@ _HOP_BY_HOP = frozenset(
 )
 
 
-def _forward_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
+def forward_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
+    """``headers`` less the hop-by-hop ones: the fixed set, and those ``Connection`` names
+    (RFC 9110 §7.6.1; a child's were passed on, issue 26 row 18)."""
+    named = {
+        token.strip().lower()
+        for key, value in headers.items()
+        if key.lower() == "connection"
+        for token in value.split(",")
+    }
     out: CIMultiDict[str] = CIMultiDict()
     for key, value in headers.items():
-        if key.lower() not in _HOP_BY_HOP:
+        if key.lower() not in _HOP_BY_HOP and key.lower() not in named:
             out.add(key, value)
     return out
 
@@ -287,7 +295,7 @@ class Proxy:
         extra: Mapping[str, str] | None = None,
     ) -> web.StreamResponse:
         url = f"{base or f'http://{CHILD_HOST}:{port}'}{request.rel_url}"
-        headers = _forward_headers(request.headers)
+        headers = forward_headers(request.headers)
         if base is None:
             # A child's own key in place of the client's (child.keys): the agent checked that
             # one. A peer agent gets its own key in ``extra`` instead.
@@ -296,7 +304,7 @@ class Proxy:
         headers.update(extra or {})
         upstream = await self._send(session, request, url, headers, body, port)
         async with upstream:
-            out_headers = _forward_headers(upstream.headers)
+            out_headers = forward_headers(upstream.headers)
             if buffered or (
                 upstream.content_length is not None
                 and "chunked" not in upstream.headers.get("Transfer-Encoding", "")

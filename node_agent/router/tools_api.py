@@ -21,6 +21,7 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
+from node_agent.clip import clip
 from node_agent.errors import ApiError
 from node_agent.mcp.servers import McpServers
 from node_agent.mcp.stdio import ToolDef
@@ -227,7 +228,7 @@ async def _runtime_params(request: web.Request, params: Any) -> Any:
         # Unlike llama.cpp: a client that could name any container or ssh host would get
         # around the sandbox the agent's administrator chose.
         raise RuntimeNotAllowed(
-            f"X-Tool-Runtime {given['runtime']!r} is not this agent's tools runtime "
+            f"X-Tool-Runtime {clip(given['runtime'])!r} is not this agent's tools runtime "
             f"({configured or 'the host'}): a request may not choose where tools run; the "
             "agent's --tools-runtime sets it (send no X-Tool-Runtime header)"
         )

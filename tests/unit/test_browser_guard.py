@@ -10,6 +10,7 @@ from node_agent.router.browser_guard import (
     allow_origin,
     allowed_hosts,
     cors_origins_default,
+    cross_site_load,
     cross_site_proxy,
     cross_site_simple,
     host_allowed,
@@ -33,6 +34,10 @@ from node_agent.startup import browser_policy
         ("http://127.0.0.1.evil.com", False),
         ("http://[::1", False),  # llama.cpp's parser throws: not local
         ("http://localhost:abc", False),  # std::stoi throws
+        ("http://localhost:2147483648", False),  # ... past an int
+        ("http://localhost:" + "1" * 5000, False),  # ... (Python's int() would raise)
+        ("http://localhost:" + "0" * 5000 + "80", True),  # stoi reads 80
+        ("http://localhost:-80", True),
         ("ftp://localhost", False),
         ("localhost", False),
         ("null", False),
@@ -157,6 +162,26 @@ def test_another_sites_page_cannot_use_the_cors_proxy() -> None:
     assert not refused(BrowserPolicy(), {"Origin": "http://client.example"})  # `*` allows it
 
 
+def test_another_sites_page_cannot_load_a_model_with_a_get() -> None:
+    # Issue 26, row 20: `<img src=".../props?model=X&autoload=1">` on another site loaded X.
+    local = BrowserPolicy(origins="localhost")
+    listed = BrowserPolicy(origins="https://app.example, https://ops.example")
+    host = {"Host": "127.0.0.1:8080"}
+
+    def refused(policy: BrowserPolicy, headers: dict[str, str]) -> bool:
+        return cross_site_load(policy, {**host, **headers}, "http") is not None
+
+    assert refused(local, {"Sec-Fetch-Site": "cross-site"})  # an <img>: no Origin
+    assert refused(local, {"Origin": "http://evil.example", "Sec-Fetch-Site": "cross-site"})
+    assert refused(listed, {"Origin": "https://evil.example"})
+    assert not refused(listed, {"Origin": "https://ops.example", "Sec-Fetch-Site": "cross-site"})
+    assert not refused(local, {"Origin": "http://localhost:5173", "Sec-Fetch-Site": "same-site"})
+    assert not refused(local, {"Sec-Fetch-Site": "same-origin"})  # the agent's own pages
+    assert not refused(local, {"Sec-Fetch-Site": "none"})  # typed in the address bar
+    assert not refused(local, {})  # not a browser (curl)
+    assert not refused(BrowserPolicy(), {"Sec-Fetch-Site": "cross-site"})  # `*`: any site may
+
+
 def test_what_is_not_a_cross_site_simple_post() -> None:
     evil = {"Origin": "http://evil.example"}
     assert post({**evil, "Content-Type": "application/json"}) is None  # preflighted
@@ -191,3 +216,13 @@ def test_multipart_text_fields_as_llama_cpp_reads_them() -> None:
         "x": ["1", "2"],
     }
     assert multipart_fields("multipart/form-data; boundary=b", b"garbage") == {}
+
+
+def test_a_refusal_echoes_a_clients_origin_short() -> None:
+    # Issue 26: a client's header text is clipped where it is echoed (node_agent.clip).
+    origin = "http://" + "a." * 16_000
+    for why in (
+        cross_site_load(BrowserPolicy(origins="localhost"), {"Origin": origin}, "http"),
+        cross_site_proxy(BrowserPolicy(origins="localhost"), {"Origin": origin}, "http"),
+    ):
+        assert why is not None and "(32007 characters)" in why and len(why) < 1000

@@ -40,3 +40,24 @@ def test_bad_keep_alive_is_a_clear_400(value: object) -> None:
         parse_keep_alive(value)
     assert caught.value.status == 400
     assert "keep_alive" in caught.value.message
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "1" + " " * 100_000 + "x",
+        " " * 100_000 + "1x",
+        "1" * 100_000 + "x",
+        ["5m"] * 100_000,
+        10**400,
+    ],
+)
+def test_a_huge_keep_alive_is_refused_at_once_and_echoed_short(value: object) -> None:
+    # Issue 26: `\s*` on both sides of an optional unit was quadratic (20 KB: 3.7 s on the loop).
+    import time
+
+    start = time.perf_counter()
+    with pytest.raises(ApiError) as raised:
+        parse_keep_alive(value)
+    assert time.perf_counter() - start < 0.5
+    assert raised.value.status == 400 and len(raised.value.message) < 500

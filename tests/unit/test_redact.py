@@ -4,6 +4,7 @@ must leave alone."""
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 
@@ -98,3 +99,84 @@ def test_the_operators_last_error_is_masked() -> None:
         dt.timedelta(seconds=30),
     )
     assert entry["lastError"] == "download of http://***@h/m failed"
+
+
+# Text a client controls and redact() may see (a Host header, an Origin, a model name, a child's
+# stderr line), shaped to make a backtracking pattern try every start (issue 26, rows 2-4, 16).
+HOSTILE = {
+    "host of a.a.a…": "a." * 100_000,
+    "blank lines": "\n" * 200_000,
+    "spaces": " " * 200_000,
+    "schemes without user info": "a://" * 50_000,
+    "a scheme then no @": "http://" + "b" * 200_000,
+    "options without values": "--api-key " * 20_000,
+    "a signed-looking query key": "?x-amz-" + "a-" * 100_000,
+    "bearers": "Bearer " * 30_000,
+    "token prefixes": "hf_" * 70_000,
+    "ini keys without =": "hf-token" + " " * 200_000,
+}
+
+
+@pytest.mark.parametrize("text", HOSTILE.values(), ids=HOSTILE.keys())
+def test_redaction_takes_linear_time_on_hostile_text(text: str) -> None:
+    # Linear: 200 KB in a few ms. The quadratic patterns took 3 s on 16 KB of `a.`, 17 s on
+    # 16 KB of newlines (and hours on these 200 KB), holding the GIL all along.
+    start = time.perf_counter()
+    redact(text)
+    assert time.perf_counter() - start < 1.0
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("see http://u:p@h/x and ftp://v@w/y", "see http://***@h/x and ftp://***@w/y"),
+        ("git+ssh://git@github.com/x", "git+ssh://***@github.com/x"),
+        ("_http://u@h", "_http://u@h"),  # no word boundary before the scheme: not a URL
+        ("x.http://u@h", "x.http://***@h"),
+        ("1http://u@h", "1http://u@h"),  # a scheme starts with a letter
+        ("http://@h", "http://@h"),  # nothing to hide
+        ("http://u/p@h", "http://u/p@h"),  # the @ is in the path
+        ("HTTP://U:P@H", "HTTP://***@H"),
+    ],
+)
+def test_url_user_info_is_hidden_as_before(text: str, shown: str) -> None:
+    assert redact(text) == shown
+
+
+def test_error_bodies_and_log_lines_are_bounded_and_still_redacted() -> None:
+    from node_agent.errors import MESSAGE_CHARS, ApiError
+    from node_agent.redact import LOG_MESSAGE_CHARS
+
+    add_secret("a-secret-at-the-cut")
+    for limit, shown in (
+        (MESSAGE_CHARS, lambda text: ApiError(400, text).body()["error"]["message"]),
+        (LOG_MESSAGE_CHARS, lambda text: _filtered(text)),
+    ):
+        # The secret straddles the cut: hidden all the same, and the length is said.
+        text = "x" * (limit - 5) + "a-secret-at-the-cut" + "y" * 1_000_000
+        clean = shown(text)
+        assert "a-secret" not in clean and "a-sec" not in clean
+        assert clean.endswith(f"({len(text)} characters)")
+        assert len(clean) < limit + 100
+
+
+def _filtered(text: str) -> str:
+    record = logging.LogRecord("t", logging.INFO, __file__, 1, "%s", (text,), None)
+    RedactingFilter().filter(record)
+    return record.getMessage()
+
+
+def test_a_childs_long_line_is_cut_before_it_is_redacted() -> None:
+    from node_agent.child.logs import LogRing
+
+    # Issue 26, row 16: a child's 64 KB lines were redacted whole, on the loop.
+    ring = LogRing(10)
+    line = "http://u:pw@h/m " + "a." * 32_760
+    start = time.perf_counter()
+    for _ in range(100):
+        ring.append(line)
+    took = time.perf_counter() - start
+    (kept,) = ring.tail(1)
+    assert kept.startswith("http://***@h/m a.a.") and kept.endswith(f"({len(line)} characters)")
+    assert len(kept) < 5000  # a few KB: llama.cpp's own lines are a few hundred characters
+    assert took < 0.25  # cut: 100 x 0.4 ms; whole: 100 x 5 ms, far more on a loaded machine
