@@ -23,8 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from node_agent.binary import find_llama_server
 from node_agent.demo_models import write_demo_models
+from node_agent.llama_server.binary import find_llama_server
 from tests.integration.attacks import (
     Probe,
     big_body,

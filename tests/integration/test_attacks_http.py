@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from node_agent.binary import find_llama_server
+from node_agent.llama_server.binary import find_llama_server
 from tests.integration.attacks import (
     Answer,
     Probe,
