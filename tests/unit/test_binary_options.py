@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from node_agent import binary
+from node_agent.llama_server import binary
 from node_agent.binary_probe import BinaryProbe
 from node_agent.config import llama_server_arg, parse_agent_args
 from node_agent.errors import BinaryError, ConfigError
