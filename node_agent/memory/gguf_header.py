@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import mmap
 import struct
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,14 +84,34 @@ _U64 = struct.Struct("<Q")
 # (token scores, types, merges) are skipped by length without decoding.
 _KEEP_ARRAY = 4096
 MAX_DIMS = 4  # ggml's GGML_MAX_DIMS
+_KNOWN_TYPES = frozenset(int(t) for t in GGML_QUANT_SIZES)
+# How many items the walk handles between two looks at the clock (a look costs ~50 ns; a
+# metadata key or tensor ~1 µs, a skipped string ~0.1 µs).
+_CLOCK_EVERY = 1024
+_CLOCK_EVERY_STRING = 65536
 
 
 class _Cursor:
-    __slots__ = ("buf", "pos")
+    __slots__ = ("buf", "clock", "deadline", "limit", "pos")
 
-    def __init__(self, buf: mmap.mmap | bytes) -> None:
+    def __init__(
+        self,
+        buf: mmap.mmap | bytes,
+        time_limit: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.buf = buf
         self.pos = 0
+        self.clock = clock
+        self.limit = time_limit
+        self.deadline = None if time_limit is None else clock() + time_limit
+
+    def check_time(self) -> None:
+        """Refuse a header that takes longer than its time bound to walk: the counts are
+        bounded by the file's size, but a crafted file of a few GB still holds hundreds of
+        millions of items."""
+        if self.deadline is not None and self.clock() > self.deadline:
+            raise GgufError(f"reading the header took longer than {self.limit:g} s")
 
     def u32(self) -> int:
         (value,) = _U32.unpack_from(self.buf, self.pos)
@@ -125,8 +146,10 @@ class _Cursor:
 
     def skip_strings(self, count: int) -> None:
         buf, pos, unpack = self.buf, self.pos, _U64.unpack_from
-        for _ in range(count):
+        for i in range(count):
             pos += 8 + unpack(buf, pos)[0]
+            if not i % _CLOCK_EVERY_STRING:
+                self.check_time()
         self.pos = pos
 
     def value(self, vtype: int) -> MetaValue:
@@ -159,21 +182,23 @@ class _Cursor:
         return items
 
 
-def read_header(path: Path) -> GgufHeader:
-    """Read a GGUF file's metadata and tensor-info table; raises :class:`GgufError`."""
+def read_header(
+    path: Path, *, time_limit: float | None = None, clock: Callable[[], float] = time.monotonic
+) -> GgufHeader:
+    """Read a GGUF file's metadata and tensor-info table; raises :class:`GgufError`, also when
+    the walk takes longer than ``time_limit`` seconds (``clock``'s)."""
     try:
         with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            return _parse(buf)
+            return _parse(_Cursor(buf, time_limit, clock))
     except (OSError, ValueError) as exc:  # ValueError: mmap of an empty file
         raise GgufError(f"{path}: cannot read GGUF header: {exc}") from exc
     except (struct.error, IndexError) as exc:
         raise GgufError(f"{path}: truncated GGUF header") from exc
 
 
-def _parse(buf: mmap.mmap | bytes) -> GgufHeader:
-    if buf[:4] != b"GGUF":
+def _parse(cur: _Cursor) -> GgufHeader:
+    if cur.buf[:4] != b"GGUF":
         raise GgufError("not a GGUF file (bad magic)")
-    cur = _Cursor(buf)
     cur.pos = 4
     version = cur.u32()
     if version not in (2, 3):
@@ -182,19 +207,27 @@ def _parse(buf: mmap.mmap | bytes) -> GgufHeader:
     # a key-value pair takes at least a key length, a type and a 1-byte value
     n_kv = cur.count("metadata keys", 8 + 4 + 1)
     metadata: dict[str, MetaValue] = {}
-    for _ in range(n_kv):
+    for i in range(n_kv):
+        if not i % _CLOCK_EVERY:
+            cur.check_time()
         key = cur.string()
         metadata[key] = cur.value(cur.u32())
     # a tensor's info takes at least a name length, n_dims, a type and an offset
     cur.room_for(n_tensors, "tensors", 8 + 4 + 4 + 8)
     tensors = []
-    for _ in range(n_tensors):
+    for i in range(n_tensors):
+        if not i % _CLOCK_EVERY:
+            cur.check_time()
         name = cur.string()
         n_dims = cur.u32()
         if n_dims > MAX_DIMS:
-            raise GgufError(f"tensor {name!r} has {n_dims} dimensions (GGUF allows {MAX_DIMS})")
+            raise GgufError(
+                f"tensor {name[:200]!r} has {n_dims} dimensions (GGUF allows {MAX_DIMS})"
+            )
         shape = tuple(cur.u64() for _ in range(n_dims))
         ggml_type = cur.u32()
+        if ggml_type not in _KNOWN_TYPES:  # llama.cpp: "tensor … has invalid ggml type"
+            raise GgufError(f"tensor {name[:200]!r} has an unknown ggml type {ggml_type}")
         cur.pos += 8  # data offset: the estimator never reads tensor data
         tensors.append(TensorInfo(name, shape, ggml_type))
     return GgufHeader(version, metadata, tuple(tensors))

@@ -1,0 +1,52 @@
+"""Model files and hub listings an attacker crafts (issue 26, rows 6, 8 and 12).
+
+Used by the unit and integration tests and by ``hack/attack-figures.py``. Written byte by byte
+(no gguf-py): a writer library refuses most of what an attacker can put in a header.
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+_U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
+U32_TYPE, F32_TYPE, STRING_TYPE, F64_TYPE = 4, 6, 8, 12
+
+
+def _string(text: str) -> bytes:
+    data = text.encode()
+    return _U64.pack(len(data)) + data
+
+
+def _kv(key: str, vtype: int, value: bytes) -> bytes:
+    return _string(key) + _U32.pack(vtype) + value
+
+
+def crafted_gguf(
+    path: Path,
+    *,
+    block_count: int | float = 2,
+    size: int = 4096,
+    extra: dict[str, int | float] | None = None,
+) -> Path:
+    """A ``size``-byte llama GGUF whose header claims ``block_count`` layers (an int is written
+    as u32, a float as f64); ``extra`` adds ``llama.<key>`` values the same way. One F32 tensor,
+    ``token_embd.weight`` 64 x 8, and zeros to ``size``."""
+    values: dict[str, int | float] = {
+        "block_count": block_count,
+        "embedding_length": 64,
+        "attention.head_count": 4,
+        "context_length": 256,
+        **(extra or {}),
+    }
+    kvs = [_kv("general.architecture", STRING_TYPE, _string("llama"))]
+    for key, value in values.items():
+        if isinstance(value, float):
+            kvs.append(_kv(f"llama.{key}", F64_TYPE, struct.pack("<d", value)))
+        else:
+            kvs.append(_kv(f"llama.{key}", U32_TYPE, _U32.pack(value)))
+    tensor = _string("token_embd.weight") + _U32.pack(2) + _U64.pack(64) + _U64.pack(8)
+    tensor += _U32.pack(0) + _U64.pack(0)  # F32, data at offset 0
+    head = b"GGUF" + _U32.pack(3) + _U64.pack(1) + _U64.pack(len(kvs)) + b"".join(kvs) + tensor
+    path.write_bytes(head + bytes(max(0, size - len(head))))
+    return path
