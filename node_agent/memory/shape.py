@@ -115,8 +115,11 @@ class VisionShape:
 
 def read_vision_shape(path: Path) -> VisionShape:
     """Read a projector's header (``general.architecture`` clip); raises :class:`GgufError`."""
-    header = read_header(path)
-    meta, where = header.metadata, str(path)
+    return vision_from_header(read_header(path), str(path))
+
+
+def vision_from_header(header: GgufHeader, where: str = "projector") -> VisionShape:
+    meta = header.metadata
     if meta.get("general.architecture") != "clip":
         raise GgufError(f"{where}: not a vision projector (general.architecture is not clip)")
 

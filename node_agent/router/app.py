@@ -59,6 +59,9 @@ MODEL_MISSING = "model name is missing from the request"
 # llama.cpp reads request lines and headers of up to ~32 KiB (a long ``?model=`` name gets its
 # JSON "not found"); aiohttp's default of 8 KiB would answer those with a plain-text 400.
 MAX_LINE_BYTES = 32 * 1024
+# How long GET /models waits for GGUF headers not read yet; a model whose header takes longer
+# is listed without its memory figures this time (the read goes on, bounded, off the loop).
+LIST_HEADER_WAIT = 1.0
 
 
 def _json(data: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
@@ -268,6 +271,11 @@ async def list_models(request: web.Request) -> web.StreamResponse:
     if request.query.get("reload", "").lower() in ("1", "true", "yes", "on"):
         await state.reload()
     registry = state.registry
+    if registry.memory is not None:
+        # The memory figures need each model's GGUF header: read off the loop, once per file
+        # version, waiting a bounded time (a crafted header froze GET /models: issue 26).
+        listed = [spec for spec in registry.specs().values() if not spec.hidden]
+        await registry.memory.read_headers(listed, wait=LIST_HEADER_WAIT)
     now = int(time.time())
     streams = request.app[CONVERSATIONS].supported
     data = [

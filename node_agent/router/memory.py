@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from node_agent.core.ledger import MemoryLedger, freed_memory_visible
 from node_agent.core.placement import Gpu, Holder, Placement, choose
@@ -28,11 +29,23 @@ from node_agent.memory.placing import (
     PlacementInput,
     child_environment,
     placeable,
-    placement_input,
+    placement_for_shape,
     tensor_split,
+)
+from node_agent.memory.shape_cache import (
+    HEADER_TIME_LIMIT,
+    FileKey,
+    Kind,
+    ShapeCache,
+    Unreadable,
+    file_key,
+    read_file,
 )
 from node_agent.sources.preset_env import pins_device
 from node_agent.sources.spec import ModelSpec, OptionValue, merge_options
+
+if TYPE_CHECKING:  # gguf, hence numpy: imported on first use (start-up time)
+    from node_agent.memory.shape import ModelShape, VisionShape
 
 log = logging.getLogger("corral.ledger")
 
@@ -41,6 +54,8 @@ MIB = 1 << 20
 # seconds for the same reason: drivers release VRAM after the process is gone).
 FREED_WAIT_SECONDS = 5.0
 FREED_POLL_SECONDS = 0.05
+# How long a load waits for its model's header to be read: the read's own bound, and a margin.
+HEADER_WAIT_SECONDS = HEADER_TIME_LIMIT + 1.0
 
 
 def _estimator_options(spec: ModelSpec) -> dict[str, str | None]:
@@ -87,6 +102,11 @@ class MemoryWatch:
         self._placed: dict[str, Placement] = {}
         # The scheduler's idle victims, best first (the registry's; none until it says).
         self._candidates: Callable[[], Sequence[str]] = tuple
+        # GGUF shapes by file version, and the reads on their way (issue 26, row 6); why a
+        # model has no estimate, for GET /models.
+        self._shapes = ShapeCache()
+        self._reading: dict[FileKey, asyncio.Future[Any]] = {}
+        self._unestimated: dict[str, str] = {}
 
     @property
     def devices(self) -> list[str]:
@@ -102,8 +122,72 @@ class MemoryWatch:
 
     # -- estimates -------------------------------------------------------------------------
 
-    def prepare(self, spec: ModelSpec) -> None:
-        """Estimate ``spec``'s min and max (once per file version and options)."""
+    async def read_headers(
+        self, specs: Iterable[ModelSpec], *, wait: float = HEADER_WAIT_SECONDS
+    ) -> None:
+        """Read the GGUF headers ``specs`` need and the cache lacks, in worker threads (one
+        read per file version, however many ask), waiting at most ``wait`` seconds for them.
+        A read that outlasts the wait goes on and fills the cache when done; the read itself
+        is bounded (``HEADER_TIME_LIMIT``), so no thread runs unbounded either."""
+        loop = asyncio.get_running_loop()
+        pending: list[asyncio.Future[Any]] = []
+        for spec in specs:
+            for key in self._files(spec):
+                if self._shapes.get(key) is not None:
+                    continue
+                future = self._reading.get(key)
+                if future is None:
+                    future = loop.run_in_executor(None, read_file, key)
+                    future.add_done_callback(functools.partial(self._read_done, key))
+                    self._reading[key] = future
+                pending.append(future)
+        if pending:
+            await asyncio.wait(pending, timeout=wait)
+
+    def _read_done(self, key: FileKey, future: asyncio.Future[Any]) -> None:
+        self._reading.pop(key, None)
+        if future.cancelled():
+            return
+        error = future.exception()
+        self._shapes.put(key, Unreadable(str(error)) if error is not None else future.result())
+
+    def _files(self, spec: ModelSpec) -> list[FileKey]:
+        """The file versions ``spec``'s estimate reads (missing files: none, as in prepare)."""
+        wanted: list[tuple[str | None, Kind]] = [(spec.model_path, "model")]
+        from node_agent.memory.estimator import vision_path
+
+        wanted.append((vision_path(_estimator_options(spec)), "vision"))
+        keys = []
+        for path, kind in wanted:
+            if path is not None:
+                try:
+                    keys.append(file_key(path, kind))
+                except OSError:
+                    continue
+        return keys
+
+    def _shape(self, path: str, kind: Kind, read: bool) -> ModelShape | VisionShape | None:
+        """``path``'s shape: cached, else read here when ``read`` (None when not read yet);
+        GgufError when its header is unreadable."""
+        from node_agent.memory.gguf_header import GgufError
+
+        try:
+            key = file_key(path, kind)
+        except OSError as exc:
+            raise GgufError(f"{path}: cannot read GGUF header: {exc}") from exc
+        found = self._shapes.get(key)
+        if found is None and read:
+            found = read_file(key)
+            self._shapes.put(key, found)
+        if isinstance(found, Unreadable):
+            raise GgufError(found.reason)
+        return found
+
+    def prepare(self, spec: ModelSpec, *, read: bool = True) -> None:
+        """Estimate ``spec``'s min and max (once per file version and options). ``read``:
+        read a header the cache lacks here and now; the agent reads them off its loop first
+        (:meth:`read_headers`) and passes False: a model whose header is not read yet is left
+        without an estimate this time."""
         path = spec.model_path
         if path is None:
             return
@@ -116,16 +200,35 @@ class MemoryWatch:
             return
         # Imported on first use: gguf pulls in numpy (~90 ms), which an agent without the
         # ledger, and every agent's start-up, can do without.
-        from node_agent.memory.estimator import estimate_range
+        from node_agent.memory.estimator import range_for_shape, vision_path
+        from node_agent.memory.shape import ModelShape, VisionShape
 
+        options = _estimator_options(spec)
         budget = {d: a for d in self._devices if (a := self.ledger.available(d)) is not None}
         try:
-            figures = estimate_range(Path(path), _estimator_options(spec), self._devices, budget)
-        except (CorralError, OSError, ValueError) as exc:
-            log.warning("model=%s: cannot estimate its memory (%s); not checked", spec.name, exc)
+            # Not read yet (the agent reads it off its loop): estimated on a later look.
+            shape = self._shape(path, "model", read)
+            if not isinstance(shape, ModelShape):
+                return
+            vision = None
+            if mmproj := vision_path(options):
+                found = self._shape(mmproj, "vision", read)
+                if not isinstance(found, VisionShape):
+                    return
+                vision = found
+            figures = range_for_shape(shape, options, self._devices, budget, vision=vision)
+        except (CorralError, OSError, ValueError, ArithmeticError) as exc:
+            # One bad file is one model without an estimate, with its reason in GET /models;
+            # never an error for the whole list (issue 26, row 8).
+            if self._unestimated.get(spec.name) != str(exc):
+                log.warning(
+                    "model=%s: cannot estimate its memory (%s); not checked", spec.name, exc
+                )
+            self._unestimated[spec.name] = str(exc)
             return
+        self._unestimated.pop(spec.name, None)
         self._estimated[spec.name] = key
-        if self._prepare_placement(spec):
+        if self._prepare_placement(spec, shape, vision):
             return
         self.ledger.set_estimate(spec.name, figures.min.per_device(), figures.max.per_device())
         # The child's own --fit sizes its context to the device as llama.cpp sees it (on the
@@ -135,24 +238,29 @@ class MemoryWatch:
         # the smaller smaps reading at ready.
         seen = {r.name: r.total if r.name == "host" else r.free for r in self.probe.read()}
         try:
-            fit = estimate_range(Path(path), _estimator_options(spec), self._devices, seen)
-        except (CorralError, OSError, ValueError):
+            fit = range_for_shape(shape, options, self._devices, seen, vision=vision)
+        except (CorralError, OSError, ValueError, ArithmeticError):
             fit = figures
         self._taken[spec.name] = fit.max.per_device()
 
+    def unestimated(self, model: str) -> str | None:
+        """Why ``model`` has no estimate (its header or options cannot be read), if so."""
+        return self._unestimated.get(model)
+
     # -- placement ---------------------------------------------------------------------------
 
-    def _prepare_placement(self, spec: ModelSpec) -> bool:
+    def _prepare_placement(
+        self, spec: ModelSpec, shape: ModelShape, vision: VisionShape | None
+    ) -> bool:
         """Make ``spec``'s placement figures if the ledger places it; False if it does not."""
         options = _estimator_options(spec)
         ngl = options.get("n-gpu-layers")
-        path = spec.model_path
-        if path is None or not placeable(options, self.gpus, ngl) or pins_device(spec.env):
+        if not placeable(options, self.gpus, ngl) or pins_device(spec.env):
             self._inputs.pop(spec.name, None)
             return False
         try:
-            self._inputs[spec.name] = placement_input(Path(path), options, self.gpus)
-        except (CorralError, OSError, ValueError) as exc:
+            self._inputs[spec.name] = placement_for_shape(shape, vision, options, self.gpus)
+        except (CorralError, OSError, ValueError, ArithmeticError) as exc:
             log.warning("model=%s: cannot estimate it per GPU (%s); not placed", spec.name, exc)
             self._inputs.pop(spec.name, None)
             return False
