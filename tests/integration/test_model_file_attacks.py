@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.integration.attacks import Probe, status_kib
-from tests.integration.harness import AgentProcess, chat
+from tests.integration.harness import AgentProcess, chat, http
 from tests.integration.hf_server import HubServer, start_hub
 from tests.integration.model_attacks import crafted_gguf
 
@@ -120,3 +120,30 @@ def test_row8_a_downloaded_inf_model_is_one_model_with_its_reason(
         assert status == 200, body
     entry = {m["id"]: m for m in body["data"]}["corral-test/inf:Q8_0"]
     assert "block_count must be a whole number" in entry["corral"]["error"]
+
+
+def test_row12_a_hub_path_with_nul_is_refused_up_front_and_nothing_hangs(
+    start_agent: Start, hub_env: dict[str, str]
+) -> None:
+    agent: AgentProcess = start_agent(env=hub_env)
+    for _ in range(2):  # the same answer again: never "already exists"
+        status, body = agent.post("/models", {"model": "corral-test/nul:Q8_0"}, timeout=10)
+        assert status == 400, body
+        assert "lists a file path no file can have" in body["error"]["message"]
+        assert "corral-test/nul:Q8_0" not in agent.models()  # not "downloading"
+    start = time.monotonic()
+    status, _ = agent.get("/models?reload=1", timeout=10)
+    assert status == 200
+    deleted = http("DELETE", f"{agent.url}/models?model=corral-test/nul:Q8_0", timeout=10)
+    assert deleted[0] == 500  # llama.cpp's "not found": nothing was left behind to remove
+    assert time.monotonic() - start < 5
+    # the agent's downloads still work
+    assert agent.post("/models", {"model": "corral-test/tiny:Q8_0"})[0] == 200
+    deadline = time.monotonic() + 30
+    while agent.models().get("corral-test/tiny:Q8_0", {}).get("status", {}).get("value") in (
+        None,
+        "downloading",
+    ):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert agent.post("/v1/chat/completions", chat("corral-test/tiny:Q8_0"))[0] == 200
