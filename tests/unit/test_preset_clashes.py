@@ -130,3 +130,30 @@ def test_the_administrators_presets_keep_llama_cpps_merge(node: Path) -> None:
     (clash,) = operator_files(node, admin2=f"[x]\nmodel = {model}\nalias = local\n")
     with pytest.raises(ConfigError, match="conflicts with existing model name"):
         catalog(node, [clash], restricted=False)
+
+
+def entry(name: str, source: str) -> dict[str, object]:
+    return {
+        "id": name,
+        "aliases": [],
+        "tags": [],
+        "object": "model",
+        "owned_by": "llamacpp",
+        "created": 0,
+        "status": {"value": "loaded", "args": []},
+        "architecture": {},
+        "source": source,
+        "can_remove": False,
+    }
+
+
+def test_the_operator_shows_a_refusal_over_the_nodes_own_model_of_that_name() -> None:
+    from preset_operator.status import parse_models
+
+    refused = [{"origin": "/p/preset-local.ini:2", "reason": "taken", "models": ["local"]}]
+    body = {"object": "list", "data": [entry("local", "models_dir")], "refused": refused}
+    report = parse_models(body)["local"]
+    assert report.failed and report.error is not None and "taken" in report.error
+    # the preset's earlier version, kept running after a bad update, still shows as it runs
+    body["data"] = [entry("local", "preset")]
+    assert parse_models(body)["local"].value == "loaded"
