@@ -11,6 +11,8 @@ from pathlib import Path
 
 _U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
 U32_TYPE, F32_TYPE, STRING_TYPE, F64_TYPE = 4, 6, 8, 12
+# The memory ledger on (it reads every model's header for GET /models), with a host budget.
+LEDGER = ("--models-memory-margin", "0", "--memory-limit", "host=4GiB", "-c", "512")
 
 
 def _string(text: str) -> bytes:

@@ -21,16 +21,14 @@ import pytest
 from tests.integration.attacks import Probe, status_kib
 from tests.integration.harness import AgentProcess, chat, http
 from tests.integration.hf_server import HubServer, start_hub
-from tests.integration.model_attacks import crafted_gguf
+from tests.integration.model_attacks import LEDGER, crafted_gguf
 
 Start = Callable[..., AgentProcess]
 MIB = 1 << 20
 
 
 def ledger_agent(start_agent: Start, *args: str, **kw: Any) -> AgentProcess:
-    agent: AgentProcess = start_agent(
-        *args, "--models-memory-margin", "0", "--memory-limit", "host=4GiB", "-c", "512", **kw
-    )
+    agent: AgentProcess = start_agent(*args, *LEDGER, **kw)
     return agent
 
 
