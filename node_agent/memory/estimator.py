@@ -411,13 +411,8 @@ def _config(options: Mapping[str, str | None]) -> _Config:
 
 
 def _vision(options: Mapping[str, str | None]) -> VisionShape | None:
-    path = vision_path(options)
+    path = _normalise(options).get("mmproj")
     return read_vision_shape(Path(path)) if path else None
-
-
-def vision_path(options: Mapping[str, str | None]) -> str | None:
-    """The projector (``--mmproj``) the options load, whose shape the estimate needs."""
-    return _normalise(options).get("mmproj")
 
 
 def _vision_bytes(vision: VisionShape) -> int:

@@ -73,6 +73,15 @@ def _estimator_options(spec: ModelSpec) -> dict[str, str | None]:
     return options
 
 
+def _vision_path(spec: ModelSpec) -> str | None:
+    """The projector (``--mmproj``) the estimate reads, as the estimator finds it in the
+    options (canonical names here), without importing it: ``GET /models`` asks before the
+    headers are read, and the estimator pulls in numpy (that import runs in the reader's
+    thread instead)."""
+    value = spec.get("mmproj")
+    return value if isinstance(value, str) and value else None
+
+
 class MemoryWatch:
     """Owns the ledger and the device probes for one agent."""
 
@@ -153,10 +162,10 @@ class MemoryWatch:
 
     def _files(self, spec: ModelSpec) -> list[FileKey]:
         """The file versions ``spec``'s estimate reads (missing files: none, as in prepare)."""
-        wanted: list[tuple[str | None, Kind]] = [(spec.model_path, "model")]
-        from node_agent.memory.estimator import vision_path
-
-        wanted.append((vision_path(_estimator_options(spec)), "vision"))
+        wanted: list[tuple[str | None, Kind]] = [
+            (spec.model_path, "model"),
+            (_vision_path(spec), "vision"),
+        ]
         keys = []
         for path, kind in wanted:
             if path is not None:
@@ -200,7 +209,7 @@ class MemoryWatch:
             return
         # Imported on first use: gguf pulls in numpy (~90 ms), which an agent without the
         # ledger, and every agent's start-up, can do without.
-        from node_agent.memory.estimator import range_for_shape, vision_path
+        from node_agent.memory.estimator import range_for_shape
         from node_agent.memory.shape import ModelShape, VisionShape
 
         options = _estimator_options(spec)
@@ -211,7 +220,7 @@ class MemoryWatch:
             if not isinstance(shape, ModelShape):
                 return
             vision = None
-            if mmproj := vision_path(options):
+            if mmproj := _vision_path(spec):
                 found = self._shape(mmproj, "vision", read)
                 if not isinstance(found, VisionShape):
                     return
