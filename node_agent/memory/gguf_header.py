@@ -84,6 +84,7 @@ _U64 = struct.Struct("<Q")
 # (token scores, types, merges) are skipped by length without decoding.
 _KEEP_ARRAY = 4096
 MAX_DIMS = 4  # ggml's GGML_MAX_DIMS
+DEFAULT_ALIGNMENT = 32  # GGUF_DEFAULT_ALIGNMENT: where the tensor data starts, and each tensor
 _KNOWN_TYPES = frozenset(int(t) for t in GGML_QUANT_SIZES)
 # How many items the walk handles between two looks at the clock (a look costs ~50 ns; a
 # metadata key or tensor ~1 µs, a skipped string ~0.1 µs).
@@ -214,7 +215,8 @@ def _parse(cur: _Cursor) -> GgufHeader:
         metadata[key] = cur.value(cur.u32())
     # a tensor's info takes at least a name length, n_dims, a type and an offset
     cur.room_for(n_tensors, "tensors", 8 + 4 + 4 + 8)
-    tensors = []
+    tensors: list[TensorInfo] = []
+    offsets: list[int] = []
     for i in range(n_tensors):
         if not i % _CLOCK_EVERY:
             cur.check_time()
@@ -228,6 +230,29 @@ def _parse(cur: _Cursor) -> GgufHeader:
         ggml_type = cur.u32()
         if ggml_type not in _KNOWN_TYPES:  # llama.cpp: "tensor … has invalid ggml type"
             raise GgufError(f"tensor {name[:200]!r} has an unknown ggml type {ggml_type}")
-        cur.pos += 8  # data offset: the estimator never reads tensor data
+        offsets.append(cur.u64())  # where its data lies (never read: only checked below)
         tensors.append(TensorInfo(name, shape, ggml_type))
+    _check_data(tensors, offsets, metadata, cur.pos, len(cur.buf))
     return GgufHeader(version, metadata, tuple(tensors))
+
+
+def _check_data(
+    tensors: list[TensorInfo],
+    offsets: list[int],
+    metadata: Mapping[str, MetaValue],
+    header_end: int,
+    file_size: int,
+) -> None:
+    """Every tensor's data must lie inside the file (llama.cpp: "tensor data is not within the
+    file bounds"): a header's dimensions are counts too, and a crafted one sized a model at
+    exabytes, which made the ledger evict every idle model for it."""
+    alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+    if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+        raise GgufError(f"general.alignment {alignment!r} is not a power of two")
+    room = file_size - -(-header_end // alignment) * alignment
+    for tensor, offset in zip(tensors, offsets, strict=True):
+        if offset + tensor.nbytes > room:
+            raise GgufError(
+                f"tensor {tensor.name[:200]!r}'s data is not within the file bounds: the file is "
+                "corrupted or incomplete"
+            )

@@ -30,10 +30,11 @@ def crafted_gguf(
     block_count: int | float = 2,
     size: int = 4096,
     extra: dict[str, int | float] | None = None,
+    dims: tuple[int, int] = (64, 8),
 ) -> Path:
     """A ``size``-byte llama GGUF whose header claims ``block_count`` layers (an int is written
     as u32, a float as f64); ``extra`` adds ``llama.<key>`` values the same way. One F32 tensor,
-    ``token_embd.weight`` 64 x 8, and zeros to ``size``."""
+    ``token_embd.weight`` of ``dims`` (64 x 8), and zeros to ``size``."""
     values: dict[str, int | float] = {
         "block_count": block_count,
         "embedding_length": 64,
@@ -47,7 +48,7 @@ def crafted_gguf(
             kvs.append(_kv(f"llama.{key}", F64_TYPE, struct.pack("<d", value)))
         else:
             kvs.append(_kv(f"llama.{key}", U32_TYPE, _U32.pack(value)))
-    tensor = _string("token_embd.weight") + _U32.pack(2) + _U64.pack(64) + _U64.pack(8)
+    tensor = _string("token_embd.weight") + _U32.pack(2) + _U64.pack(dims[0]) + _U64.pack(dims[1])
     tensor += _U32.pack(0) + _U64.pack(0)  # F32, data at offset 0
     head = b"GGUF" + _U32.pack(3) + _U64.pack(1) + _U64.pack(len(kvs)) + b"".join(kvs) + tensor
     path.write_bytes(head + bytes(max(0, size - len(head))))

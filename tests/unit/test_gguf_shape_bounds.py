@@ -40,6 +40,16 @@ def test_more_layers_than_the_file_has_tensors_is_refused(tmp_path: Path) -> Non
         read_shape(path)
 
 
+def test_tensor_dimensions_beyond_the_file_are_refused(tmp_path: Path) -> None:
+    """Dimensions are counts too: 2^40 x 2^20 floats in a 4 KB file sized the model at
+    exabytes, so the ledger would evict every idle model for it (llama.cpp: "tensor data is
+    not within the file bounds")."""
+    path = crafted_gguf(tmp_path / "vast.gguf", dims=(1 << 40, 1 << 20))
+    with pytest.raises(GgufError, match="data is not within the file bounds"):
+        read_header(path)
+    assert read_header(crafted_gguf(tmp_path / "ok.gguf")).tensors[0].nbytes == 64 * 8 * 4
+
+
 INF, NAN = math.inf, math.nan
 
 
