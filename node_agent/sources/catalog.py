@@ -4,6 +4,11 @@ Order, lowest first (llama.cpp's ``server_models::load_models``): HF cache < ``-
 (a same-named model replaces the cached one) < preset sections (merged into an existing model,
 only the keys they set) < the agent's command line (merged into every model). The ``[*]``
 section cascades under *every* model, whatever its source, before that merge.
+
+The operator's presets (``restricted``) never merge into the node's own models: a section
+named like a models-dir or cache model (unless it is that cache entry's own download), or with
+an alias that is already a name or an alias, is refused alone with its reason (issue 26, rows
+9 and 10); the administrator's INI keeps llama.cpp's merge and its whole-file errors.
 """
 
 from __future__ import annotations
