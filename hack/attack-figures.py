@@ -190,6 +190,26 @@ def row26_6_huge_layer_count(models: Path) -> None:
             _end(a)
 
 
+def row26_6b_costly_estimates(models: Path) -> None:
+    """Ten 160 KB headers at llama.cpp's limits (512 layers, a trained context of 2^32 - 1): no
+    count is refused, but each estimate is ~0.2 s of arithmetic; no -c, so --fit's whole range
+    is searched."""
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        for i in range(10):
+            crafted_gguf(
+                folder / f"wide{i}.gguf",
+                block_count=512,
+                layer_tensors=512,
+                extra={"context_length": 2**32 - 1 - i, "embedding_length": 2**20},
+            )
+        a = agent(folder, "--models-memory-margin", "0")
+        try:
+            _hit_models(a, "26.6b ten GGUFs at llama.cpp's limits (512 layers, 2^32 context)")
+        finally:
+            _end(a)
+
+
 def row26_8_inf_layer_count(models: Path) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -277,6 +297,7 @@ def row26_12_nul_hub_path(models: Path) -> None:
 def issue26_model_files(models: Path) -> None:
     for row in (
         row26_6_huge_layer_count,
+        row26_6b_costly_estimates,
         row26_8_inf_layer_count,
         row26_9_10_clashing_presets,
         row26_12_nul_hub_path,

@@ -104,8 +104,7 @@ def model_entry(
     memory: dict[str, Any] = {}
     unestimated = None
     if registry.memory is not None:
-        # Only headers already read: GET /models reads them off the loop first (app.py).
-        registry.memory.prepare(spec, read=False)
+        # Estimated off the loop beforehand (app.py): a model still on its way has none yet.
         memory["memory"] = Memory(**registry.memory.figures(name))
         unestimated = registry.memory.unestimated(name)
     # The child's last error line, why the agent's download of its file failed, or why the

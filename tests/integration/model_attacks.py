@@ -31,10 +31,13 @@ def crafted_gguf(
     size: int = 4096,
     extra: dict[str, int | float] | None = None,
     dims: tuple[int, int] = (64, 8),
+    layer_tensors: int = 0,
 ) -> Path:
     """A ``size``-byte llama GGUF whose header claims ``block_count`` layers (an int is written
     as u32, a float as f64); ``extra`` adds ``llama.<key>`` values the same way. One F32 tensor,
-    ``token_embd.weight`` of ``dims`` (64 x 8), and zeros to ``size``."""
+    ``token_embd.weight`` of ``dims`` (64 x 8), then ``layer_tensors`` layers of one F32 norm
+    each (``blk.N.attn_norm.weight``, 64 wide), and zeros to ``size`` (at least what the
+    tensors take)."""
     values: dict[str, int | float] = {
         "block_count": block_count,
         "embedding_length": 64,
@@ -50,6 +53,14 @@ def crafted_gguf(
             kvs.append(_kv(f"llama.{key}", U32_TYPE, _U32.pack(value)))
     tensor = _string("token_embd.weight") + _U32.pack(2) + _U64.pack(dims[0]) + _U64.pack(dims[1])
     tensor += _U32.pack(0) + _U64.pack(0)  # F32, data at offset 0
-    head = b"GGUF" + _U32.pack(3) + _U64.pack(1) + _U64.pack(len(kvs)) + b"".join(kvs) + tensor
-    path.write_bytes(head + bytes(max(0, size - len(head))))
+    offset = -(-dims[0] * dims[1] * 4 // 32) * 32
+    for il in range(layer_tensors):
+        tensor += _string(f"blk.{il}.attn_norm.weight") + _U32.pack(1) + _U64.pack(64)
+        tensor += _U32.pack(0) + _U64.pack(offset)
+        offset += 256
+    n_tensors = 1 + layer_tensors
+    head = b"GGUF" + _U32.pack(3) + _U64.pack(n_tensors) + _U64.pack(len(kvs)) + b"".join(kvs)
+    head += tensor
+    data_start = -(-len(head) // 32) * 32
+    path.write_bytes(head + bytes(max(0, size - len(head), data_start - len(head) + offset)))
     return path

@@ -1,5 +1,6 @@
 """The ledger's GGUF headers: one bad file is one model without an estimate, with its reason,
-and headers are read off the event loop, once per file version (issue 26, rows 6 and 8).
+and headers are read and estimates made off the event loop, once per file version (issue 26,
+rows 6 and 8).
 
 With fake children and the real HTTP app (``fake_child.fake_agent``), so ``GET /models`` runs
 exactly as in the agent.
@@ -11,6 +12,7 @@ import asyncio
 import math
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
@@ -57,12 +59,37 @@ async def test_one_bad_header_is_one_model_with_its_reason(tmp_path: Path) -> No
         assert entries["huge"]["memory"]["min"] == {}
 
 
-async def test_a_slow_header_is_read_off_the_loop(tmp_path: Path) -> None:
-    """A header that takes a while to walk (here ~1 s: a million metadata keys) never holds the
-    loop: /health answers quickly all along, and GET /models does not wait past its bound."""
-    slow = many_keys(tmp_path / "slow.gguf", 1_000_000)
-    specs = [spec("slow", options=(("model", str(slow)),))]
-    async with fake_agent(Plan(), specs, memory=watch()) as agent:
+def wide_models(folder: Path) -> list[Path]:
+    """Ten headers at llama.cpp's limits (512 layers, a trained context of 2^32 - 1): their
+    estimates are ~0.2 s of arithmetic each."""
+    return [
+        crafted_gguf(
+            folder / f"wide{i}.gguf",
+            block_count=512,
+            layer_tensors=512,
+            extra={"context_length": 2**32 - 1 - i, "embedding_length": 2**20},
+        )
+        for i in range(10)
+    ]
+
+
+@pytest.mark.parametrize(
+    "models",
+    [
+        # a header that takes a while to walk (~1 s: a million metadata keys)
+        lambda folder: [many_keys(folder / "slow.gguf", 1_000_000)],
+        wide_models,
+    ],
+    ids=["slow-header", "costly-estimates"],
+)
+async def test_headers_and_estimates_run_off_the_loop(
+    tmp_path: Path, models: Callable[[Path], list[Path]]
+) -> None:
+    """Reading headers and estimating never holds the loop: /health answers quickly all
+    along, and GET /models does not wait past its bound."""
+    specs = [spec(p.stem, options=(("model", str(p)),)) for p in models(tmp_path)]
+    memory = MemoryWatch(margin_mib=0, limits={"host": 1 << 60}, probe=CompositeProbe([]))
+    async with fake_agent(Plan(), specs, memory=memory) as agent:
         listing = asyncio.ensure_future(agent.client.get(agent.url + "/models"))
         worst = 0.0
         while not listing.done():
