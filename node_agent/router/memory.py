@@ -55,7 +55,7 @@ MIB = 1 << 20
 # seconds for the same reason: drivers release VRAM after the process is gone).
 FREED_WAIT_SECONDS = 5.0
 FREED_POLL_SECONDS = 0.05
-# How long a load waits for its model's header to be read: the read's own bound, and a margin.
+# How long a load waits for its header and estimate: the read's own bound, and a margin.
 HEADER_WAIT_SECONDS = HEADER_TIME_LIMIT + 1.0
 # Headers and estimates run on one thread of their own, not asyncio's default pool: the work
 # is pure Python, holding the GIL in 5 ms slices, and every busy thread is one more the loop
