@@ -32,7 +32,8 @@ class GgufError(CorralError):
 
 @dataclass(frozen=True)
 class SkippedArray:
-    """An array whose items were not kept (only string and large arrays): its length."""
+    """An array whose items were not kept (string and large arrays), or a string value too
+    long to keep: its length."""
 
     length: int
 
@@ -84,6 +85,11 @@ _U64 = struct.Struct("<Q")
 # (token scores, types, merges) are skipped by length without decoding.
 _KEEP_ARRAY = 4096
 MAX_DIMS = 4  # ggml's GGML_MAX_DIMS
+GGML_MAX_NAME = 64  # ggml's: a tensor's name and its NUL
+# Metadata keys are short names; string values are kept up to this size (a chat template is
+# tens of KB), longer ones skipped by length (only their length was ever needed).
+_MAX_KEY = 64 * 1024
+_KEEP_STRING = 1 << 20
 DEFAULT_ALIGNMENT = 32  # GGUF_DEFAULT_ALIGNMENT: where the tensor data starts, and each tensor
 _KNOWN_TYPES = frozenset(int(t) for t in GGML_QUANT_SIZES)
 # How many items the walk handles between two looks at the clock (a look costs ~50 ns; a
@@ -124,13 +130,27 @@ class _Cursor:
         self.pos += 8
         return int(value)
 
-    def string(self) -> str:
+    def string(self, limit: int | None = None, what: str = "string") -> str:
+        """A string; longer than ``limit`` bytes is refused, before any copy or decoding."""
         length = self.u64()
+        if limit is not None and length > limit:
+            raise GgufError(f"a {what} of {length} bytes (at most {limit})")
         start = self.pos
         self.pos += length
         if self.pos > len(self.buf):
             raise GgufError("string runs past the end of the file")
         return bytes(self.buf[start : self.pos]).decode("utf-8", errors="replace")
+
+    def text_value(self) -> MetaValue:
+        """A string value; one past :data:`_KEEP_STRING` is skipped by length (a gigabyte one
+        would be copied and decoded in one C call, holding the GIL: the loop's too)."""
+        length = _U64.unpack_from(self.buf, self.pos)[0]
+        if length <= _KEEP_STRING:
+            return self.string()
+        self.pos += 8 + length
+        if self.pos > len(self.buf):
+            raise GgufError("string runs past the end of the file")
+        return SkippedArray(length)
 
     def count(self, what: str, min_bytes: int) -> int:
         """A u64 count of items of at least ``min_bytes`` each (see :meth:`room_for`)."""
@@ -155,7 +175,7 @@ class _Cursor:
 
     def value(self, vtype: int) -> MetaValue:
         if vtype == _STRING:
-            return self.string()
+            return self.text_value()
         if vtype == _ARRAY:
             return self.array()
         fmt = _SCALARS.get(vtype)
@@ -211,7 +231,7 @@ def _parse(cur: _Cursor) -> GgufHeader:
     for i in range(n_kv):
         if not i % _CLOCK_EVERY:
             cur.check_time()
-        key = cur.string()
+        key = cur.string(_MAX_KEY, "metadata key")
         metadata[key] = cur.value(cur.u32())
     # a tensor's info takes at least a name length, n_dims, a type and an offset
     cur.room_for(n_tensors, "tensors", 8 + 4 + 4 + 8)
@@ -220,7 +240,7 @@ def _parse(cur: _Cursor) -> GgufHeader:
     for i in range(n_tensors):
         if not i % _CLOCK_EVERY:
             cur.check_time()
-        name = cur.string()
+        name = cur.string(GGML_MAX_NAME - 1, "tensor name")  # llama.cpp: "is too long"
         n_dims = cur.u32()
         if n_dims > MAX_DIMS:
             raise GgufError(

@@ -62,5 +62,6 @@ def crafted_gguf(
     head = b"GGUF" + _U32.pack(3) + _U64.pack(n_tensors) + _U64.pack(len(kvs)) + b"".join(kvs)
     head += tensor
     data_start = -(-len(head) // 32) * 32
-    path.write_bytes(head + bytes(max(0, size - len(head), data_start - len(head) + offset)))
+    layers_end = data_start - len(head) + offset if layer_tensors else 0
+    path.write_bytes(head + bytes(max(0, size - len(head), layers_end)))
     return path

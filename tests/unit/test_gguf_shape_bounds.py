@@ -10,12 +10,13 @@ llama.cpp refuses both: a count of the wrong type ("key … has wrong type") and
 from __future__ import annotations
 
 import math
+import struct
 import time
 from pathlib import Path
 
 import pytest
 
-from node_agent.memory.gguf_header import GgufError, read_header
+from node_agent.memory.gguf_header import GgufError, SkippedArray, read_header
 from node_agent.memory.shape import MAX_LAYERS, read_shape
 from tests.integration.model_attacks import crafted_gguf
 
@@ -93,3 +94,31 @@ def test_reading_a_header_stops_at_its_time_bound(tmp_path: Path) -> None:
     with pytest.raises(GgufError, match="took longer than 2 s"):
         read_header(path, time_limit=2.0, clock=lambda: next(ticks) / 100)
     assert read_header(path).metadata == {"k": 0}
+
+
+def _header(kvs: bytes, n_kv: int, tensors: bytes = b"", n_tensors: int = 0) -> bytes:
+    u64 = struct.Struct("<Q").pack
+    return b"GGUF" + struct.pack("<I", 3) + u64(n_tensors) + u64(n_kv) + kvs + tensors
+
+
+def _str(data: bytes) -> bytes:
+    return struct.pack("<Q", len(data)) + data
+
+
+def test_long_strings_are_refused_or_skipped_before_any_copy(tmp_path: Path) -> None:
+    """A string is copied and decoded in one C call that holds the GIL (the loop's too, even
+    from a worker): a tensor name is at most llama.cpp's 63 bytes, a key 64 KiB, and a string
+    value past 1 MiB is skipped by its length."""
+    path = tmp_path / "long.gguf"
+    name = _str(b"t" * 64) + struct.pack("<I", 1) + struct.pack("<Q", 1) + bytes(12)
+    path.write_bytes(_header(b"", 0, name, 1) + bytes(64))
+    with pytest.raises(GgufError, match="a tensor name of 64 bytes"):
+        read_header(path)
+    path.write_bytes(_header(_str(b"k" * 70_000) + struct.pack("<I", 4) + bytes(4), 1))
+    with pytest.raises(GgufError, match="a metadata key of 70000 bytes"):
+        read_header(path)
+    big = _str(b"general.architecture") + struct.pack("<I", 8) + _str(b"x" * (2 << 20))
+    path.write_bytes(_header(big, 1))
+    assert read_header(path).metadata == {"general.architecture": SkippedArray(2 << 20)}
+    with pytest.raises(GgufError, match=r"header lacks general\.architecture"):
+        read_shape(path)
