@@ -13,8 +13,11 @@ limits and assert the outcome).
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import resource
+import shutil
 import sys
 import tempfile
 import time
@@ -40,9 +43,13 @@ from tests.integration.attacks import (
     slot_paths,
     slow_connections,
     stalled_stream,
+    status_kib,
     ui_paths,
 )
-from tests.integration.harness import AgentProcess, chat
+from tests.integration.harness import AgentProcess, chat, http
+from tests.integration.hf_server import start_hub
+from tests.integration.model_attacks import LEDGER, crafted_gguf
+from tests.kubelet import write_configmap_volume
 
 NOFILE = 512
 KEY = "attack-figures-key"
@@ -278,11 +285,186 @@ def main() -> int:
             write_demo_models(models)
         hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the attacker's sockets
-        attacks = [slowloris, non_readers, large_body, *issue_26_rows(models)]
+        attacks = [
+            slowloris,
+            non_readers,
+            large_body,
+            *issue_26_rows(models),
+            issue26_model_files,
+        ]
         for attack in attacks:
             if not args.attacks or attack.__name__ in args.attacks:
                 attack(models)
     return 0
+
+
+# -- issue 26, rows 6, 8, 9, 10 and 12: model files, operator presets, hub listings -------------
+# Each prints the worst /health time and the agent's RSS growth while its attack runs.
+
+ROW_SECONDS = 5.0  # how long each row hits GET /models
+GIVE_UP = 20.0  # a GET /models that takes longer counts as frozen (the row ends there)
+
+
+def _figures(probe: Probe, rss_before_kib: int) -> str:
+    worst = max(probe.latencies, default=float("nan"))
+    growth = (max(probe.rss_kib, default=rss_before_kib) - rss_before_kib) / 1024
+    return f"worst /health {worst * 1000:.0f} ms, RSS growth {growth:.1f} MiB"
+
+
+def _hit_models(a: AgentProcess, label: str) -> None:
+    """GET /models and /v1/models for ROW_SECONDS under a probe, then print the row."""
+    time.sleep(0.5)  # the agent's own start-up work settles
+    rss = status_kib(a.proc.pid, "VmRSS")
+    probe = Probe(a.port, a.proc.pid, interval=0.1)
+    statuses: set[object] = set()
+    slowest = 0.0
+    with probe.running():
+        end = time.monotonic() + ROW_SECONDS
+        while time.monotonic() < end:
+            for path in ("/models", "/v1/models"):
+                start = time.monotonic()
+                try:
+                    statuses.add(a.get(path, timeout=GIVE_UP)[0])
+                except OSError:
+                    statuses.add(f"no answer in {GIVE_UP:.0f} s")
+                    end = 0.0
+                slowest = max(slowest, time.monotonic() - start)
+    print(
+        f"{label}: GET /models {sorted(map(str, statuses))}, slowest {slowest:.2f} s; "
+        f"{_figures(probe, rss)}"
+    )
+
+
+def _end(a: AgentProcess) -> None:
+    a.proc.kill()  # a frozen agent ignores SIGTERM (row 6 before the fix)
+    a.proc.wait()
+
+
+def row26_6_huge_layer_count(models: Path) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        shutil.copyfile(models / "demo-tiny.gguf", folder / "demo-tiny.gguf")
+        crafted_gguf(folder / "huge.gguf", block_count=20_000_000)
+        a = agent(folder, *LEDGER)
+        try:
+            _hit_models(a, "26.6 a 4 KB GGUF claiming 20,000,000 layers, ledger on")
+        finally:
+            _end(a)
+
+
+def row26_6b_costly_estimates(models: Path) -> None:
+    """Ten 160 KB headers at llama.cpp's limits (512 layers, a trained context of 2^32 - 1): no
+    count is refused, but each estimate is ~0.2 s of arithmetic; no -c, so --fit's whole range
+    is searched."""
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        for i in range(10):
+            crafted_gguf(
+                folder / f"wide{i}.gguf",
+                block_count=512,
+                layer_tensors=512,
+                extra={"context_length": 2**32 - 1 - i, "embedding_length": 2**20},
+            )
+        a = agent(folder, "--models-memory-margin", "0")
+        try:
+            _hit_models(a, "26.6b ten GGUFs at llama.cpp's limits (512 layers, 2^32 context)")
+        finally:
+            _end(a)
+
+
+def row26_8_inf_layer_count(models: Path) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        shutil.copyfile(models / "demo-tiny.gguf", folder / "demo-tiny.gguf")
+        crafted_gguf(folder / "inf.gguf", block_count=math.inf)
+        a = agent(folder, *LEDGER)
+        try:
+            _hit_models(a, "26.8 a GGUF whose layer count is the float inf, ledger on")
+        finally:
+            _end(a)
+
+
+def row26_9_10_clashing_presets(models: Path) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        folder, volume = Path(tmp, "models"), Path(tmp, "presets")
+        folder.mkdir()
+        volume.mkdir()
+        shutil.copyfile(models / "demo-tiny.gguf", folder / "local.gguf")
+        other = models / "demo-small.gguf"
+        files = {
+            "preset-alias.ini": f"[taker]\nmodel = {other}\nalias = local\n",
+            "preset-name.ini": f"[local]\nmodel = {other}\nctx-size = 256\n",
+        }
+        files["nodes.json"] = json.dumps({"files": sorted(files), "nodes": {"n": [0, 1]}})
+        write_configmap_volume(volume, files, "v1")
+        os.environ["NODE_NAME"] = "n"
+        try:
+            a = AgentProcess(["--models-dir", str(folder), "--models-preset", str(volume)])
+        except AssertionError as exc:
+            print(f"26.9/10 operator presets clashing with a models-dir model: no agent ({exc})")
+            return
+        finally:
+            del os.environ["NODE_NAME"]
+        try:
+            body = a.get("/models")[1]
+            refused = sorted(m for r in body.get("refused", []) for m in r["models"])
+            local = next(m for m in body["data"] if m["id"] == "local")
+            args = local["status"]["args"]
+            file = Path(args[args.index("--model") + 1]).name if "--model" in args else "?"
+            print(
+                f"26.9/10 operator presets clashing with a models-dir model: refused {refused}; "
+                f"'local' is {local['source']} on {file}"
+            )
+            _hit_models(a, "26.9/10 (the same agent, listed)")
+        finally:
+            _end(a)
+
+
+def row26_12_nul_hub_path(models: Path) -> None:
+    hub = start_hub()
+    tiny = (models / "demo-tiny.gguf").read_bytes()
+    hub.add("corral-test/nul", {"nul\x00-Q8_0.gguf": tiny})
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {"HF_HOME": tmp, "MODEL_ENDPOINT": hub.url + "/", "LLAMA_CACHE": ""}
+        a = AgentProcess([], env)
+        try:
+            rss = status_kib(a.proc.pid, "VmRSS")
+            probe = Probe(a.port, a.proc.pid, interval=0.1)
+            with probe.running():
+                first = a.post("/models", {"model": "corral-test/nul:Q8_0"}, timeout=GIVE_UP)[0]
+                time.sleep(1)
+                state = a.models().get("corral-test/nul:Q8_0", {}).get("status", {}).get("value")
+                try:
+                    second = a.post("/models", {"model": "corral-test/nul:Q8_0"}, timeout=5)[1]
+                    again = str(second.get("error", {}).get("message", second))[:60]
+                except OSError:
+                    again = "no answer in 5 s"
+                start = time.monotonic()
+                try:
+                    url = f"{a.url}/models?model=corral-test/nul:Q8_0"
+                    deleted = str(http("DELETE", url, timeout=5)[0])
+                except OSError:
+                    deleted = "no answer"
+                took = time.monotonic() - start
+            print(
+                f"26.12 a hub file path holding NUL: POST {first}, then listed as {state}; "
+                f"a second POST: {again!r}; DELETE {deleted} in {took:.1f} s; "
+                f"{_figures(probe, rss)}"
+            )
+        finally:
+            _end(a)
+            hub.close()
+
+
+def issue26_model_files(models: Path) -> None:
+    for row in (
+        row26_6_huge_layer_count,
+        row26_6b_costly_estimates,
+        row26_8_inf_layer_count,
+        row26_9_10_clashing_presets,
+        row26_12_nul_hub_path,
+    ):
+        row(models)
 
 
 if __name__ == "__main__":

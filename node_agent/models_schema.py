@@ -52,7 +52,9 @@ class CorralInfo(_Schema):
     in_flight: int
     queued: int
     pid: int | None
-    error: str | None  # the child's own last error line, while the model is failed
+    # The child's own last error line while the model is failed; else why its download failed,
+    # or why the ledger cannot estimate it (an unreadable or implausible GGUF header).
+    error: str | None
     failures: int
     retry_in: float  # seconds until a model in crash-loop backoff may load again
     memory: Memory | None = None  # only with the memory ledger on

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import mmap
 import struct
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +32,8 @@ class GgufError(CorralError):
 
 @dataclass(frozen=True)
 class SkippedArray:
-    """An array whose items were not kept (only string and large arrays): its length."""
+    """An array whose items were not kept (string and large arrays), or a string value too
+    long to keep: its length."""
 
     length: int
 
@@ -83,14 +85,40 @@ _U64 = struct.Struct("<Q")
 # (token scores, types, merges) are skipped by length without decoding.
 _KEEP_ARRAY = 4096
 MAX_DIMS = 4  # ggml's GGML_MAX_DIMS
+GGML_MAX_NAME = 64  # ggml's: a tensor's name and its NUL
+# Metadata keys are short names; string values are kept up to this size (a chat template is
+# tens of KB), longer ones skipped by length (only their length was ever needed).
+_MAX_KEY = 64 * 1024
+_KEEP_STRING = 1 << 20
+DEFAULT_ALIGNMENT = 32  # GGUF_DEFAULT_ALIGNMENT: where the tensor data starts, and each tensor
+_KNOWN_TYPES = frozenset(int(t) for t in GGML_QUANT_SIZES)
+# How many items the walk handles between two looks at the clock (a look costs ~50 ns; a
+# metadata key or tensor ~1 µs, a skipped string ~0.1 µs).
+_CLOCK_EVERY = 1024
+_CLOCK_EVERY_STRING = 65536
 
 
 class _Cursor:
-    __slots__ = ("buf", "pos")
+    __slots__ = ("buf", "clock", "deadline", "limit", "pos")
 
-    def __init__(self, buf: mmap.mmap | bytes) -> None:
+    def __init__(
+        self,
+        buf: mmap.mmap | bytes,
+        time_limit: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.buf = buf
         self.pos = 0
+        self.clock = clock
+        self.limit = time_limit
+        self.deadline = None if time_limit is None else clock() + time_limit
+
+    def check_time(self) -> None:
+        """Refuse a header that takes longer than its time bound to walk: the counts are
+        bounded by the file's size, but a crafted file of a few GB still holds hundreds of
+        millions of items."""
+        if self.deadline is not None and self.clock() > self.deadline:
+            raise GgufError(f"reading the header took longer than {self.limit:g} s")
 
     def u32(self) -> int:
         (value,) = _U32.unpack_from(self.buf, self.pos)
@@ -102,13 +130,27 @@ class _Cursor:
         self.pos += 8
         return int(value)
 
-    def string(self) -> str:
+    def string(self, limit: int | None = None, what: str = "string") -> str:
+        """A string; longer than ``limit`` bytes is refused, before any copy or decoding."""
         length = self.u64()
+        if limit is not None and length > limit:
+            raise GgufError(f"a {what} of {length} bytes (at most {limit})")
         start = self.pos
         self.pos += length
         if self.pos > len(self.buf):
             raise GgufError("string runs past the end of the file")
         return bytes(self.buf[start : self.pos]).decode("utf-8", errors="replace")
+
+    def text_value(self) -> MetaValue:
+        """A string value; one past :data:`_KEEP_STRING` is skipped by length (a gigabyte one
+        would be copied and decoded in one C call, holding the GIL: the loop's too)."""
+        length = _U64.unpack_from(self.buf, self.pos)[0]
+        if length <= _KEEP_STRING:
+            return self.string()
+        self.pos += 8 + length
+        if self.pos > len(self.buf):
+            raise GgufError("string runs past the end of the file")
+        return SkippedArray(length)
 
     def count(self, what: str, min_bytes: int) -> int:
         """A u64 count of items of at least ``min_bytes`` each (see :meth:`room_for`)."""
@@ -125,13 +167,15 @@ class _Cursor:
 
     def skip_strings(self, count: int) -> None:
         buf, pos, unpack = self.buf, self.pos, _U64.unpack_from
-        for _ in range(count):
+        for i in range(count):
             pos += 8 + unpack(buf, pos)[0]
+            if not i % _CLOCK_EVERY_STRING:
+                self.check_time()
         self.pos = pos
 
     def value(self, vtype: int) -> MetaValue:
         if vtype == _STRING:
-            return self.string()
+            return self.text_value()
         if vtype == _ARRAY:
             return self.array()
         fmt = _SCALARS.get(vtype)
@@ -159,21 +203,23 @@ class _Cursor:
         return items
 
 
-def read_header(path: Path) -> GgufHeader:
-    """Read a GGUF file's metadata and tensor-info table; raises :class:`GgufError`."""
+def read_header(
+    path: Path, *, time_limit: float | None = None, clock: Callable[[], float] = time.monotonic
+) -> GgufHeader:
+    """Read a GGUF file's metadata and tensor-info table; raises :class:`GgufError`, also when
+    the walk takes longer than ``time_limit`` seconds (``clock``'s)."""
     try:
         with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            return _parse(buf)
+            return _parse(_Cursor(buf, time_limit, clock))
     except (OSError, ValueError) as exc:  # ValueError: mmap of an empty file
         raise GgufError(f"{path}: cannot read GGUF header: {exc}") from exc
     except (struct.error, IndexError) as exc:
         raise GgufError(f"{path}: truncated GGUF header") from exc
 
 
-def _parse(buf: mmap.mmap | bytes) -> GgufHeader:
-    if buf[:4] != b"GGUF":
+def _parse(cur: _Cursor) -> GgufHeader:
+    if cur.buf[:4] != b"GGUF":
         raise GgufError("not a GGUF file (bad magic)")
-    cur = _Cursor(buf)
     cur.pos = 4
     version = cur.u32()
     if version not in (2, 3):
@@ -182,19 +228,51 @@ def _parse(buf: mmap.mmap | bytes) -> GgufHeader:
     # a key-value pair takes at least a key length, a type and a 1-byte value
     n_kv = cur.count("metadata keys", 8 + 4 + 1)
     metadata: dict[str, MetaValue] = {}
-    for _ in range(n_kv):
-        key = cur.string()
+    for i in range(n_kv):
+        if not i % _CLOCK_EVERY:
+            cur.check_time()
+        key = cur.string(_MAX_KEY, "metadata key")
         metadata[key] = cur.value(cur.u32())
     # a tensor's info takes at least a name length, n_dims, a type and an offset
     cur.room_for(n_tensors, "tensors", 8 + 4 + 4 + 8)
-    tensors = []
-    for _ in range(n_tensors):
-        name = cur.string()
+    tensors: list[TensorInfo] = []
+    offsets: list[int] = []
+    for i in range(n_tensors):
+        if not i % _CLOCK_EVERY:
+            cur.check_time()
+        name = cur.string(GGML_MAX_NAME - 1, "tensor name")  # llama.cpp: "is too long"
         n_dims = cur.u32()
         if n_dims > MAX_DIMS:
-            raise GgufError(f"tensor {name!r} has {n_dims} dimensions (GGUF allows {MAX_DIMS})")
+            raise GgufError(
+                f"tensor {name[:200]!r} has {n_dims} dimensions (GGUF allows {MAX_DIMS})"
+            )
         shape = tuple(cur.u64() for _ in range(n_dims))
         ggml_type = cur.u32()
-        cur.pos += 8  # data offset: the estimator never reads tensor data
+        if ggml_type not in _KNOWN_TYPES:  # llama.cpp: "tensor … has invalid ggml type"
+            raise GgufError(f"tensor {name[:200]!r} has an unknown ggml type {ggml_type}")
+        offsets.append(cur.u64())  # where its data lies (never read: only checked below)
         tensors.append(TensorInfo(name, shape, ggml_type))
+    _check_data(tensors, offsets, metadata, cur.pos, len(cur.buf))
     return GgufHeader(version, metadata, tuple(tensors))
+
+
+def _check_data(
+    tensors: list[TensorInfo],
+    offsets: list[int],
+    metadata: Mapping[str, MetaValue],
+    header_end: int,
+    file_size: int,
+) -> None:
+    """Every tensor's data must lie inside the file (llama.cpp: "tensor data is not within the
+    file bounds"): a header's dimensions are counts too, and a crafted one sized a model at
+    exabytes, which made the ledger evict every idle model for it."""
+    alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+    if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+        raise GgufError(f"general.alignment {alignment!r} is not a power of two")
+    room = file_size - -(-header_end // alignment) * alignment
+    for tensor, offset in zip(tensors, offsets, strict=True):
+        if offset + tensor.nbytes > room:
+            raise GgufError(
+                f"tensor {tensor.name[:200]!r}'s data is not within the file bounds: the file is "
+                "corrupted or incomplete"
+            )

@@ -82,12 +82,23 @@ def placement_input(
 ) -> PlacementInput:
     """Read the header once and estimate the model on each GPU alone (raises what the
     estimator raises: ConfigError, OSError, ValueError)."""
-    from node_agent.memory.estimator import estimate_shape, min_context
     from node_agent.memory.shape import read_shape, read_vision_shape
 
-    shape = read_shape(path)
     mmproj = options.get("mmproj")
     vision = read_vision_shape(Path(mmproj)) if mmproj else None
+    return placement_for_shape(read_shape(path), vision, options, gpus)
+
+
+def placement_for_shape(
+    shape: ModelShape,
+    vision: VisionShape | None,
+    options: Mapping[str, str | None],
+    gpus: Sequence[str],
+) -> PlacementInput:
+    """:func:`placement_input` from shapes already read (the agent reads headers off its
+    loop, once per file version: ``memory.shape_cache``)."""
+    from node_agent.memory.estimator import estimate_shape, min_context
+
     context = min_context(shape, options)
     single = {
         gpu: estimate_shape(

@@ -2,6 +2,12 @@
 
 Only the numbers that size llama.cpp's buffers: layers, widths, KV heads per layer, the
 sliding-window layers, vocabulary, trained context and each tensor's bytes and layer.
+
+Every count is checked before anything is sized by it, as llama.cpp's loader checks them: a
+whole number (a float, even ``inf``, is "the wrong type"), within what llama.cpp reads it as
+(``uint32``), and at most ``LLAMA_MAX_LAYERS`` layers, each with a tensor in the file. A 4 KB
+file claiming 20 million layers once had the agent build lists of 20 million items and loop
+over them for minutes (issue 26, row 6); an ``inf`` raised OverflowError (row 8).
 """
 
 from __future__ import annotations
@@ -29,6 +35,10 @@ _SWA_PERIOD = {"gemma2": 2, "gemma3": 6, "cohere2": 4, "gpt-oss": 2, "exaone4": 
 
 # Tensors of no layer that llama.cpp keeps with the input (host), not with the output layer.
 _INPUT_TENSORS = ("token_embd.", "token_types.", "position_embd.")
+# llama.cpp's LLAMA_MAX_LAYERS (src/llama-hparams.h): its loader asserts n_layer <= 512.
+MAX_LAYERS = 512
+# The widths and counts llama.cpp reads as uint32.
+MAX_COUNT = 0xFFFFFFFF
 _LAYER = re.compile(r"^blk\.(\d+)\.")
 
 # Recurrent state (llama-memory-recurrent.cpp): every layer of these, none of plain models.
@@ -105,13 +115,16 @@ class VisionShape:
 
 def read_vision_shape(path: Path) -> VisionShape:
     """Read a projector's header (``general.architecture`` clip); raises :class:`GgufError`."""
-    header = read_header(path)
-    meta, where = header.metadata, str(path)
+    return vision_from_header(read_header(path), str(path))
+
+
+def vision_from_header(header: GgufHeader, where: str = "projector") -> VisionShape:
+    meta = header.metadata
     if meta.get("general.architecture") != "clip":
         raise GgufError(f"{where}: not a vision projector (general.architecture is not clip)")
 
     def key(name: str) -> int:
-        return _int(meta.get(f"clip.vision.{name}"), f"clip.vision.{name}", where)
+        return _count(meta.get(f"clip.vision.{name}"), f"clip.vision.{name}", where)
 
     patch = key("patch_size")
     return VisionShape(
@@ -135,13 +148,22 @@ def shape_from_header(header: GgufHeader, where: str = "model") -> ModelShape:
     def key(name: str) -> MetaValue | None:
         return meta.get(f"{arch}.{name}")
 
-    n_layer = _int(key("block_count"), "block_count", where)
-    n_embd = _int(key("embedding_length"), "embedding_length", where)
-    n_head = max(_per_layer(key("attention.head_count"), n_layer, 1))
-    kv_raw = key("attention.head_count_kv")
-    kv_heads = _per_layer(kv_raw if kv_raw is not None else n_head, n_layer, n_head)
+    def count(name: str, default: int | None = None) -> int:
+        return _count(key(name), name, where, default)
+
+    def per_layer(name: str, default: int) -> list[int]:
+        return _per_layer(key(name), n_layer, default, name, where)
+
+    n_layer = _count(key("block_count"), "block_count", where, low=1, high=MAX_LAYERS)
+    if n_layer > len(header.tensors):  # every layer of every architecture has weights
+        raise GgufError(
+            f"{where}: the header claims {n_layer} layers but holds {len(header.tensors)} tensor(s)"
+        )
+    n_embd = count("embedding_length")
+    n_head = max(per_layer("attention.head_count", 1))
+    kv_heads = per_layer("attention.head_count_kv", n_head)
     head_dim = n_embd // n_head if n_head else 0
-    n_swa = _int(key("attention.sliding_window"), "sliding_window", where, default=0)
+    n_swa = count("attention.sliding_window", 0)
 
     input_bytes = output_bytes = amx_output = 0
     layer_bytes = [0] * n_layer
@@ -167,18 +189,18 @@ def shape_from_header(header: GgufHeader, where: str = "model") -> ModelShape:
     tokens = meta.get("tokenizer.ggml.tokens")
     if isinstance(tokens, SkippedArray):
         n_vocab = tokens.length
-    kv_heads, recurrent = _recurrent_layers(arch, meta, kv_heads, n_embd)
+    kv_heads, recurrent = _recurrent_layers(arch, meta, kv_heads, n_embd, where)
     return ModelShape(
         arch=arch,
         n_layer=n_layer,
         n_embd=n_embd,
-        n_ff=_peak_ff(key, max(_per_layer(key("feed_forward_length"), n_layer, 4 * n_embd))),
+        n_ff=_peak_ff(count, max(per_layer("feed_forward_length", 4 * n_embd))),
         n_head=n_head,
         n_vocab=n_vocab,
-        n_ctx_train=_int(key("context_length"), "context_length", where, default=4096),
+        n_ctx_train=count("context_length", 4096),
         kv_heads=tuple(kv_heads),
-        head_dim_k=_int(key("attention.key_length"), "key_length", where, default=head_dim),
-        head_dim_v=_int(key("attention.value_length"), "value_length", where, default=head_dim),
+        head_dim_k=count("attention.key_length", head_dim),
+        head_dim_v=count("attention.value_length", head_dim),
         n_swa=n_swa,
         swa_layers=_swa_layers(arch, key("attention.sliding_window_pattern"), n_layer, n_swa),
         input_bytes=input_bytes,
@@ -193,27 +215,25 @@ def shape_from_header(header: GgufHeader, where: str = "model") -> ModelShape:
     )
 
 
-def _peak_ff(key: Callable[[str], MetaValue | None], dense: int) -> int:
+def _peak_ff(count: Callable[[str, int], int], dense: int) -> int:
     """The widest FFN a token passes: dense layers' ``n_ff`` or the experts it is routed to.
 
     A mixture-of-experts token goes through ``expert_used_count`` experts of
     ``expert_feed_forward_length`` (and the shared ones); the header's ``feed_forward_length``
     is then only the leading dense blocks' width, or unused.
     """
-    used, width = key("expert_used_count"), key("expert_feed_forward_length")
-    if not isinstance(used, int) or not isinstance(width, int) or not used or not width:
+    used, width = count("expert_used_count", 0), count("expert_feed_forward_length", 0)
+    if not used or not width:
         return dense
-    shared = key("expert_shared_feed_forward_length")
-    count = key("expert_shared_count")
-    if not isinstance(shared, int):
-        shared = width * count if isinstance(count, int) else 0
+    shared = count("expert_shared_feed_forward_length", -1)
+    if shared < 0:  # absent: the shared experts' count times the experts' width
+        shared = width * count("expert_shared_count", 0)
     routed = used * width + shared
-    lead = key("leading_dense_block_count")
-    return max(dense, routed) if isinstance(lead, int) and lead > 0 else routed
+    return max(dense, routed) if count("leading_dense_block_count", 0) > 0 else routed
 
 
 def _recurrent_layers(
-    arch: str, meta: Mapping[str, MetaValue], kv_heads: list[int], n_embd: int
+    arch: str, meta: Mapping[str, MetaValue], kv_heads: list[int], n_embd: int, where: str
 ) -> tuple[list[int], tuple[int, ...]]:
     """KV heads per layer (0 where a layer is recurrent) and each layer's state per sequence.
 
@@ -224,8 +244,7 @@ def _recurrent_layers(
     n_layer = len(kv_heads)
 
     def key(name: str) -> int:
-        value = meta.get(f"{arch}.{name}")
-        return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0
+        return _count(meta.get(f"{arch}.{name}"), name, where, 0)
 
     if arch in _RECURRENT:
         layers = [True] * n_layer
@@ -293,22 +312,43 @@ def _swa_layers(arch: str, pattern: MetaValue | None, n_layer: int, n_swa: int) 
     return tuple(il % period < period - 1 for il in range(n_layer))
 
 
-def _per_layer(value: MetaValue | None, n_layer: int, default: int) -> list[int]:
-    if isinstance(value, tuple) and len(value) == n_layer:
-        return [int(v) for v in value]
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return [int(value)] * n_layer
-    return [default] * n_layer
+def _per_layer(
+    value: MetaValue | None, n_layer: int, default: int, name: str, where: str
+) -> list[int]:
+    """One value per layer: an array of ``n_layer`` items or one value for all (an array of
+    another length, as before, stands for the default)."""
+    if isinstance(value, tuple):
+        if len(value) != n_layer:
+            return [default] * n_layer
+        return [_count(v, name, where) for v in value]
+    return [_count(value, name, where, default)] * n_layer
 
 
-def _int(value: MetaValue | None, name: str, where: str, default: int | None = None) -> int:
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return int(value)
-    if isinstance(value, tuple) and value and all(isinstance(v, int | float) for v in value):
-        return int(max(value))
-    if default is None:
-        raise GgufError(f"{where}: header lacks {name}")
-    return default
+def _count(
+    value: MetaValue | None,
+    name: str,
+    where: str,
+    default: int | None = None,
+    *,
+    low: int = 0,
+    high: int = MAX_COUNT,
+) -> int:
+    """A count from the header (an array: its largest item): a whole number from ``low`` to
+    ``high``, else :class:`GgufError` (llama.cpp: "key … has wrong type", or its limits)."""
+    if value is None or isinstance(value, SkippedArray):
+        if default is None:
+            raise GgufError(f"{where}: header lacks {name}")
+        return default
+    if isinstance(value, tuple):
+        if not value:
+            raise GgufError(f"{where}: {name} is an empty array")
+        return max(_count(v, name, where, low=low, high=high) for v in value)
+    if not isinstance(value, int) or isinstance(value, bool):
+        shown = repr(value)[:40]
+        raise GgufError(f"{where}: {name} must be a whole number, not {shown}")
+    if not low <= value <= high:
+        raise GgufError(f"{where}: {name} {value} is out of range (at least {low}, at most {high})")
+    return value
 
 
 def _text(meta: Mapping[str, MetaValue], name: str, where: str) -> str:

@@ -60,6 +60,10 @@ MODEL_MISSING = "model name is missing from the request"
 # llama.cpp reads request lines and headers of up to ~32 KiB (a long ``?model=`` name gets its
 # JSON "not found"); aiohttp's default of 8 KiB would answer those with a plain-text 400.
 MAX_LINE_BYTES = 32 * 1024
+# How long GET /models waits for the estimates it lacks (GGUF headers read, figures made); a
+# model whose estimate takes longer is listed without figures this time (the work goes on,
+# bounded, off the loop).
+LIST_HEADER_WAIT = 1.0
 
 
 def _json(data: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
@@ -269,6 +273,12 @@ async def list_models(request: web.Request) -> web.StreamResponse:
     if request.query.get("reload", "").lower() in ("1", "true", "yes", "on"):
         await state.reload()
     registry = state.registry
+    if registry.memory is not None:
+        # The memory figures: each model's GGUF header read and its estimate made off the
+        # loop, once per file version, waited for a bounded time (a crafted header froze
+        # GET /models: issue 26, row 6).
+        listed = [spec for spec in registry.specs().values() if not spec.hidden]
+        await registry.memory.prepare_off_loop(listed, wait=LIST_HEADER_WAIT)
     now = int(time.time())
     streams = request.app[CONVERSATIONS].supported
     data = [

@@ -230,13 +230,23 @@ class Downloads:
             log.warning("model=%s: download failed: %s", name, self._errors[name])
             self._over(name, ok=False)
             return
+        except Exception as exc:  # the task's boundary: whatever went wrong, it ends as failed
+            # Left unended, the model stayed "downloading" for good: DELETE and requests
+            # waited forever and a new POST was "already exists" (issue 26, row 12).
+            self._errors[name] = redact(f"the download failed: {type(exc).__name__}: {exc}")[:500]
+            log.exception("model=%s: download failed unexpectedly", name)
+            self._over(name, ok=False)
+            return
         self._publish(name, "download_finished")
-        if becomes_model and self.on_finished is not None:
-            try:
+        try:
+            if becomes_model and self.on_finished is not None:
                 await self.on_finished()  # the new files become a cache model
-            except ApiError as exc:
-                log.warning("model=%s: downloaded, but the reload failed: %s", name, exc.message)
-        self._over(name, ok=True)
+        except ApiError as exc:
+            log.warning("model=%s: downloaded, but the reload failed: %s", name, exc.message)
+        except Exception:  # the task's boundary again: the download is over either way
+            log.exception("model=%s: downloaded, but the reload failed", name)
+        finally:
+            self._over(name, ok=True)
 
     def _over(self, name: str, *, ok: bool) -> None:
         """The download ended: waiters wake to a catalog that has the model (or does not)."""

@@ -14,25 +14,39 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from node_agent.core.ledger import MemoryLedger, freed_memory_visible
 from node_agent.core.placement import Gpu, Holder, Placement, choose
 from node_agent.errors import CorralError
 from node_agent.memory.devices import HOST, CompositeProbe
+from node_agent.memory.estimate_job import EstimateJob, EstimateResult, run_estimate
 from node_agent.memory.placing import (
     PlacementInput,
     child_environment,
     placeable,
-    placement_input,
     tensor_split,
+)
+from node_agent.memory.shape_cache import (
+    HEADER_TIME_LIMIT,
+    FileKey,
+    Kind,
+    ShapeCache,
+    Unreadable,
+    file_key,
+    read_file,
 )
 from node_agent.sources.preset_env import pins_device
 from node_agent.sources.spec import ModelSpec, OptionValue, merge_options
+
+if TYPE_CHECKING:  # gguf, hence numpy: imported on first use (start-up time)
+    from node_agent.memory.shape import ModelShape, VisionShape
 
 log = logging.getLogger("corral.ledger")
 
@@ -41,6 +55,13 @@ MIB = 1 << 20
 # seconds for the same reason: drivers release VRAM after the process is gone).
 FREED_WAIT_SECONDS = 5.0
 FREED_POLL_SECONDS = 0.05
+# How long a load waits for its header and estimate: the read's own bound, and a margin.
+HEADER_WAIT_SECONDS = HEADER_TIME_LIMIT + 1.0
+# Headers and estimates run on one thread of their own, not asyncio's default pool: the work
+# is pure Python, holding the GIL in 5 ms slices, and every busy thread is one more the loop
+# queues behind (/health took 125 ms with the default pool's six threads estimating ten
+# crafted models, under 30 ms with one). Each job is bounded, so one thread keeps up.
+_WORKER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="corral-estimates")
 
 
 def _estimator_options(spec: ModelSpec) -> dict[str, str | None]:
@@ -56,6 +77,15 @@ def _estimator_options(spec: ModelSpec) -> dict[str, str | None]:
         else:
             options[key] = value
     return options
+
+
+def _vision_path(spec: ModelSpec) -> str | None:
+    """The projector (``--mmproj``) the estimate reads, as the estimator finds it in the
+    options (canonical names here), without importing it: ``GET /models`` asks before the
+    headers are read, and the estimator pulls in numpy (that import runs in the reader's
+    thread instead)."""
+    value = spec.get("mmproj")
+    return value if isinstance(value, str) and value else None
 
 
 class MemoryWatch:
@@ -76,7 +106,7 @@ class MemoryWatch:
         for device in limits:
             if device not in self._devices:
                 self._devices.append(device)
-        self._estimated: dict[str, tuple[Any, ...]] = {}
+        self._estimated: dict[str, tuple[object, ...]] = {}
         # What each child will take by its own --fit (see prepare): held at least this.
         self._taken: dict[str, dict[str, int]] = {}
         self._warned: set[str] = set()
@@ -87,6 +117,13 @@ class MemoryWatch:
         self._placed: dict[str, Placement] = {}
         # The scheduler's idle victims, best first (the registry's; none until it says).
         self._candidates: Callable[[], Sequence[str]] = tuple
+        # GGUF shapes by file version, and the reads on their way (issue 26, row 6); why a
+        # model has no estimate, for GET /models.
+        self._shapes = ShapeCache()
+        self._reading: dict[FileKey, asyncio.Future[Any]] = {}
+        self._unestimated: dict[str, str] = {}
+        # Estimates on their way, by model: the key they are for and their worker's future.
+        self._estimating: dict[str, tuple[tuple[object, ...], asyncio.Future[Any]]] = {}
 
     @property
     def devices(self) -> list[str]:
@@ -102,63 +139,195 @@ class MemoryWatch:
 
     # -- estimates -------------------------------------------------------------------------
 
+    async def prepare_off_loop(
+        self, specs: Iterable[ModelSpec], *, wait: float = HEADER_WAIT_SECONDS
+    ) -> None:
+        """:meth:`prepare` for the agent: the GGUF headers ``specs`` need (one read per file
+        version, however many ask) and then their estimates run in worker threads, waited for
+        at most ``wait`` seconds in all. What outlasts the wait goes on and lands when done;
+        each part is bounded (the header walk by ``HEADER_TIME_LIMIT``, the arithmetic by
+        llama.cpp's 512 layers), so no thread runs unbounded either (issue 26, row 6)."""
+        specs = list(specs)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        reads: list[asyncio.Future[Any]] = []
+        for spec in specs:
+            for key in self._files(spec):
+                if self._shapes.get(key) is not None:
+                    continue
+                future = self._reading.get(key)
+                if future is None:
+                    future = loop.run_in_executor(_WORKER, read_file, key)
+                    future.add_done_callback(functools.partial(self._read_done, key))
+                    self._reading[key] = future
+                reads.append(future)
+        if reads:
+            await asyncio.wait(reads, timeout=max(0.0, deadline - loop.time()))
+        estimates: list[asyncio.Future[Any]] = []
+        for spec in specs:
+            version = self._key(spec)
+            running = self._estimating.get(spec.name)
+            if running is not None and running[0] == version:
+                estimates.append(running[1])  # on its way already
+                continue
+            job = self._job(spec, version, read=False)
+            if job is not None:
+                future = loop.run_in_executor(_WORKER, run_estimate, job)
+                future.add_done_callback(functools.partial(self._estimate_done, job))
+                self._estimating[spec.name] = (job.key, future)
+                estimates.append(future)
+        if estimates:
+            await asyncio.wait(estimates, timeout=max(0.0, deadline - loop.time()))
+
+    def _read_done(self, key: FileKey, future: asyncio.Future[Any]) -> None:
+        self._reading.pop(key, None)
+        if future.cancelled():
+            return
+        error = future.exception()
+        self._shapes.put(key, Unreadable(str(error)) if error is not None else future.result())
+
+    def _estimate_done(self, job: EstimateJob, future: asyncio.Future[Any]) -> None:
+        running = self._estimating.get(job.model)
+        if running is None or running[1] is not future:
+            return  # a newer job for the model (its file or options changed) took over
+        del self._estimating[job.model]
+        if future.cancelled():
+            return
+        error = future.exception()
+        self._apply(job, EstimateResult(error=str(error)) if error is not None else future.result())
+
+    def _files(self, spec: ModelSpec) -> list[FileKey]:
+        """The file versions ``spec``'s estimate reads (missing files: none, as in prepare)."""
+        wanted: list[tuple[str | None, Kind]] = [
+            (spec.model_path, "model"),
+            (_vision_path(spec), "vision"),
+        ]
+        keys = []
+        for path, kind in wanted:
+            if path is not None:
+                try:
+                    keys.append(file_key(path, kind))
+                except OSError:
+                    continue
+        return keys
+
+    def _shape(self, path: str, kind: Kind, read: bool) -> ModelShape | VisionShape | None:
+        """``path``'s shape: cached, else read here when ``read`` (None when not read yet);
+        GgufError when its header is unreadable."""
+        from node_agent.memory.gguf_header import GgufError
+
+        try:
+            key = file_key(path, kind)
+        except OSError as exc:
+            raise GgufError(f"{path}: cannot read GGUF header: {exc}") from exc
+        found = self._shapes.get(key)
+        if found is None and read:
+            found = read_file(key)
+            self._shapes.put(key, found)
+        if isinstance(found, Unreadable):
+            raise GgufError(found.reason)
+        return found
+
     def prepare(self, spec: ModelSpec) -> None:
-        """Estimate ``spec``'s min and max (once per file version and options)."""
+        """Estimate ``spec``'s min and max (once per file version and options), here and now:
+        reading its header where the cache lacks it. The agent uses :meth:`prepare_off_loop`."""
+        job = self._job(spec, self._key(spec), read=True)
+        if job is not None:
+            self._apply(job, run_estimate(job))
+
+    def _key(self, spec: ModelSpec) -> tuple[object, ...] | None:
+        """What ``spec``'s estimate is for: its file's version and its options (None: it has
+        no file on disk yet, so no estimate and no memory check, as in llama.cpp)."""
         path = spec.model_path
         if path is None:
-            return
+            return None
         try:
             stat = Path(path).stat()
         except OSError:
-            return  # not on disk (yet): no estimate, no memory check, as in llama.cpp
-        key = (path, stat.st_mtime_ns, stat.st_size, spec.options)
-        if self._estimated.get(spec.name) == key:
-            return
-        # Imported on first use: gguf pulls in numpy (~90 ms), which an agent without the
-        # ledger, and every agent's start-up, can do without.
-        from node_agent.memory.estimator import estimate_range
+            return None
+        return (path, stat.st_mtime_ns, stat.st_size, spec.options)
 
-        budget = {d: a for d in self._devices if (a := self.ledger.available(d)) is not None}
+    def _job(
+        self, spec: ModelSpec, key: tuple[object, ...] | None, *, read: bool
+    ) -> EstimateJob | None:
+        """What ``spec``'s estimate needs now; None when there is nothing to do (estimated
+        for ``key`` already, no file on disk, a header not read yet, or one that is
+        unreadable: that model's reason is kept for ``GET /models``)."""
+        path = spec.model_path
+        if key is None or path is None or self._estimated.get(spec.name) == key:
+            return None
+        # Imported on first use: gguf pulls in numpy (~90 ms), which an agent without the
+        # ledger, and every agent's start-up, can do without (the header reader's thread has
+        # imported it by the time the agent gets here).
+        from node_agent.memory.shape import ModelShape, VisionShape
+
         try:
-            figures = estimate_range(Path(path), _estimator_options(spec), self._devices, budget)
+            shape = self._shape(path, "model", read)
+            vision = None
+            if mmproj := _vision_path(spec):
+                vision = self._shape(mmproj, "vision", read)
         except (CorralError, OSError, ValueError) as exc:
-            log.warning("model=%s: cannot estimate its memory (%s); not checked", spec.name, exc)
+            self._unestimable(spec.name, str(exc))
+            return None
+        if not isinstance(shape, ModelShape) or (mmproj and not isinstance(vision, VisionShape)):
+            return None  # its header is on its way: estimated on a later look
+        options = _estimator_options(spec)
+        ngl = options.get("n-gpu-layers")
+        placed = placeable(options, self.gpus, ngl) and not pins_device(spec.env)
+        return EstimateJob(
+            model=spec.name,
+            key=key,
+            shape=shape,
+            vision=vision if isinstance(vision, VisionShape) else None,
+            options=options,
+            devices=tuple(self._devices),
+            budget={d: a for d in self._devices if (a := self.ledger.available(d)) is not None},
+            seen={r.name: r.total if r.name == "host" else r.free for r in self.probe.read()},
+            gpus=tuple(self.gpus) if placed else None,
+        )
+
+    def _unestimable(self, model: str, reason: str) -> None:
+        # One bad file is one model without an estimate, with its reason in GET /models;
+        # never an error for the whole list (issue 26, row 8). Logged once per reason.
+        if self._unestimated.get(model) != reason:
+            log.warning("model=%s: cannot estimate its memory (%s); not checked", model, reason)
+        self._unestimated[model] = reason
+
+    def _apply(self, job: EstimateJob, result: EstimateResult) -> None:
+        """Have the ledger count a finished estimate."""
+        name = job.model
+        self._estimated[name] = job.key  # tried once per file version and options, either way
+        if result.error is not None or result.figures is None:
+            self._unestimable(name, result.error or "no figures")
             return
-        self._estimated[spec.name] = key
-        if self._prepare_placement(spec):
+        self._unestimated.pop(name, None)
+        if result.placement is not None:
+            self._inputs[name] = result.placement
+            if name not in self._placed:
+                self._plan(name, self._candidates())
             return
-        self.ledger.set_estimate(spec.name, figures.min.per_device(), figures.max.per_device())
+        if result.placement_error is not None:
+            log.warning(
+                "model=%s: cannot estimate it per GPU (%s); not placed",
+                name,
+                result.placement_error,
+            )
+        self._inputs.pop(name, None)
+        figures = result.figures
+        self.ledger.set_estimate(name, figures.min.per_device(), figures.max.per_device())
         # The child's own --fit sizes its context to the device as llama.cpp sees it (on the
         # CPU: all of its RAM, free or not), not to --memory-limit: without a pinned -c it
         # takes the trained context wherever that fits. Its pages fill lazily (a compute
         # buffer is touched by the first full batch), so held is at least this estimate, not
         # the smaller smaps reading at ready.
-        seen = {r.name: r.total if r.name == "host" else r.free for r in self.probe.read()}
-        try:
-            fit = estimate_range(Path(path), _estimator_options(spec), self._devices, seen)
-        except (CorralError, OSError, ValueError):
-            fit = figures
-        self._taken[spec.name] = fit.max.per_device()
+        fit = result.fit or figures
+        self._taken[name] = fit.max.per_device()
+
+    def unestimated(self, model: str) -> str | None:
+        """Why ``model`` has no estimate (its header or options cannot be read), if so."""
+        return self._unestimated.get(model)
 
     # -- placement ---------------------------------------------------------------------------
-
-    def _prepare_placement(self, spec: ModelSpec) -> bool:
-        """Make ``spec``'s placement figures if the ledger places it; False if it does not."""
-        options = _estimator_options(spec)
-        ngl = options.get("n-gpu-layers")
-        path = spec.model_path
-        if path is None or not placeable(options, self.gpus, ngl) or pins_device(spec.env):
-            self._inputs.pop(spec.name, None)
-            return False
-        try:
-            self._inputs[spec.name] = placement_input(Path(path), options, self.gpus)
-        except (CorralError, OSError, ValueError) as exc:
-            log.warning("model=%s: cannot estimate it per GPU (%s); not placed", spec.name, exc)
-            self._inputs.pop(spec.name, None)
-            return False
-        if spec.name not in self._placed:
-            self._plan(spec.name, self._candidates())
-        return True
 
     def _plan(self, model: str, candidates: Sequence[str]) -> Placement:
         """Choose ``model``'s placement now and have the ledger count it there."""

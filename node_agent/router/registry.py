@@ -284,7 +284,7 @@ class Registry:
         """The one admission loop: queue for ``name`` and carry out the scheduler's decisions
         until the request is leased (``direct``: a ``/models/load``, done once its load is
         granted) or refused."""
-        self._prepare(name)
+        await self._prepare(name)
         waiter = self._sched.join(name)
         timeout = None if direct else self.queue_timeout
         deadline = None if timeout is None else self._clock() + timeout
@@ -376,9 +376,10 @@ class Registry:
         spec = self._specs[name]
         return self.downloads.local(spec, needs_download(spec))
 
-    def _prepare(self, name: str) -> None:
+    async def _prepare(self, name: str) -> None:
         if self.memory is not None:
-            self.memory.prepare(self._local(name))
+            # Its header and estimate, off the loop and bounded (issue 26, row 6).
+            await self.memory.prepare_off_loop([self._local(name)])
 
     def _tick(self) -> None:
         if self.memory is not None:

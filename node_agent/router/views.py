@@ -102,11 +102,16 @@ def model_entry(
     if view.state in (ModelState.LOADED, ModelState.SLEEPING) and isinstance(meta, Mapping):
         shown = {"meta": dict(meta)}
     memory: dict[str, Any] = {}
+    unestimated = None
     if registry.memory is not None:
-        registry.memory.prepare(spec)
+        # Estimated off the loop beforehand (app.py): a model still on its way has none yet.
         memory["memory"] = Memory(**registry.memory.figures(name))
-    # The child's last error line, or why the agent's download of its file failed.
+        unestimated = registry.memory.unestimated(name)
+    # The child's last error line, why the agent's download of its file failed, or why the
+    # ledger cannot estimate it (its GGUF header: issue 26, rows 6 and 8).
     error = view.error if view.failed else registry.downloads.failed(name)
+    if error is None and unestimated is not None:
+        error = f"cannot estimate its memory: {unestimated}"
     corral = CorralInfo(
         stopping=view.stopping,
         in_flight=view.in_flight,

@@ -4,6 +4,11 @@ Order, lowest first (llama.cpp's ``server_models::load_models``): HF cache < ``-
 (a same-named model replaces the cached one) < preset sections (merged into an existing model,
 only the keys they set) < the agent's command line (merged into every model). The ``[*]``
 section cascades under *every* model, whatever its source, before that merge.
+
+The operator's presets (``restricted``) never merge into the node's own models: a section
+named like a models-dir or cache model (unless it is that cache entry's own download), or with
+an alias that is already a name or an alias, is refused alone with its reason (issue 26, rows
+9 and 10); the administrator's INI keeps llama.cpp's merge and its whole-file errors.
 """
 
 from __future__ import annotations
@@ -135,7 +140,17 @@ def load_catalog(
     for spec in [*cached, *local]:  # local replaces cached whole, as in llama.cpp
         merged[spec.name] = _with_global(spec, global_layer)
     for name, layer in sorted(sections.items()):
-        base = merged.get(name) or _with_global(ModelSpec(name, SOURCE_PRESET), global_layer)
+        node_model = merged.get(name)
+        # A preset from elsewhere never merges over the node's own model (it took over its
+        # file and options: issue 26, row 10), unless it names its own download.
+        if (
+            restricted is not None
+            and node_model is not None
+            and not _own_download(layer, node_model, hub)
+        ):
+            refused.append(_clash(layer, name, _NAME_TAKEN))
+            continue
+        base = node_model or _with_global(ModelSpec(name, SOURCE_PRESET), global_layer)
         # The section is cascaded over [*] before it merges, so [*]'s keys win over what the
         # scan found, as in llama.cpp (cascade(global, custom) then merge).
         spec = base.with_layer(layer.over(global_layer), source=SOURCE_PRESET)
@@ -162,6 +177,11 @@ def load_catalog(
         for name, spec in sorted(merged.items())
     }
     final = _dedup(final, hub)
+    if restricted is not None:
+        # One preset whose alias clashes is refused alone (it raised for the whole catalog:
+        # the agent did not start, every later update failed; issue 26, row 9).
+        final, aliases, clashes = _restricted_alias_map(final, sections)
+        return Catalog(models=final, aliases=aliases, refused=(*refused, *clashes))
     return Catalog(models=final, aliases=_alias_map(final), refused=tuple(refused))
 
 
@@ -253,6 +273,65 @@ def _line(origin: str | None) -> int | None:
         return None
     tail = origin.rpartition(":")[2]
     return int(tail) if tail.isdigit() else None
+
+
+_NAME_TAKEN = (
+    "this node already has a model of that name (in its models dir or HF cache); a preset "
+    "from the operator may not change it: give the ModelPreset another modelName"
+)
+
+
+def _clash(layer: PresetLayer, name: str, reason: str) -> Refusal:
+    return Refusal(origin=layer.origin or "", reason=f"preset [{name}]: {reason}", models=(name,))
+
+
+def _own_download(layer: PresetLayer, node_model: ModelSpec, hub: Path | None) -> bool:
+    """Whether a restricted section over a cache model is that model's own download: its
+    ``hf-repo`` (and ``hf-file``) resolve to the very file the cache lists under the name
+    (the agent downloaded a ModelPreset named as the cache names it)."""
+    if node_model.source != SOURCE_CACHE or node_model.cache_file is None:
+        return False
+    options = dict(layer.options)
+    repo, file = options.get(_named("hf-repo")), options.get(_named("hf-file"))
+    if not isinstance(repo, str) or not repo:
+        return False
+    found = resolve_cached(hub, repo, file if isinstance(file, str) else None)
+    return found is not None and found == node_model.cache_file
+
+
+def _restricted_alias_map(
+    models: Mapping[str, ModelSpec], sections: Mapping[str, PresetLayer]
+) -> tuple[dict[str, ModelSpec], dict[str, str], list[Refusal]]:
+    """:func:`_alias_map` for the operator's presets: the node's own models first, then the
+    presets by name; a preset whose alias is a name or an alias already taken is refused
+    alone, with its reason, instead of failing the whole catalog."""
+    kept: dict[str, ModelSpec] = {}
+    aliases: dict[str, str] = {}
+    refused: list[Refusal] = []
+    names = set(models)
+    order = sorted(models, key=lambda n: (n in sections, n))  # scanned models first
+    for name in order:
+        spec = models[name]
+        taken = None
+        for alias in spec.aliases:
+            if alias == name:
+                continue
+            if alias in names:
+                whose = "another preset's model" if alias in sections else "a model this node has"
+                taken = f"alias '{alias}' is already the name of {whose}"
+            elif alias in aliases:
+                taken = f"alias '{alias}' is already an alias of model '{aliases[alias]}'"
+            if taken is not None:
+                break
+        if taken is not None and name in sections:
+            refused.append(_clash(sections[name], name, taken))
+            names.discard(name)
+            continue
+        kept[name] = spec
+        for alias in spec.aliases:
+            if alias != name and alias not in names:
+                aliases.setdefault(alias, name)
+    return dict(sorted(kept.items())), aliases, refused
 
 
 def _alias_map(models: Mapping[str, ModelSpec]) -> dict[str, str]:

@@ -42,6 +42,9 @@ _COMMIT = re.compile(r"[0-9a-fA-F]{40}")
 _OID = re.compile(r"[0-9a-fA-F]{40}|[0-9a-fA-F]{64}")
 _REPO_ID = re.compile(r"[A-Za-z0-9_]+(?:[.-][A-Za-z0-9_]+)*/[A-Za-z0-9_]+(?:[.-][A-Za-z0-9_]+)*")
 MAX_API_BYTES = 16 * 1024 * 1024  # a repository's file list; a bigger answer is not the Hub's
+# What no file path can hold here: NUL (the OS refuses it), other C0/C1 controls, and lone
+# surrogates (JSON can carry them; they cannot be encoded as a file name).
+_UNNAMEABLE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,7 +190,7 @@ async def plan(
     if commit is None:
         raise DownloadError(f"model '{name}': the repository has no branch to download")
     tree = await _api(session, f"{base}api/models/{repo}/tree/{commit}?recursive=true", token, name)
-    entries = _tree_files(tree)
+    entries = _tree_files(tree, name)
     chosen = choose(sorted(entries), tag)
     if not chosen:
         what = f"for tag {tag}" if tag else ""
@@ -257,13 +260,24 @@ def _branch(refs: object) -> tuple[str, str | None]:
     return found
 
 
-def _tree_files(tree: object) -> dict[str, tuple[str | None, int | None, str | None]]:
-    """path -> (blob oid, size, sha256) for each safe file entry of a tree listing."""
+def _tree_files(
+    tree: object, name: str = "?"
+) -> dict[str, tuple[str | None, int | None, str | None]]:
+    """path -> (blob oid, size, sha256) for each safe file entry of a tree listing.
+
+    A path no file can have (a NUL, a control character, half of a surrogate pair) refuses
+    the whole listing: the Hub never sends one, and once it killed the download task with the
+    model stuck in ``downloading`` (issue 26, row 12)."""
     files: dict[str, tuple[str | None, int | None, str | None]] = {}
     for item in tree if isinstance(tree, list) else []:
         if not isinstance(item, dict) or item.get("type") != "file":
             continue
         path = item.get("path")
+        if isinstance(path, str) and _UNNAMEABLE.search(path):
+            raise DownloadError(
+                f"model '{name}': the model endpoint lists a file path no file can have "
+                f"(a NUL or control character): {path[:200]!r}"
+            )
         if not isinstance(path, str) or not _safe_subpath(path):
             continue
         lfs = item.get("lfs")

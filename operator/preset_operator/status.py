@@ -96,15 +96,17 @@ def parse_models(body: object) -> dict[str, ModelReport]:
         )
     for refusal in _refused(body):
         # A preset the agent refused alone: Failed on this node, with the agent's file:line
-        # and reason (its other models are served).
+        # and reason (its other models are served). A listed model of that name stands only
+        # when it is the preset's (its earlier version, kept running): the node's own model
+        # of that name is not the ModelPreset's (issue 26, row 10).
         for name in refusal.models:
-            out.setdefault(
-                name,
-                ModelReport(
-                    value="unloaded",
-                    failed=True,
-                    error=f"the agent refused this preset: {refusal.origin}: {refusal.reason}",
-                ),
+            listed = entries.get(name)
+            if listed is not None and listed.source == "preset":
+                continue
+            out[name] = ModelReport(
+                value="unloaded",
+                failed=True,
+                error=f"the agent refused this preset: {refusal.origin}: {refusal.reason}",
             )
     return out
 

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import unquote
 
 CHUNK = 64 * 1024
 PACED_CHUNK = 16 * 1024
@@ -154,7 +155,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if m := _RESOLVE.fullmatch(path):
             files = hub.repos.get(m.group(1))
-            data = files.get(m.group(3)) if files is not None else None
+            # The Hub decodes the path, as the downloader quotes it (a space, a NUL: %20, %00).
+            data = files.get(unquote(m.group(3))) if files is not None else None
             if data is None:
                 self._json(404, {"error": "Entry not found"})
                 return
