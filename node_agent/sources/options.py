@@ -4,11 +4,11 @@ The data comes from the ``--help`` of the binary in use (:func:`use_options_of`,
 agent's start), else from the pinned binary's (``llama_options.py``, generated). The rules
 follow llama.cpp (``common/preset.cpp``):
 
-* a preset key is a flag without its dashes (``ctx-size``, ``c``, ``no-mmap``) or the option's
+* a preset key is a flag without its dashes (``ctx-size``, ``c``, ``no-repack``) or the option's
   env name (``LLAMA_ARG_CTX_SIZE``);
 * an option's canonical name is its *last* positive flag without dashes (``to_args`` renders
   ``opt.args.back()``), so ``-c``/``--ctx-size``/``LLAMA_ARG_CTX_SIZE`` all mean ``ctx-size``;
-* a negative form (``no-mmap = true``) sets the positive option to false.
+* a negative form (``no-repack = true``) sets the positive option to false.
 
 Values are checked by the option's kind (from the ``--help`` value hint, see
 ``hack/gen-llama-options.py``) so that a mistake is reported where it was written, not when
@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from node_agent.llama_server.binary import build_info
+from node_agent.llama_server.plan import LLAMA_CPP_BUILD
 from node_agent.sources.help_text import parse_help
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ class LlamaOption:
     flags: tuple[str, ...]
     """Positive flags with dashes, as printed (``("-c", "--ctx-size")``)."""
     negatives: tuple[str, ...]
-    """Negative flags with dashes (``("--no-mmap",)``); only flags have them."""
+    """Negative flags with dashes (``("--no-repack",)``); only flags have them."""
     env: str | None
     nargs: int
     """0 for a flag, 1 for an option with a value, 2 for the rare two-value option."""
@@ -170,7 +171,7 @@ class OptionTable:
         return self._by_key.get(key)
 
     def flag(self, flag: str) -> Match | None:
-        """A command-line flag with its dashes (``-c``, ``--no-mmap``)."""
+        """A command-line flag with its dashes (``-c``, ``--no-repack``)."""
         return self._by_flag.get(flag)
 
     def named(self, name: str) -> LlamaOption:
@@ -191,10 +192,11 @@ class OptionTable:
 
 @functools.cache
 def generated_options() -> OptionTable:
-    """The table of the pinned llama-server (``llama_options.py``, built once)."""
-    from node_agent.sources.llama_options import OPTIONS, VERSION
+    """The table of llama-server b11434 (``llama_options.py``, built once)."""
+    from node_agent.sources.llama_options import OPTIONS
 
-    origin = f"llama-server {build_info(VERSION)} (Corral's built-in table)"
+    # b11434 built from its sdist says "build 0, commit unknown": name the build it is.
+    origin = f"llama-server b{LLAMA_CPP_BUILD} (Corral's built-in table)"
     return OptionTable(tuple(LlamaOption(*row) for row in OPTIONS), origin)
 
 

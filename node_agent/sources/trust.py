@@ -52,7 +52,7 @@ MODEL_PRESET_OPTIONS = PATH_OPTIONS | frozenset(
         *("cache-prompt", "cache-reuse", "slot-prompt-similarity", "embd-normalize"),
         # memory, devices, offload
         *("kv-offload", "repack", "no-host", "cache-type-k", "cache-type-v", "defrag-thold"),
-        *("mlock", "mmap", "direct-io", "load-mode", "numa", "device", "override-tensor"),
+        *("load-mode", "lazy-mode", "numa", "device", "override-tensor"),
         *("cpu-moe", "n-cpu-moe", "n-gpu-layers", "split-mode", "tensor-split", "main-gpu"),
         *("fit", "fit-target", "fit-ctx", "check-tensors", "override-kv", "op-offload"),
         *("mmproj-auto", "mmproj-offload", "image-min-tokens", "image-max-tokens"),

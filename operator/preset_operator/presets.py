@@ -104,7 +104,7 @@ def parse_args(args: list[str] | tuple[str, ...]) -> tuple[tuple[str, str], ...]
     """Command-line style llama-server options → INI (key, value) pairs.
 
     ``--ctx-size 4096`` and ``--ctx-size=4096`` give ``ctx-size = 4096``; a bare flag gives
-    ``flag = true`` (``--no-mmap`` stays ``no-mmap = true``: the agent reads ``no-x = true`` as
+    ``flag = true`` (``--no-repack`` stays ``no-repack = true``: the agent reads ``no-x = true`` as
     ``x = false``, like llama.cpp). A token is an option only when a letter follows its dashes,
     so negative numbers (``--n-gpu-layers -1``) are values.
     """

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from node_agent.llama_server import binary
 from node_agent.binary_probe import BinaryProbe
 from node_agent.config import llama_server_arg, parse_agent_args
 from node_agent.errors import BinaryError, ConfigError
+from node_agent.llama_server import binary
 from node_agent.sources import options
 from node_agent.sources.options import generated_options, llama_options, use_options_of
 from node_agent.sources.preset_ini import parse_preset_text

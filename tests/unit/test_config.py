@@ -107,9 +107,11 @@ def test_sizes() -> None:
 
 
 def test_child_options_flags_negatives_and_order() -> None:
-    o = parse("--no-mmap", "-ngl", "99", "--temp", "0.2", "-nocb", "--jinja", "-c", "1", "-c", "2")
+    o = parse(
+        "--no-repack", "-ngl", "99", "--temp", "0.2", "-nocb", "--jinja", "-c", "1", "-c", "2"
+    )
     assert o.child_options == (
-        ("mmap", False),
+        ("repack", False),
         ("n-gpu-layers", "99"),
         ("temperature", "0.2"),
         ("cont-batching", False),

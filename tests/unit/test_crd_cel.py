@@ -217,7 +217,7 @@ def test_args_off_the_allow_list_are_refused(arg: str) -> None:
         ["--ctx-size", "4096"],
         ["-c", "8192", "--n-gpu-layers", "-1"],
         ["--chat-template=-x"],
-        ["--no-mmap", "--flash-attn", "on"],
+        ["--no-repack", "--flash-attn", "on"],
     ],
 )
 def test_ordinary_args_pass(args: list[str]) -> None:

@@ -88,7 +88,7 @@ def test_16_2_every_option_off_the_allow_list_is_refused_with_a_reason(args: lis
 def test_allowed_options_exist_and_pass_both() -> None:
     names = {opt.name for opt in TABLE}
     assert names >= MODEL_PRESET_OPTIONS  # no typo hides a refusal
-    args = ["--ctx-size", "8192", "-ngl", "-1", "--flash-attn", "on", "--no-mmap"]
+    args = ["--ctx-size", "8192", "-ngl", "-1", "--flash-attn", "on", "--no-repack"]
     args += ["--chat-template", "{{ 'a;b' }}#", "--mmproj", "/models/x/mmproj.gguf"]
     r = render([preset("p", args=args)], NODES)
     assert r.invalid == {}

@@ -38,13 +38,13 @@ NODES = {
 
 
 def test_args_become_ini_keys() -> None:
-    args = ["--ctx-size", "8192", "--flash-attn", "on", "-ngl", "-1", "--temp=0.7", "--no-mmap"]
+    args = ["--ctx-size", "8192", "--flash-attn", "on", "-ngl", "-1", "--temp=0.7", "--no-repack"]
     assert parse_args(args) == (
         ("ctx-size", "8192"),
         ("flash-attn", "on"),
         ("ngl", "-1"),  # a negative number is a value, not an option
         ("temp", "0.7"),
-        ("no-mmap", "true"),  # a flag: no value follows it
+        ("no-repack", "true"),  # a flag: no value follows it
     )
 
 

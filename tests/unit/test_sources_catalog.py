@@ -46,7 +46,7 @@ def test_precedence_cache_dir_preset_command_line(tree: Path) -> None:
         hub=tree / "hub",
         models_dir=str(tree / "md"),
         preset_files=[ini],
-        cli_options=[("ctx-size", "4096"), ("mmap", False), ("model", "ignored.gguf")],
+        cli_options=[("ctx-size", "4096"), ("repack", False), ("model", "ignored.gguf")],
     )
     assert sorted(cat) == ["a", "org/repo:Q4_0", "remote", "sub"]
     assert {n: s.source for n, s in cat.items()} == {
@@ -59,7 +59,7 @@ def test_precedence_cache_dir_preset_command_line(tree: Path) -> None:
     # [*] under the model, the section over it, the command line over everything.
     assert a.get("ctx-size") == "4096"
     assert a.get("n-gpu-layers") == "20"
-    assert a.get("mmap") is False
+    assert a.get("repack") is False
     assert a.model_path == os.path.join(str(tree / "md"), "a.gguf")  # -m never comes from CLI
     assert cat["sub"].get("n-gpu-layers") == "10"  # [*] reaches models without a section
     assert cat["org/repo:Q4_0"].get("temperature") == "0.1"
@@ -68,7 +68,7 @@ def test_precedence_cache_dir_preset_command_line(tree: Path) -> None:
     assert (remote.stop_timeout, remote.load_on_startup) == (3.0, True)
     assert cat["sub"].stop_timeout == 10.0
     assert cat.resolve("first") is a and cat.resolve("a") is a and cat.resolve("zzz") is None
-    assert "--no-mmap" in a.argv() and "--alias" not in a.argv()
+    assert "--no-repack" in a.argv() and "--alias" not in a.argv()
 
 
 def test_preset_section_merges_into_a_cached_model(tmp_path: Path) -> None:

@@ -19,12 +19,12 @@ def test_names_short_forms_and_env_names_resolve_to_one_canonical_option() -> No
 
 def test_negative_forms_are_marked_and_render_back() -> None:
     table = llama_options()
-    for key in ("no-mmap", "nocb", "no-cont-batching", "no-mmproj"):
+    for key in ("no-repack", "nocb", "no-cont-batching", "no-mmproj"):
         match = table.key(key)
         assert match is not None and match.negated, key
-    mmap = table.named("mmap")
-    assert mmap.render(False) == ("--no-mmap",)
-    assert mmap.render(True) == ("--mmap",)
+    repack = table.named("repack")
+    assert repack.render(False) == ("--no-repack",)
+    assert repack.render(True) == ("--repack",)
     # --no-host is a positive flag of its own (it has no --host counterpart).
     no_host = table.key("no-host")
     assert no_host is not None and not no_host.negated and no_host.option.name == "no-host"
@@ -83,7 +83,7 @@ def test_value_kinds_from_the_help_hints() -> None:
     # Lists, patterns, words the help only describes, and deprecated --defrag-thold (ignored).
     for name in ("tensor-split", "spec-type", "numa", "load-mode", "cpu-mask", "defrag-thold"):
         assert kind(name) == ("text", ()), name
-    assert table.named("mmap").kind == "flag"
+    assert table.named("repack").kind == "flag"
     assert table.named("control-vector-layer-range").kind == "text"
 
 

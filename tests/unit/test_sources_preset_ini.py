@@ -46,9 +46,9 @@ def test_value_ends_at_first_comment_character() -> None:
 
 
 def test_negated_flags_and_booleans() -> None:
-    ini = parse("[m]\nno-mmap = true\ncont-batching = off\nno-warmup = false\nmetrics = 1\n")
+    ini = parse("[m]\nno-repack = true\ncont-batching = off\nno-warmup = false\nmetrics = 1\n")
     assert dict(ini.sections["m"].options) == {
-        "mmap": False,
+        "repack": False,
         "cont-batching": False,
         "warmup": True,
         "metrics": True,
@@ -74,8 +74,8 @@ def test_preset_only_keys() -> None:
         (
             "[m]\nctx-sise = 1\n",
             2,
-            "unknown key 'ctx-sise' in [m]: not a preset key, nor an option of the pinned "
-            "llama-server b1-7e4c0a9 (Corral's built-in table); did you mean 'ctx-size'?",
+            "unknown key 'ctx-sise' in [m]: not a preset key, nor an option of "
+            "llama-server b11434 (Corral's built-in table); did you mean 'ctx-size'?",
         ),
         (
             "[m]\nmodels-max = 2\n",
@@ -101,7 +101,7 @@ def test_preset_only_keys() -> None:
         ("[m]\nstop-timeout = -1\n", 2, "a number of seconds >= 0"),
         ("[m]\npriority = high\n", 2, "expects an integer"),
         ("[m]\nload-on-startup = yes\n", 2, "expects true or false, got 'yes'"),
-        ("[m]\nmmap = maybe\n", 2, "'mmap' in [m] is a flag: expected true/false"),
+        ("[m]\nrepack = maybe\n", 2, "'repack' in [m] is a flag: expected true/false"),
         ("[m]\nc =\n", 2, "'c' in [m] needs a value"),
         ("[m]\nc = lots\n", 2, "'c' in [m] expects an integer, got 'lots'"),
         ("[m]\nLLAMA_ARG_CTX_SIZE = 8k\n", 2, "'LLAMA_ARG_CTX_SIZE' in [m] expects an integer"),
