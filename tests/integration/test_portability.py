@@ -46,6 +46,7 @@ def _serve(command: list[str], model: Path, log: Path) -> tuple[str, bytes]:
     and everything it logged."""
     port = free_port()
     args = ["-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", "256", "-np", "1"]
+    args.append("-v")  # ggml names the CPU variant it loaded only in verbose mode
     with log.open("wb") as out:
         proc = subprocess.Popen([*command, *args], stdout=out, stderr=subprocess.STDOUT)
     try:
