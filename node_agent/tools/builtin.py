@@ -6,6 +6,7 @@ result, or ``{"error": …}`` for what the model should read (a 200, as in llama
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
 import re
@@ -15,6 +16,15 @@ from typing import Any
 
 from node_agent.tools.edits import EditError, apply_edits
 from node_agent.tools.globs import path_glob_match
+from node_agent.tools.grep import (
+    GREP_MAX_OUTPUT,
+    GREP_TIMEOUT,
+    GrepError,
+    Matcher,
+    matcher,
+    timed_out,
+)
+from node_agent.tools.grep_worker import as_text, split_lines
 from node_agent.tools.io import Entry, Kind, tools_io
 from node_agent.tools.params import (
     as_str,
@@ -78,16 +88,6 @@ def _prop(kind: str, description: str) -> dict[str, Any]:
     return {"type": kind, "description": description}
 
 
-def _text(data: bytes) -> str:
-    return data.decode("utf-8", "replace")
-
-
-def _split_lines(content: bytes) -> list[bytes]:
-    """``std::getline``'s lines: split at ``\\n``, no empty line after a final one."""
-    lines = content.split(b"\n")
-    return lines[:-1] if lines[-1] == b"" else lines
-
-
 # --- read_file ---------------------------------------------------------------------------
 
 
@@ -122,7 +122,7 @@ async def read_file(params: Any, _: OnChunk | None) -> Result:
 
 def _line_range(content: bytes, start_line: int, end_line: int, append_loc: bool) -> str:
     out = bytearray()
-    for lineno, line in enumerate(_split_lines(content), 1):
+    for lineno, line in enumerate(split_lines(content), 1):
         if lineno < start_line:
             continue
         if end_line != -1 and lineno > end_line:
@@ -132,7 +132,7 @@ def _line_range(content: bytes, start_line: int, end_line: int, append_loc: bool
             out += TRUNCATED_TEXT.encode()
             break
         out += piece
-    return _text(bytes(out))
+    return as_text(bytes(out))
 
 
 # --- file_glob_search --------------------------------------------------------------------
@@ -193,13 +193,20 @@ async def grep_search(params: Any, _: OnChunk | None) -> Result:
     ignore_case = opt_bool(params, "ignore_case", False)
     context = max(0, opt_int(params, "context_lines", 0))
     try:
-        # Python's regular expressions, where llama.cpp has ECMAScript's (the common syntax
-        # reads the same; an invalid pattern's message is Python's).
-        regex = re.compile(
-            re.escape(pattern) if literal else pattern, re.IGNORECASE if ignore_case else 0
-        )
-    except re.error as exc:
-        return {"error": f"invalid regex: {exc}"}
+        # The pattern is compiled and matched in a process of its own, bounded in time (grep).
+        async with matcher() as worker:
+            await worker.compile(
+                re.escape(pattern) if literal else pattern,
+                ignore_case,
+                show_lineno or context > 0,
+                context,
+            )
+            return await _grep(worker, params, path, include, exclude)
+    except GrepError as exc:
+        return {"error": str(exc)}
+
+
+async def _grep(worker: Matcher, params: Any, path: str, include: str, exclude: str) -> Result:
     io = tools_io(params)
     absolute = io.resolve(path)
     files: list[tuple[str, str]] = []  # (absolute path, the path shown)
@@ -214,51 +221,35 @@ async def grep_search(params: Any, _: OnChunk | None) -> Result:
     else:
         return {"error": f"path does not exist: {path}"}
     out: list[str] = []
-    total = 0
-    full = False
-    numbered = show_lineno or context > 0
-    for absolute_file, shown in files:
-        if full:
-            break
-        content = await io.read_file(absolute_file)
-        if content is None:
-            continue
-        # In a thread: a pattern that backtracks for long must not stop the agent's loop.
-        found, matches, full = await in_thread(
-            _grep_file, regex, content, shown, numbered, context, GREP_MAX_RESULTS - total
-        )
-        out.extend(found)
-        total += matches
-    text = "".join(out) + f"\n---\nTotal matches: {total}\n"
+    total = size = 0
+    full = truncated = False
+    try:
+        async with asyncio.timeout(GREP_TIMEOUT):
+            for absolute_file, shown in files:
+                if full or truncated:
+                    break
+                content = await io.read_file(absolute_file)
+                if content is None:
+                    continue
+                found = await worker.grep(
+                    content, shown, GREP_MAX_RESULTS - total, GREP_MAX_OUTPUT - size
+                )
+                out.extend(found.lines)
+                size += sum(map(len, found.lines))
+                total += found.matches
+                full, truncated = found.full, found.truncated
+    except TimeoutError:
+        raise timed_out() from None
+    text = "".join(out)
+    if truncated:
+        text += TRUNCATED_TEXT + "\n"
+    text += f"\n---\nTotal matches: {total}\n"
     if full:
         text += (
             f"[{GREP_MAX_RESULTS} matches limit reached. Narrow the path/pattern/include to see "
             "more.]\n"
         )
     return {"plain_text_response": text}
-
-
-def _grep_file(
-    regex: re.Pattern[str], content: bytes, shown: str, numbered: bool, context: int, room: int
-) -> tuple[list[str], int, bool]:
-    """One file's output lines, its matches (at most ``room``), and whether the limit was
-    hit."""
-    lines = [_text(line) for line in _split_lines(content)]
-    out: list[str] = []
-    matches = 0
-    for i, line in enumerate(lines):
-        if matches >= room:
-            return out, matches, True
-        if not regex.search(line):
-            continue
-        for j in range(max(0, i - context), min(len(lines) - 1, i + context) + 1):
-            mark = ":" if j == i else "-"
-            number = f"{j + 1}{mark}" if numbered else ""
-            out.append(f"{shown}{mark}{number}{lines[j]}\n")
-        if context > 0:
-            out.append("--\n")
-        matches += 1
-    return out, matches, False
 
 
 # --- exec_shell_command ------------------------------------------------------------------
@@ -278,7 +269,7 @@ async def exec_shell_command(params: Any, on_chunk: OnChunk | None) -> Result:
     if on_chunk is not None:
         await on_chunk(tail.encode())
         return {}
-    return {"plain_text_response": _text(res.output) + tail}
+    return {"plain_text_response": as_text(res.output) + tail}
 
 
 # --- write_file / edit_file --------------------------------------------------------------
@@ -326,13 +317,13 @@ async def get_info(params: Any, _: OnChunk | None) -> Result:
     res = await io.run(["uname", "-a"], INFO_MAX_OUTPUT, INFO_TIMEOUT)
     ok = res.exit_code == 0 and not res.timed_out
     # A failed start or a timeout leaves a diagnostic in the output, which is no OS name.
-    os_info = _text(res.output).strip() if ok else "unknown"
+    os_info = as_text(res.output).strip() if ok else "unknown"
     cwd = opt_str(params, "cwd", "")
     if not cwd and not opt_str(params, "runtime", ""):
         cwd = os.getcwd()
     elif not cwd:
         pwd = await io.run(["pwd"], INFO_MAX_OUTPUT, INFO_TIMEOUT)
-        cwd = _text(pwd.output).strip() if pwd.exit_code == 0 and not pwd.timed_out else "unknown"
+        cwd = as_text(pwd.output).strip() if pwd.exit_code == 0 and not pwd.timed_out else "unknown"
     return {"os": os_info, "cwd": cwd}
 
 

@@ -131,7 +131,7 @@ async def test_tool_calls_that_never_end_stall_only_the_tools(
 ) -> None:
     release = threading.Event()
 
-    def stuck(*_: object) -> list[object]:  # like grep's `(a+)+$` over a long line
+    def stuck(*_: object) -> list[object]:  # like a glob over a listing that never ends
         release.wait()
         return []
 

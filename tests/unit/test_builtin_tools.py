@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import shlex
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from node_agent.config import parse_agent_args
 from node_agent.errors import ConfigError
 from node_agent.tools.edits import EditError, apply_edits, fuzzy
 from node_agent.tools.globs import glob_match, path_glob_match
+from node_agent.tools.grep_worker import grep_lines
 from node_agent.tools.io import ContainerIO, HostIO, SshIO, shell_quote_join, tools_io
 from node_agent.tools.names import (
     TOOL_NAMES,
@@ -161,6 +163,22 @@ def test_a_pattern_without_a_slash_matches_the_basename() -> None:
     assert path_glob_match("*.py", "deep/down/a.py")
     assert path_glob_match("down/*.py", "deep/down/a.py")  # anchored with **/
     assert not path_glob_match("/down/*.py", "deep/down/a.py")
+
+
+# --- grep ---------------------------------------------------------------------------------
+
+
+def test_grep_lines_are_llama_cpps_and_bounded() -> None:
+    content = b"a1\nb\na2\nc\n"
+    regex = re.compile("a")
+    found = grep_lines(regex, content, "f", True, 1, 100, 1000)
+    windows = ["f:1:a1\n", "f-2-b\n", "--\n", "f-2-b\n", "f:3:a2\n", "f-4-c\n", "--\n"]
+    assert found == (windows, 2, False, False)  # each match its own window, as llama.cpp
+    assert grep_lines(regex, content, "f", False, 0, 1, 1000) == (["f:a1\n"], 1, True, False)
+    # A huge context on a long file: the answer is cut, not the agent's memory.
+    many = b"a\n" * 10_000
+    lines, _, full, truncated = grep_lines(regex, many, "f", False, 10**9, 100, 4096)
+    assert truncated and not full and sum(map(len, lines)) <= 4096
 
 
 # --- edits ---------------------------------------------------------------------------------

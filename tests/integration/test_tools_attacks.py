@@ -1,0 +1,69 @@
+"""Issue 26's attacks through the tools (rows 1, 11, 13 and 14), against a real agent: nothing a
+tool call sends may freeze the agent's loop, hold a tool thread for long, or leave a process
+behind. While each attack runs, another client's ``/health`` must stay fast
+(``tests/integration/attacks.py``'s ``Probe``); ``hack/attack-figures.py`` prints the same
+figures with the issue's sizes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.attacks import Probe
+from tests.integration.harness import AgentProcess
+from tests.integration.test_compat import call
+
+HEALTH_BOUND = 0.25  # seconds: issue 26's bound for another client's /health
+
+
+@pytest.fixture
+def agent(llama_server: str) -> Iterator[AgentProcess]:
+    agent = AgentProcess(["--llama-server", llama_server, "--tools", "all"])
+    try:
+        yield agent
+    finally:
+        agent.stop()
+
+
+def tool(agent: AgentProcess, name: str, params: dict[str, Any]) -> Any:
+    answer = call(agent.port, "POST", "/tools", {"tool": name, "params": params})
+    assert answer.status == 200, answer
+    return answer.json()
+
+
+def tool_while_probed(
+    agent: AgentProcess, name: str, params: dict[str, Any]
+) -> tuple[Any, float, Probe]:
+    """The tool's answer, how long it took, and ``/health`` as another client saw it
+    meanwhile."""
+    answers: list[Any] = []
+    probe = Probe(agent.port, agent.proc.pid, interval=0.1)
+    with probe.running():
+        started = time.monotonic()
+        caller = threading.Thread(target=lambda: answers.append(tool(agent, name, params)))
+        caller.start()
+        caller.join(60)
+        took = time.monotonic() - started
+    assert answers, f"{name} did not answer in 60 s"
+    return answers[0], took, probe
+
+
+def test_a_backtracking_pattern_neither_freezes_the_agent_nor_runs_for_long(
+    agent: AgentProcess, tmp_path: Path
+) -> None:
+    """Row 1: ``(a+)+$b`` on a line of 40 ``a`` backtracks for ages; ``re`` holds the GIL."""
+    (tmp_path / "a.txt").write_text("a" * 40 + "\n")
+    params = {"path": str(tmp_path), "pattern": "(a+)+$b"}
+    answer, took, probe = tool_while_probed(agent, "grep_search", params)
+    assert "timed out" in answer["error"], answer
+    assert took < 20
+    assert max(probe.latencies) < HEALTH_BOUND, probe.summary()
+    # The agent is whole: the next search answers as before.
+    found = tool(agent, "grep_search", {"path": str(tmp_path), "pattern": "a{40}"})
+    assert found["plain_text_response"].startswith("a.txt:" + "a" * 40 + "\n"), found
