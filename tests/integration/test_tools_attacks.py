@@ -7,6 +7,8 @@ figures with the issue's sizes.
 
 from __future__ import annotations
 
+import asyncio
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -15,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from node_agent.mcp.config import McpServerConfig
+from node_agent.mcp.stdio import STDERR_LINE_BYTES, StdioSession
 from tests.integration.attacks import Probe
 from tests.integration.harness import AgentProcess
 from tests.integration.test_compat import call
@@ -67,3 +71,45 @@ def test_a_backtracking_pattern_neither_freezes_the_agent_nor_runs_for_long(
     # The agent is whole: the next search answers as before.
     found = tool(agent, "grep_search", {"path": str(tmp_path), "pattern": "a{40}"})
     assert found["plain_text_response"].startswith("a.txt:" + "a" * 40 + "\n"), found
+
+
+LOUD_MCP = """\
+import json, sys
+sys.stderr.write("x" * (9 * 1024 * 1024) + "\\n")  # one line over the 8 MiB line bound
+for i in range(20_000):  # then 20 MiB more: more than an unread pipe and reader buffer hold
+    sys.stderr.write(f"line {i} " + "y" * 1000 + "\\n")
+sys.stderr.write("ready\\n")
+sys.stderr.flush()
+for line in sys.stdin:
+    msg = json.loads(line)
+    if "id" not in msg:
+        continue
+    if msg["method"] == "initialize":
+        result = {"protocolVersion": "2024-11-05", "capabilities": {}, "serverInfo": {}}
+    else:
+        sys.stderr.write("z" * 100_000 + "\\n")
+        result = {"content": [{"type": "text", "text": "pong"}]}
+    print(json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": result}), flush=True)
+"""
+
+
+async def test_an_mcp_server_writing_a_huge_stderr_line_keeps_working(tmp_path: Path) -> None:
+    """Row 11: one stderr line over 8 MiB killed the stderr reader; the server then blocked
+    on its next write and every later call timed out."""
+    (tmp_path / "loud.py").write_text(LOUD_MCP)
+    script = str(tmp_path / "loud.py")
+    config = McpServerConfig("loud", sys.executable, (script,), timeout_ms=10_000)
+    session = StdioSession(config)
+    assert await session.start()
+    try:
+        for _ in range(3):
+            assert await session.call_tool("ping", {}) == {"plain_text_response": "pong"}
+        # The over-long lines were cut and read on: the tail (why a server died) has them.
+        cut = f"z [{100_000 - STDERR_LINE_BYTES} more bytes cut]\n"
+        for _ in range(100):  # stderr has its own reader: it may come after the reply
+            if session.diagnostics().endswith(cut):
+                break
+            await asyncio.sleep(0.05)
+        assert session.diagnostics().endswith(cut)
+    finally:
+        await session.close()
