@@ -197,7 +197,10 @@ class HostIO(ToolsIO):
     async def run(
         self, args: Sequence[str], max_output: int, seconds: int, on_chunk: OnChunk | None = None
     ) -> ExecResult:
-        return await run_program(args, max_output, seconds, on_chunk=on_chunk, cwd=self.cwd)
+        # Under the reaper: what the program starts dies with it, a new session's too.
+        return await run_program(
+            args, max_output, seconds, on_chunk=on_chunk, cwd=self.cwd, reap=True
+        )
 
 
 def _walk(base: str, max_depth: int, kind: Kind, deadline: float) -> Listing:

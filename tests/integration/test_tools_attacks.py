@@ -8,6 +8,9 @@ figures with the issue's sizes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 import sys
 import threading
 import time
@@ -113,3 +116,78 @@ async def test_an_mcp_server_writing_a_huge_stderr_line_keeps_working(tmp_path: 
         assert session.diagnostics().endswith(cut)
     finally:
         await session.close()
+
+
+def processes_with(argv: bytes) -> list[int]:
+    """The pids whose command line is ``argv`` (NUL-separated, as /proc shows it)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if (entry / "cmdline").read_bytes() == argv:
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.fixture
+def leftovers() -> Iterator[list[bytes]]:
+    """Command lines the test's programs run; any still running at the end are killed."""
+    argvs: list[bytes] = []
+    yield argvs
+    for argv in argvs:
+        for pid in processes_with(argv):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def wait_gone(argv: bytes, within: float = 5) -> list[int]:
+    deadline = time.monotonic() + within
+    while processes_with(argv) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return processes_with(argv)
+
+
+def test_a_commands_processes_die_with_it_setsid_ones_too(
+    agent: AgentProcess, leftovers: list[bytes]
+) -> None:
+    """Row 13: ``setsid sleep 777 &`` left its own session and outlived the tool's timeout
+    (and the agent): the process group kill does not reach it."""
+    holding = b"sleep\x00777.1\x00"  # keeps the output pipe open: the tool runs to its timeout
+    detached = b"sleep\x00777.2\x00"  # all its descriptors closed: the shell ends at once
+    leftovers.extend([holding, detached])
+    started = time.monotonic()
+    answer = tool(
+        agent, "exec_shell_command", {"command": "setsid sleep 777.1 & echo started", "timeout": 2}
+    )
+    assert answer["plain_text_response"].startswith("started\n"), answer
+    assert time.monotonic() - started < 10
+    assert wait_gone(holding) == []
+    command = "setsid sleep 777.2 </dev/null >/dev/null 2>&1 & echo started"
+    answer = tool(agent, "exec_shell_command", {"command": command})
+    assert answer["plain_text_response"] == "started\n\n[exit code: 0]", answer
+    assert wait_gone(detached) == []
+
+
+def test_a_commands_processes_die_with_the_agent(llama_server: str, leftovers: list[bytes]) -> None:
+    agent = AgentProcess(["--llama-server", llama_server, "--tools", "exec_shell_command"])
+    argv = b"sleep\x00777.3\x00"
+    leftovers.append(argv)
+    params = {"command": "setsid sleep 777.3 </dev/null >/dev/null 2>&1 & sleep 60", "timeout": 60}
+    caller = threading.Thread(
+        target=lambda: call(
+            agent.port, "POST", "/tools", {"tool": "exec_shell_command", "params": params}
+        )
+    )
+    try:
+        caller.start()
+        deadline = time.monotonic() + 20
+        while not processes_with(argv) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert processes_with(argv)
+        agent.proc.send_signal(signal.SIGTERM)
+        assert agent.proc.wait(30) == 0
+        assert wait_gone(argv) == []
+    finally:
+        agent.stop()
+        caller.join(30)

@@ -21,37 +21,52 @@ from node_agent.tools.process import run_program
 from node_agent.tools.toolbox import Toolbox, ToolboxClosed
 
 
-async def test_a_program_output_is_bounded_and_drained() -> None:
-    res = await run_program(["sh", "-c", "seq 1 100000; echo done >&2"], 10, 30)
+@pytest.fixture(params=[False, True], ids=["group", "reaper"])
+def reap(request: pytest.FixtureRequest) -> bool:
+    """Each program test without and with the reaper (``process.run_program(reap=…)``)."""
+    value: bool = request.param
+    return value
+
+
+async def test_a_program_output_is_bounded_and_drained(reap: bool) -> None:
+    res = await run_program(["sh", "-c", "seq 1 100000; echo done >&2"], 10, 30, reap=reap)
     assert res.output == b"1\n2\n3\n4\n5\n\n[output truncated]" and res.exit_code == 0
 
 
-async def test_a_program_past_its_time_is_killed_with_its_children(tmp_path: Path) -> None:
+async def test_a_program_past_its_time_is_killed_with_its_children(
+    tmp_path: Path, reap: bool
+) -> None:
     marker = tmp_path / "late"
     started = time.monotonic()
-    res = await run_program(["sh", "-c", f"(sleep 3; touch {marker}) & sleep 30"], 100, 0.5)
+    res = await run_program(
+        ["sh", "-c", f"(sleep 3; touch {marker}) & sleep 30"], 100, 0.5, reap=reap
+    )
     assert res.timed_out and res.exit_code == 1  # killed: subprocess.h's EXIT_FAILURE
     assert time.monotonic() - started < 10
     await asyncio.sleep(3.5)
     assert not marker.exists()  # the background child went with the group
 
 
-async def test_a_program_that_closed_its_output_is_killed_at_its_time(tmp_path: Path) -> None:
+async def test_a_program_that_closed_its_output_is_killed_at_its_time(
+    tmp_path: Path, reap: bool
+) -> None:
     started = time.monotonic()
-    res = await run_program(["sh", "-c", f"exec > {tmp_path / 'log'} 2>&1; sleep 30"], 100, 0.5)
+    res = await run_program(
+        ["sh", "-c", f"exec > {tmp_path / 'log'} 2>&1; sleep 30"], 100, 0.5, reap=reap
+    )
     assert res.timed_out and res.exit_code == 1
     assert time.monotonic() - started < 10
 
 
-async def test_a_program_that_cannot_start() -> None:
-    res = await run_program(["/no/such/program"], 100, 5)
+async def test_a_program_that_cannot_start(reap: bool) -> None:
+    res = await run_program(["/no/such/program"], 100, 5, reap=reap)
     assert (res.output, res.exit_code) == (b"failed to spawn process", -1)
-    res = await run_program(["true"], 100, 5, cwd="/no/such/folder")
+    res = await run_program(["true"], 100, 5, cwd="/no/such/folder", reap=reap)
     assert res.exit_code == -1
 
 
-async def test_stdin_reaches_the_program_and_a_stopped_reader_ends_it() -> None:
-    res = await run_program(["cat"], 100, 5, stdin_data=b"piped")
+async def test_stdin_reaches_the_program_and_a_stopped_reader_ends_it(reap: bool) -> None:
+    res = await run_program(["cat"], 100, 5, stdin_data=b"piped", reap=reap)
     assert res.output == b"piped"
     seen: list[bytes] = []
 
@@ -60,8 +75,37 @@ async def test_stdin_reaches_the_program_and_a_stopped_reader_ends_it() -> None:
         return False
 
     started = time.monotonic()
-    res = await run_program(["sh", "-c", "echo hi; sleep 30"], 100, 60, on_chunk=stop_after_first)
+    res = await run_program(
+        ["sh", "-c", "echo hi; sleep 30"], 100, 60, on_chunk=stop_after_first, reap=reap
+    )
     assert seen == [b"hi\n"] and time.monotonic() - started < 10
+
+
+async def test_under_the_reaper_a_new_sessions_processes_die_with_the_program(
+    tmp_path: Path,
+) -> None:
+    """Issue 26, row 13: ``setsid`` leaves the process group that the timeout kills."""
+    marker = tmp_path / "late"
+    script = f"setsid sh -c 'sleep 2; touch {marker}' </dev/null >/dev/null 2>&1 &"
+    res = await run_program(["sh", "-c", script + " echo started"], 100, 30, reap=True)
+    assert (res.output, res.exit_code, res.timed_out) == (b"started\n", 0, False)
+    res = await run_program(["sh", "-c", script + " sleep 30"], 100, 0.5, reap=True)
+    assert res.timed_out
+    call = asyncio.ensure_future(
+        run_program(["sh", "-c", script + " sleep 30"], 100, 30, reap=True)
+    )
+    await asyncio.sleep(1)
+    call.cancel()  # the client or the agent went away
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    await asyncio.sleep(2.5)
+    assert not marker.exists()
+
+
+async def test_under_the_reaper_the_exit_code_is_the_programs() -> None:
+    assert (await run_program(["sh", "-c", "exit 7"], 100, 5, reap=True)).exit_code == 7
+    res = await run_program(["sh", "-c", "kill -9 $$"], 100, 5, reap=True)
+    assert res.exit_code == 1  # killed by a signal: subprocess.h's EXIT_FAILURE
 
 
 FAKE_RUN = """#!/bin/sh
