@@ -10,6 +10,7 @@ import asyncio
 import base64
 import os
 import re
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,11 @@ EXEC_MAX_TIMEOUT = 60
 INFO_MAX_OUTPUT = 4096
 INFO_TIMEOUT = 5
 TRUNCATED_TEXT = "[output truncated]"
+# Bounds of ours (llama.cpp has none): a tool thread's work is bounded in size and time.
+GLOB_MAX_PATTERN = 256  # characters of an include or exclude glob (a 600-token one took 4.7 s)
+GLOB_TIMEOUT = 5.0  # seconds to match one listing against include and exclude
+EDIT_MAX_EDITS = 1000  # edits in one edit_file call
+EDIT_TIMEOUT = 10.0  # seconds for one edit_file call's matching and replacing
 
 Result = dict[str, Any]
 Invoke = Callable[[Any, OnChunk | None], Awaitable[Result]]
@@ -138,12 +144,34 @@ def _line_range(content: bytes, start_line: int, end_line: int, append_loc: bool
 # --- file_glob_search --------------------------------------------------------------------
 
 
-def _matching(entries: list[Entry], include: str, exclude: str) -> list[Entry]:
-    return [
-        e
-        for e in entries
-        if path_glob_match(include, e.rel) and not (exclude and path_glob_match(exclude, e.rel))
-    ]
+def _glob_error(include: str, exclude: str) -> Result | None:
+    for name, pattern in (("include", include), ("exclude", exclude)):
+        if len(pattern) > GLOB_MAX_PATTERN:
+            return {
+                "error": f"{name} pattern too long ({len(pattern)} characters, max "
+                f"{GLOB_MAX_PATTERN})"
+            }
+    return None
+
+
+def _matching(entries: list[Entry], include: str, exclude: str) -> list[Entry] | None:
+    """The entries that ``include`` matches and ``exclude`` does not; None when that takes
+    longer than GLOB_TIMEOUT (a long pattern on a long listing)."""
+    deadline = time.monotonic() + GLOB_TIMEOUT
+    found = []
+    for e in entries:
+        if time.monotonic() >= deadline:
+            return None
+        if path_glob_match(include, e.rel) and not (exclude and path_glob_match(exclude, e.rel)):
+            found.append(e)
+    return found
+
+
+def _glob_timed_out(entries: list[Entry]) -> Result:
+    return {
+        "error": f"glob matching timed out after {GLOB_TIMEOUT:g} s ({len(entries)} entries): "
+        "narrow the path or simplify the include/exclude patterns"
+    }
 
 
 async def file_glob_search(params: Any, _: OnChunk | None) -> Result:
@@ -161,10 +189,14 @@ async def file_glob_search(params: Any, _: OnChunk | None) -> Result:
     kind = next((k for k in Kind if k.value == kind_name), None)
     if kind is None:
         return {"error": f'invalid type: {kind_name} (expected "file", "dir" or "all")'}
+    if (error := _glob_error(include, exclude)) is not None:
+        return error
     listing = await io.list_entries(base, max_depth, kind)
     if listing.err:
         return {"error": f"{listing.err}: {path}"}
     matches = await in_thread(_matching, listing.entries, include, exclude)
+    if matches is None:
+        return _glob_timed_out(listing.entries)
     shown = matches[:limit]
     text = "".join(f"{e.rel}{'/' if e.is_dir else ''}\n" for e in shown)
     text += f"\n---\nTotal matches: {len(matches)}\n"
@@ -192,6 +224,8 @@ async def grep_search(params: Any, _: OnChunk | None) -> Result:
     literal = opt_bool(params, "literal", False)
     ignore_case = opt_bool(params, "ignore_case", False)
     context = max(0, opt_int(params, "context_lines", 0))
+    if (error := _glob_error(include, exclude)) is not None:
+        return error
     try:
         # The pattern is compiled and matched in a process of its own, bounded in time (grep).
         async with matcher() as worker:
@@ -217,6 +251,8 @@ async def _grep(worker: Matcher, params: Any, path: str, include: str, exclude: 
         if listing.err:
             return {"error": f"{listing.err}: {path}"}
         matching = await in_thread(_matching, listing.entries, include, exclude)
+        if matching is None:
+            return _glob_timed_out(listing.entries)
         files.extend((f"{absolute}/{e.rel}", e.rel) for e in matching)
     else:
         return {"error": f"path does not exist: {path}"}
@@ -288,6 +324,8 @@ async def edit_file(params: Any, _: OnChunk | None) -> Result:
     edits_json = at(params, "edits")
     if not isinstance(edits_json, list) or not edits_json:
         return {"error": '"edits" must be a non-empty array'}
+    if len(edits_json) > EDIT_MAX_EDITS:
+        return {"error": f"too many edits ({len(edits_json)}, max {EDIT_MAX_EDITS} per call)"}
     edits: list[tuple[str, str]] = []
     for i, edit in enumerate(edits_json):
         old, new = as_str(at(edit, "old_text")), as_str(at(edit, "new_text"))
@@ -299,14 +337,19 @@ async def edit_file(params: Any, _: OnChunk | None) -> Result:
     if original is None:
         return {"error": f"failed to open file: {path}"}
     try:
-        # surrogateescape: bytes that are not UTF-8 come back unchanged
-        text = original.decode("utf-8", "surrogateescape")
-        edited = await in_thread(apply_edits, text, edits, path)
+        edited = await in_thread(_edit, original, edits, path)
     except EditError as exc:
         return {"error": str(exc)}
-    if not await io.write_file(path, edited.encode("utf-8", "surrogateescape")):
+    if not await io.write_file(path, edited):
         return {"error": f"failed to write file: {path}"}
     return {"result": "file edited successfully", "path": path, "edits_applied": len(edits)}
+
+
+def _edit(original: bytes, edits: list[tuple[str, str]], path: str) -> bytes:
+    """In a tool thread, decoding included (megabytes: not on the loop). surrogateescape:
+    bytes that are not UTF-8 come back unchanged."""
+    text = original.decode("utf-8", "surrogateescape")
+    return apply_edits(text, edits, path, EDIT_TIMEOUT).encode("utf-8", "surrogateescape")
 
 
 # --- get_info ----------------------------------------------------------------------------

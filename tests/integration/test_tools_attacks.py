@@ -191,3 +191,37 @@ def test_a_commands_processes_die_with_the_agent(llama_server: str, leftovers: l
     finally:
         agent.stop()
         caller.join(30)
+
+
+def test_many_edits_on_a_large_file_are_quick_and_bounded(
+    agent: AgentProcess, tmp_path: Path
+) -> None:
+    """Row 14: 200 edits on a 10 MB file took 40 s of a tool thread (each edit normalised the
+    whole file again); past the bounds, a clear error."""
+    line = "x" * 90 + "\n"
+    big = tmp_path / "big.txt"
+    big.write_text("".join(f"<m{i}>{line}" if i % 500 == 0 else line for i in range(110_000)))
+    edits = [{"old_text": f"<m{i}>", "new_text": f"<M{i}>"} for i in range(0, 100_000, 500)]
+    answer, took, probe = tool_while_probed(agent, "edit_file", {"path": str(big), "edits": edits})
+    assert answer["edits_applied"] == 200, answer
+    assert took < 10, took
+    assert max(probe.latencies) < HEALTH_BOUND, probe.summary()
+    assert big.read_text().count("<M") == 200
+    too_many = [{"old_text": f"<M{i}>", "new_text": "x"} for i in range(1001)]
+    answer = tool(agent, "edit_file", {"path": str(big), "edits": too_many})
+    assert answer == {"error": "too many edits (1001, max 1000 per call)"}
+
+
+def test_a_long_glob_over_many_files_is_refused_at_once(
+    agent: AgentProcess, tmp_path: Path
+) -> None:
+    """Row 14: a 600-token glob over 1,400 files took 4.7 s of a tool thread."""
+    for i in range(1400):
+        (tmp_path / f"file-{i:04d}-{'y' * 40}.txt").touch()
+    include = "*a" * 300
+    answer, took, probe = tool_while_probed(
+        agent, "file_glob_search", {"path": str(tmp_path), "include": include}
+    )
+    assert answer == {"error": "include pattern too long (600 characters, max 256)"}
+    assert took < 2, took
+    assert max(probe.latencies) < HEALTH_BOUND, probe.summary()

@@ -108,6 +108,18 @@ async def test_under_the_reaper_the_exit_code_is_the_programs() -> None:
     assert res.exit_code == 1  # killed by a signal: subprocess.h's EXIT_FAILURE
 
 
+async def test_a_glob_past_its_time_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "a.txt").touch()
+    monkeypatch.setattr("node_agent.tools.builtin.GLOB_TIMEOUT", 0)
+    (glob,) = (t for t in TOOLS if t.name == "file_glob_search")
+    assert await glob.invoke({"path": str(tmp_path)}, None) == {
+        "error": "glob matching timed out after 0 s (1 entries): narrow the path or simplify "
+        "the include/exclude patterns"
+    }
+
+
 FAKE_RUN = """#!/bin/sh
 # docker run --rm -i --cidfile FILE IMAGE sh: a container id a while after it started
 touch "$STARTED_DIR/$$"

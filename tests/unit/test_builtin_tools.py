@@ -16,6 +16,7 @@ import pytest
 
 from node_agent.config import parse_agent_args
 from node_agent.errors import ConfigError
+from node_agent.tools.builtin import grep_search
 from node_agent.tools.edits import EditError, apply_edits, fuzzy
 from node_agent.tools.globs import glob_match, path_glob_match
 from node_agent.tools.grep_worker import grep_lines
@@ -219,6 +220,24 @@ def test_a_fuzzy_edit_keeps_the_lines_it_does_not_touch() -> None:
     assert edited == "keep \u201cthis\u201d   \nsaid\nlast\u00a0line\t\n"
     # Trailing blanks go first, then the typographic space becomes one (llama.cpp's order).
     assert fuzzy("a \u2018b\u2019\u2212c\u3000 \r\nd\t") == "a 'b'-c \nd"
+
+
+def test_edits_past_their_time_are_a_clear_error() -> None:
+    with pytest.raises(EditError) as caught:
+        apply_edits("a\nb\n", [("a", "c")], "f", timeout=0)
+    assert str(caught.value) == "edit_file timed out after 0 s on f: use fewer edits or write_file"
+
+
+def test_fuzzy_in_pieces_is_fuzzy_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    text = "a \u201cb\u201d  \nc\t\n\n d\u2014e \r\nlast  "
+    whole = fuzzy(text)
+    monkeypatch.setattr("node_agent.tools.edits._FUZZY_PIECE", 3)
+    assert fuzzy(text) == whole == 'a "b"\nc\n\n d-e\nlast'
+
+
+async def test_a_glob_too_long_is_refused_before_any_work() -> None:
+    answer = await grep_search({"path": "/nowhere", "pattern": "x", "exclude": "*" * 257}, None)
+    assert answer == {"error": "exclude pattern too long (257 characters, max 256)"}
 
 
 # --- quoting and programs ------------------------------------------------------------------
