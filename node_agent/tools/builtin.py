@@ -257,7 +257,7 @@ async def _grep(worker: Matcher, params: Any, path: str, include: str, exclude: 
     else:
         return {"error": f"path does not exist: {path}"}
     out: list[str] = []
-    total = size = 0
+    total = size = searched = 0
     full = truncated = False
     try:
         async with asyncio.timeout(GREP_TIMEOUT):
@@ -265,17 +265,16 @@ async def _grep(worker: Matcher, params: Any, path: str, include: str, exclude: 
                 if full or truncated:
                     break
                 content = await io.read_file(absolute_file)
-                if content is None:
-                    continue
-                found = await worker.grep(
-                    content, shown, GREP_MAX_RESULTS - total, GREP_MAX_OUTPUT - size
-                )
-                out.extend(found.lines)
-                size += sum(map(len, found.lines))
-                total += found.matches
-                full, truncated = found.full, found.truncated
+                room = GREP_MAX_RESULTS - total, GREP_MAX_OUTPUT - size
+                found = None if content is None else await worker.grep(content, shown, *room)
+                searched += 1
+                if found is not None:
+                    out.extend(found.lines)
+                    size += sum(map(len, found.lines))
+                    total += found.matches
+                    full, truncated = found.full, found.truncated
     except TimeoutError:
-        raise timed_out() from None
+        raise timed_out(searched, len(files)) from None
     text = "".join(out)
     if truncated:
         text += TRUNCATED_TEXT + "\n"

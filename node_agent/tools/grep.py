@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import sys
+import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,7 @@ from node_agent.child.pdeathsig import make_preexec
 
 GREP_TIMEOUT = 10.0  # seconds for the pattern's compilation, then again for all the matching
 GREP_MAX_OUTPUT = 1024 * 1024  # characters of matched lines in one answer
+GREP_WORKERS = 4  # processes at once, as many as the tools' threads; a call waits for one
 # A reply holds at most GREP_MAX_OUTPUT characters, each at most 6 in JSON (``\uXXXX``).
 _REPLY_LIMIT = 6 * GREP_MAX_OUTPUT + 64 * 1024
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(node_agent.__file__)))
@@ -37,10 +39,12 @@ class GrepError(Exception):
     """What the model reads instead of matches (the message is the tool's error)."""
 
 
-def timed_out() -> GrepError:
+def timed_out(searched: int | None = None, files: int = 0) -> GrepError:
+    """``searched`` of ``files`` were done in time (None: the pattern's compilation was not)."""
+    where = "compiling the pattern" if searched is None else f"{searched} of {files} files searched"
     return GrepError(
-        f"grep_search timed out after {GREP_TIMEOUT:g} s: the pattern takes too long on these "
-        "files; simplify it (nested quantifiers such as (a+)+ backtrack) or narrow the path"
+        f"grep_search timed out after {GREP_TIMEOUT:g} s ({where}): simplify the pattern "
+        "(nested quantifiers such as (a+)+ backtrack) or narrow the path/include"
     )
 
 
@@ -100,9 +104,24 @@ class Matcher:
         )
 
 
+# Each worker may take a core and a GiB: concurrent calls must not multiply them. One
+# semaphore per event loop (one in the agent; tests run several loops).
+_workers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 @contextlib.asynccontextmanager
 async def matcher() -> AsyncIterator[Matcher]:
     """A worker for one call, killed when the block ends however it ends."""
+    loop = asyncio.get_running_loop()
+    slots = _workers.setdefault(loop, asyncio.Semaphore(GREP_WORKERS))
+    async with slots, _started() as worker:
+        yield worker
+
+
+@contextlib.asynccontextmanager
+async def _started() -> AsyncIterator[Matcher]:
     try:
         proc = await asyncio.create_subprocess_exec(
             sys.executable,

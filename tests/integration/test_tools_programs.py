@@ -6,6 +6,7 @@ the pure parts are in tests/unit/test_builtin_tools.py.)"""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import threading
@@ -16,6 +17,7 @@ import pytest
 
 from node_agent.tools.builtin import TOOLS
 from node_agent.tools.container import ContainerRuntime
+from node_agent.tools.grep import GREP_WORKERS
 from node_agent.tools.names import ContainerSpec
 from node_agent.tools.process import run_program
 from node_agent.tools.toolbox import Toolbox, ToolboxClosed
@@ -118,6 +120,36 @@ async def test_a_glob_past_its_time_is_a_clear_error(
         "error": "glob matching timed out after 0 s (1 entries): narrow the path or simplify "
         "the include/exclude patterns"
     }
+
+
+def grep_workers() -> int:
+    """The grep_search worker processes running now."""
+    count = 0
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            count += b"node_agent.tools.grep_worker" in (entry / "cmdline").read_bytes()
+    return count
+
+
+async def test_backtracking_greps_run_a_few_bounded_workers_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 26, row 1: each runs in a process of its own (``re`` holds the GIL), killed at
+    its time bound; concurrent calls share GREP_WORKERS processes."""
+    for module in ("grep", "builtin"):
+        monkeypatch.setattr(f"node_agent.tools.{module}.GREP_TIMEOUT", 1.5)
+    (tmp_path / "a.txt").write_text("a" * 40 + "\n")
+    (grep,) = (t for t in TOOLS if t.name == "grep_search")
+    params = {"path": str(tmp_path), "pattern": "(a+)+$b"}
+    calls = asyncio.gather(*(grep.invoke(params, None) for _ in range(2 * GREP_WORKERS)))
+    most = 0
+    while not calls.done():
+        most = max(most, grep_workers())
+        await asyncio.sleep(0.1)
+    assert 0 < most <= GREP_WORKERS
+    for answer in calls.result():
+        assert answer["error"].startswith("grep_search timed out after 1.5 s (0 of 1 files")
+    assert grep_workers() == 0
 
 
 FAKE_RUN = """#!/bin/sh
