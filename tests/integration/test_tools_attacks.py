@@ -169,24 +169,31 @@ def test_a_commands_processes_die_with_it_setsid_ones_too(
     assert wait_gone(detached) == []
 
 
-def test_a_commands_processes_die_with_the_agent(llama_server: str, leftovers: list[bytes]) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["shutdown", "killed"])
+def test_a_commands_processes_die_with_the_agent(
+    llama_server: str, leftovers: list[bytes], sig: signal.Signals
+) -> None:
+    """At the shutdown the call is cancelled; when the agent is killed, the reaper hears it
+    (``PR_SET_PDEATHSIG``). Either way it kills everything below it."""
     agent = AgentProcess(["--llama-server", llama_server, "--tools", "exec_shell_command"])
-    argv = b"sleep\x00777.3\x00"
+    argv = f"sleep\x00777.{sig.value}\x00".encode()
     leftovers.append(argv)
-    params = {"command": "setsid sleep 777.3 </dev/null >/dev/null 2>&1 & sleep 60", "timeout": 60}
-    caller = threading.Thread(
-        target=lambda: call(
-            agent.port, "POST", "/tools", {"tool": "exec_shell_command", "params": params}
-        )
-    )
+    command = f"setsid sleep 777.{sig.value} </dev/null >/dev/null 2>&1 & sleep 60"
+    body = {"tool": "exec_shell_command", "params": {"command": command, "timeout": 60}}
+
+    def run() -> None:
+        with contextlib.suppress(OSError):  # a killed agent closes the connection
+            call(agent.port, "POST", "/tools", body)
+
+    caller = threading.Thread(target=run)
     try:
         caller.start()
         deadline = time.monotonic() + 20
         while not processes_with(argv) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert processes_with(argv)
-        agent.proc.send_signal(signal.SIGTERM)
-        assert agent.proc.wait(30) == 0
+        agent.proc.send_signal(sig)
+        assert agent.proc.wait(30) == (0 if sig == signal.SIGTERM else -sig)
         assert wait_gone(argv) == []
     finally:
         agent.stop()
