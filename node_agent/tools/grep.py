@@ -66,7 +66,8 @@ class Matcher:
         proc = self._proc
         assert proc.stdin is not None and proc.stdout is not None
         try:
-            proc.stdin.write(json.dumps(message).encode() + b"\n" + payload)
+            proc.stdin.write(json.dumps(message).encode() + b"\n")
+            proc.stdin.write(payload)  # a file of up to 64 MiB: not copied into one more
             await proc.stdin.drain()
             line = await proc.stdout.readline()
         except (ConnectionError, ValueError):  # it died (out of memory), or said too much
