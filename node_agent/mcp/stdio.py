@@ -4,8 +4,9 @@ The session speaks the client side of MCP as llama.cpp does (``server_mcp_transp
 ``initialize`` once (protocol 2024-11-05) and ``notifications/initialized``, then
 ``tools/list`` and ``tools/call``; replies are matched by id, notifications and stale replies
 are skipped. Its stderr is drained (an undrained pipe blocks the server) into the debug log
-and a bounded tail that says why it died. It dies with the agent (``PR_SET_PDEATHSIG``) and
-runs in its own process group, so closing it ends whatever it started too.
+and a bounded tail that says why it died, in lines of at most 4 KiB (a longer one is cut, and
+reading goes on). It dies with the agent (``PR_SET_PDEATHSIG``) and runs in its own process
+group, so closing it ends whatever it started too.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ log = logging.getLogger("corral.mcp")
 PROTOCOL_VERSION = "2024-11-05"
 MAX_LINE_BYTES = 8 * 1024 * 1024  # llama.cpp drops longer NDJSON lines
 ERR_TAIL_CHARS = 4096
+STDERR_LINE_BYTES = 4096  # of one stderr line, for the debug log and the tail
+STDERR_READ_BYTES = 64 * 1024
 CLOSE_GRACE_SECONDS = 1.0  # after SIGTERM, before SIGKILL
 
 
@@ -226,10 +229,34 @@ class StdioSession:
             self._fail_pending("transport closed")
 
     async def _drain_stderr(self, stderr: asyncio.StreamReader) -> None:
-        while line := await stderr.readline():
-            text = line.decode(errors="replace").rstrip("\n")
-            log.debug("MCP '%s' stderr: %s", self.config.name, text)
-            self._err_tail = (self._err_tail + text + "\n")[-ERR_TAIL_CHARS:]
+        # In chunks, never ``readline()``: a line over the reader's limit raised there and
+        # ended this reader, and the server then blocked on its next write (issue 26, row 11).
+        # A long line keeps its first STDERR_LINE_BYTES, the rest is counted and dropped.
+        line = bytearray()
+        cut = 0
+        while chunk := await stderr.read(STDERR_READ_BYTES):
+            start = 0
+            while start < len(chunk):
+                end = chunk.find(b"\n", start)
+                piece = chunk[start:] if end < 0 else chunk[start:end]
+                room = STDERR_LINE_BYTES - len(line)
+                line += piece[:room]
+                cut += max(len(piece) - room, 0)
+                if end < 0:
+                    break
+                self._stderr_line(bytes(line), cut)
+                line.clear()
+                cut = 0
+                start = end + 1
+        if line or cut:
+            self._stderr_line(bytes(line), cut)
+
+    def _stderr_line(self, line: bytes, cut: int) -> None:
+        text = line.decode(errors="replace")
+        if cut:
+            text += f" [{cut} more bytes cut]"
+        log.debug("MCP '%s' stderr: %s", self.config.name, text)
+        self._err_tail = (self._err_tail + text + "\n")[-ERR_TAIL_CHARS:]
 
     def _fail_pending(self, why: str) -> None:
         for waiter in self._pending.values():

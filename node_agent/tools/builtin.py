@@ -6,15 +6,26 @@ result, or ``{"error": …}`` for what the model should read (a 200, as in llama
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
 import re
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from node_agent.tools.edits import EditError, apply_edits
 from node_agent.tools.globs import path_glob_match
+from node_agent.tools.grep import (
+    GREP_MAX_OUTPUT,
+    GREP_TIMEOUT,
+    GrepError,
+    Matcher,
+    matcher,
+    timed_out,
+)
+from node_agent.tools.grep_worker import as_text, split_lines
 from node_agent.tools.io import Entry, Kind, tools_io
 from node_agent.tools.params import (
     as_str,
@@ -36,6 +47,11 @@ EXEC_MAX_TIMEOUT = 60
 INFO_MAX_OUTPUT = 4096
 INFO_TIMEOUT = 5
 TRUNCATED_TEXT = "[output truncated]"
+# Bounds of ours (llama.cpp has none): a tool thread's work is bounded in size and time.
+GLOB_MAX_PATTERN = 256  # characters of an include or exclude glob (a 600-token one took 4.7 s)
+GLOB_TIMEOUT = 5.0  # seconds to match one listing against include and exclude
+EDIT_MAX_EDITS = 1000  # edits in one edit_file call
+EDIT_TIMEOUT = 10.0  # seconds for one edit_file call's matching and replacing
 
 Result = dict[str, Any]
 Invoke = Callable[[Any, OnChunk | None], Awaitable[Result]]
@@ -78,16 +94,6 @@ def _prop(kind: str, description: str) -> dict[str, Any]:
     return {"type": kind, "description": description}
 
 
-def _text(data: bytes) -> str:
-    return data.decode("utf-8", "replace")
-
-
-def _split_lines(content: bytes) -> list[bytes]:
-    """``std::getline``'s lines: split at ``\\n``, no empty line after a final one."""
-    lines = content.split(b"\n")
-    return lines[:-1] if lines[-1] == b"" else lines
-
-
 # --- read_file ---------------------------------------------------------------------------
 
 
@@ -122,7 +128,7 @@ async def read_file(params: Any, _: OnChunk | None) -> Result:
 
 def _line_range(content: bytes, start_line: int, end_line: int, append_loc: bool) -> str:
     out = bytearray()
-    for lineno, line in enumerate(_split_lines(content), 1):
+    for lineno, line in enumerate(split_lines(content), 1):
         if lineno < start_line:
             continue
         if end_line != -1 and lineno > end_line:
@@ -132,18 +138,40 @@ def _line_range(content: bytes, start_line: int, end_line: int, append_loc: bool
             out += TRUNCATED_TEXT.encode()
             break
         out += piece
-    return _text(bytes(out))
+    return as_text(bytes(out))
 
 
 # --- file_glob_search --------------------------------------------------------------------
 
 
-def _matching(entries: list[Entry], include: str, exclude: str) -> list[Entry]:
-    return [
-        e
-        for e in entries
-        if path_glob_match(include, e.rel) and not (exclude and path_glob_match(exclude, e.rel))
-    ]
+def _glob_error(include: str, exclude: str) -> Result | None:
+    for name, pattern in (("include", include), ("exclude", exclude)):
+        if len(pattern) > GLOB_MAX_PATTERN:
+            return {
+                "error": f"{name} pattern too long ({len(pattern)} characters, max "
+                f"{GLOB_MAX_PATTERN})"
+            }
+    return None
+
+
+def _matching(entries: list[Entry], include: str, exclude: str) -> list[Entry] | None:
+    """The entries that ``include`` matches and ``exclude`` does not; None when that takes
+    longer than GLOB_TIMEOUT (a long pattern on a long listing)."""
+    deadline = time.monotonic() + GLOB_TIMEOUT
+    found = []
+    for e in entries:
+        if time.monotonic() >= deadline:
+            return None
+        if path_glob_match(include, e.rel) and not (exclude and path_glob_match(exclude, e.rel)):
+            found.append(e)
+    return found
+
+
+def _glob_timed_out(entries: list[Entry]) -> Result:
+    return {
+        "error": f"glob matching timed out after {GLOB_TIMEOUT:g} s ({len(entries)} entries): "
+        "narrow the path or simplify the include/exclude patterns"
+    }
 
 
 async def file_glob_search(params: Any, _: OnChunk | None) -> Result:
@@ -161,10 +189,14 @@ async def file_glob_search(params: Any, _: OnChunk | None) -> Result:
     kind = next((k for k in Kind if k.value == kind_name), None)
     if kind is None:
         return {"error": f'invalid type: {kind_name} (expected "file", "dir" or "all")'}
+    if (error := _glob_error(include, exclude)) is not None:
+        return error
     listing = await io.list_entries(base, max_depth, kind)
     if listing.err:
         return {"error": f"{listing.err}: {path}"}
     matches = await in_thread(_matching, listing.entries, include, exclude)
+    if matches is None:
+        return _glob_timed_out(listing.entries)
     shown = matches[:limit]
     text = "".join(f"{e.rel}{'/' if e.is_dir else ''}\n" for e in shown)
     text += f"\n---\nTotal matches: {len(matches)}\n"
@@ -192,14 +224,23 @@ async def grep_search(params: Any, _: OnChunk | None) -> Result:
     literal = opt_bool(params, "literal", False)
     ignore_case = opt_bool(params, "ignore_case", False)
     context = max(0, opt_int(params, "context_lines", 0))
+    if (error := _glob_error(include, exclude)) is not None:
+        return error
     try:
-        # Python's regular expressions, where llama.cpp has ECMAScript's (the common syntax
-        # reads the same; an invalid pattern's message is Python's).
-        regex = re.compile(
-            re.escape(pattern) if literal else pattern, re.IGNORECASE if ignore_case else 0
-        )
-    except re.error as exc:
-        return {"error": f"invalid regex: {exc}"}
+        # The pattern is compiled and matched in a process of its own, bounded in time (grep).
+        async with matcher() as worker:
+            await worker.compile(
+                re.escape(pattern) if literal else pattern,
+                ignore_case,
+                show_lineno or context > 0,
+                context,
+            )
+            return await _grep(worker, params, path, include, exclude)
+    except GrepError as exc:
+        return {"error": str(exc)}
+
+
+async def _grep(worker: Matcher, params: Any, path: str, include: str, exclude: str) -> Result:
     io = tools_io(params)
     absolute = io.resolve(path)
     files: list[tuple[str, str]] = []  # (absolute path, the path shown)
@@ -210,55 +251,40 @@ async def grep_search(params: Any, _: OnChunk | None) -> Result:
         if listing.err:
             return {"error": f"{listing.err}: {path}"}
         matching = await in_thread(_matching, listing.entries, include, exclude)
+        if matching is None:
+            return _glob_timed_out(listing.entries)
         files.extend((f"{absolute}/{e.rel}", e.rel) for e in matching)
     else:
         return {"error": f"path does not exist: {path}"}
     out: list[str] = []
-    total = 0
-    full = False
-    numbered = show_lineno or context > 0
-    for absolute_file, shown in files:
-        if full:
-            break
-        content = await io.read_file(absolute_file)
-        if content is None:
-            continue
-        # In a thread: a pattern that backtracks for long must not stop the agent's loop.
-        found, matches, full = await in_thread(
-            _grep_file, regex, content, shown, numbered, context, GREP_MAX_RESULTS - total
-        )
-        out.extend(found)
-        total += matches
-    text = "".join(out) + f"\n---\nTotal matches: {total}\n"
+    total = size = searched = 0
+    full = truncated = False
+    try:
+        async with asyncio.timeout(GREP_TIMEOUT):
+            for absolute_file, shown in files:
+                if full or truncated:
+                    break
+                content = await io.read_file(absolute_file)
+                room = GREP_MAX_RESULTS - total, GREP_MAX_OUTPUT - size
+                found = None if content is None else await worker.grep(content, shown, *room)
+                searched += 1
+                if found is not None:
+                    out.extend(found.lines)
+                    size += sum(map(len, found.lines))
+                    total += found.matches
+                    full, truncated = found.full, found.truncated
+    except TimeoutError:
+        raise timed_out(searched, len(files)) from None
+    text = "".join(out)
+    if truncated:
+        text += TRUNCATED_TEXT + "\n"
+    text += f"\n---\nTotal matches: {total}\n"
     if full:
         text += (
             f"[{GREP_MAX_RESULTS} matches limit reached. Narrow the path/pattern/include to see "
             "more.]\n"
         )
     return {"plain_text_response": text}
-
-
-def _grep_file(
-    regex: re.Pattern[str], content: bytes, shown: str, numbered: bool, context: int, room: int
-) -> tuple[list[str], int, bool]:
-    """One file's output lines, its matches (at most ``room``), and whether the limit was
-    hit."""
-    lines = [_text(line) for line in _split_lines(content)]
-    out: list[str] = []
-    matches = 0
-    for i, line in enumerate(lines):
-        if matches >= room:
-            return out, matches, True
-        if not regex.search(line):
-            continue
-        for j in range(max(0, i - context), min(len(lines) - 1, i + context) + 1):
-            mark = ":" if j == i else "-"
-            number = f"{j + 1}{mark}" if numbered else ""
-            out.append(f"{shown}{mark}{number}{lines[j]}\n")
-        if context > 0:
-            out.append("--\n")
-        matches += 1
-    return out, matches, False
 
 
 # --- exec_shell_command ------------------------------------------------------------------
@@ -278,7 +304,7 @@ async def exec_shell_command(params: Any, on_chunk: OnChunk | None) -> Result:
     if on_chunk is not None:
         await on_chunk(tail.encode())
         return {}
-    return {"plain_text_response": _text(res.output) + tail}
+    return {"plain_text_response": as_text(res.output) + tail}
 
 
 # --- write_file / edit_file --------------------------------------------------------------
@@ -297,6 +323,8 @@ async def edit_file(params: Any, _: OnChunk | None) -> Result:
     edits_json = at(params, "edits")
     if not isinstance(edits_json, list) or not edits_json:
         return {"error": '"edits" must be a non-empty array'}
+    if len(edits_json) > EDIT_MAX_EDITS:
+        return {"error": f"too many edits ({len(edits_json)}, max {EDIT_MAX_EDITS} per call)"}
     edits: list[tuple[str, str]] = []
     for i, edit in enumerate(edits_json):
         old, new = as_str(at(edit, "old_text")), as_str(at(edit, "new_text"))
@@ -308,14 +336,19 @@ async def edit_file(params: Any, _: OnChunk | None) -> Result:
     if original is None:
         return {"error": f"failed to open file: {path}"}
     try:
-        # surrogateescape: bytes that are not UTF-8 come back unchanged
-        text = original.decode("utf-8", "surrogateescape")
-        edited = await in_thread(apply_edits, text, edits, path)
+        edited = await in_thread(_edit, original, edits, path)
     except EditError as exc:
         return {"error": str(exc)}
-    if not await io.write_file(path, edited.encode("utf-8", "surrogateescape")):
+    if not await io.write_file(path, edited):
         return {"error": f"failed to write file: {path}"}
     return {"result": "file edited successfully", "path": path, "edits_applied": len(edits)}
+
+
+def _edit(original: bytes, edits: list[tuple[str, str]], path: str) -> bytes:
+    """In a tool thread, decoding included (megabytes: not on the loop). surrogateescape:
+    bytes that are not UTF-8 come back unchanged."""
+    text = original.decode("utf-8", "surrogateescape")
+    return apply_edits(text, edits, path, EDIT_TIMEOUT).encode("utf-8", "surrogateescape")
 
 
 # --- get_info ----------------------------------------------------------------------------
@@ -326,13 +359,13 @@ async def get_info(params: Any, _: OnChunk | None) -> Result:
     res = await io.run(["uname", "-a"], INFO_MAX_OUTPUT, INFO_TIMEOUT)
     ok = res.exit_code == 0 and not res.timed_out
     # A failed start or a timeout leaves a diagnostic in the output, which is no OS name.
-    os_info = _text(res.output).strip() if ok else "unknown"
+    os_info = as_text(res.output).strip() if ok else "unknown"
     cwd = opt_str(params, "cwd", "")
     if not cwd and not opt_str(params, "runtime", ""):
         cwd = os.getcwd()
     elif not cwd:
         pwd = await io.run(["pwd"], INFO_MAX_OUTPUT, INFO_TIMEOUT)
-        cwd = _text(pwd.output).strip() if pwd.exit_code == 0 and not pwd.timed_out else "unknown"
+        cwd = as_text(pwd.output).strip() if pwd.exit_code == 0 and not pwd.timed_out else "unknown"
     return {"os": os_info, "cwd": cwd}
 
 

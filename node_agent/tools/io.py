@@ -27,6 +27,7 @@ from node_agent.tools.threads import in_thread
 
 LIST_MAX_OUTPUT = 8 * 1024 * 1024  # git ls-files / find output kept
 LIST_TIMEOUT = 15  # seconds for one listing, git and the walk together
+LIST_MAX_ENTRIES = 200_000  # entries one walk keeps (the agent's memory: ~30 MB of them)
 ISOLATE_TIMEOUT = 15  # seconds for an isolate's helper commands
 ISOLATE_READ_MAX = 64 * 1024 * 1024
 HOST_READ_MAX = ISOLATE_READ_MAX
@@ -197,7 +198,10 @@ class HostIO(ToolsIO):
     async def run(
         self, args: Sequence[str], max_output: int, seconds: int, on_chunk: OnChunk | None = None
     ) -> ExecResult:
-        return await run_program(args, max_output, seconds, on_chunk=on_chunk, cwd=self.cwd)
+        # Under the reaper: what the program starts dies with it, a new session's too.
+        return await run_program(
+            args, max_output, seconds, on_chunk=on_chunk, cwd=self.cwd, reap=True
+        )
 
 
 def _walk(base: str, max_depth: int, kind: Kind, deadline: float) -> Listing:
@@ -206,7 +210,7 @@ def _walk(base: str, max_depth: int, kind: Kind, deadline: float) -> Listing:
     listing = Listing()
     stack: list[tuple[str, str, int]] = [(base, "", 0)]
     while stack:
-        if time.monotonic() >= deadline:
+        if time.monotonic() >= deadline or len(listing.entries) >= LIST_MAX_ENTRIES:
             listing.truncated = True
             return listing
         folder, rel_dir, depth = stack.pop()

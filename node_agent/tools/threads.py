@@ -1,9 +1,12 @@
-"""The tools' own threads, for work that would block the event loop (file I/O, a regex over a
-file, an edit's matching).
+"""The tools' own threads, for work that would block the event loop (file I/O, a listing, an
+edit's matching, a glob over a listing).
 
-A call can hold its thread for good: a catastrophic pattern such as ``(a+)+$`` never ends, and
-no thread can be stopped. On asyncio's default executor that would stall every other
-``to_thread`` user in the agent; on this small pool it stalls only the tools.
+A thread protects the loop only from Python code, which hands the GIL over every few
+milliseconds; one long C call holds it throughout. So nothing here may run a client's regular
+expression (``re`` holds the GIL while it backtracks: issue 26, row 1): ``grep_search``'s runs
+in a process of its own (``grep``). Work in these threads is bounded by size and time; the
+pool is still the tools' own, so that a slow call stalls only the tools, never asyncio's
+default executor.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ the pure parts are in tests/unit/test_builtin_tools.py.)"""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import threading
@@ -16,42 +17,58 @@ import pytest
 
 from node_agent.tools.builtin import TOOLS
 from node_agent.tools.container import ContainerRuntime
+from node_agent.tools.grep import GREP_WORKERS
 from node_agent.tools.names import ContainerSpec
 from node_agent.tools.process import run_program
 from node_agent.tools.toolbox import Toolbox, ToolboxClosed
 
 
-async def test_a_program_output_is_bounded_and_drained() -> None:
-    res = await run_program(["sh", "-c", "seq 1 100000; echo done >&2"], 10, 30)
+@pytest.fixture(params=[False, True], ids=["group", "reaper"])
+def reap(request: pytest.FixtureRequest) -> bool:
+    """Each program test without and with the reaper (``process.run_program(reap=…)``)."""
+    value: bool = request.param
+    return value
+
+
+async def test_a_program_output_is_bounded_and_drained(reap: bool) -> None:
+    res = await run_program(["sh", "-c", "seq 1 100000; echo done >&2"], 10, 30, reap=reap)
     assert res.output == b"1\n2\n3\n4\n5\n\n[output truncated]" and res.exit_code == 0
 
 
-async def test_a_program_past_its_time_is_killed_with_its_children(tmp_path: Path) -> None:
+async def test_a_program_past_its_time_is_killed_with_its_children(
+    tmp_path: Path, reap: bool
+) -> None:
     marker = tmp_path / "late"
     started = time.monotonic()
-    res = await run_program(["sh", "-c", f"(sleep 3; touch {marker}) & sleep 30"], 100, 0.5)
+    res = await run_program(
+        ["sh", "-c", f"(sleep 3; touch {marker}) & sleep 30"], 100, 0.5, reap=reap
+    )
     assert res.timed_out and res.exit_code == 1  # killed: subprocess.h's EXIT_FAILURE
     assert time.monotonic() - started < 10
     await asyncio.sleep(3.5)
     assert not marker.exists()  # the background child went with the group
 
 
-async def test_a_program_that_closed_its_output_is_killed_at_its_time(tmp_path: Path) -> None:
+async def test_a_program_that_closed_its_output_is_killed_at_its_time(
+    tmp_path: Path, reap: bool
+) -> None:
     started = time.monotonic()
-    res = await run_program(["sh", "-c", f"exec > {tmp_path / 'log'} 2>&1; sleep 30"], 100, 0.5)
+    res = await run_program(
+        ["sh", "-c", f"exec > {tmp_path / 'log'} 2>&1; sleep 30"], 100, 0.5, reap=reap
+    )
     assert res.timed_out and res.exit_code == 1
     assert time.monotonic() - started < 10
 
 
-async def test_a_program_that_cannot_start() -> None:
-    res = await run_program(["/no/such/program"], 100, 5)
+async def test_a_program_that_cannot_start(reap: bool) -> None:
+    res = await run_program(["/no/such/program"], 100, 5, reap=reap)
     assert (res.output, res.exit_code) == (b"failed to spawn process", -1)
-    res = await run_program(["true"], 100, 5, cwd="/no/such/folder")
+    res = await run_program(["true"], 100, 5, cwd="/no/such/folder", reap=reap)
     assert res.exit_code == -1
 
 
-async def test_stdin_reaches_the_program_and_a_stopped_reader_ends_it() -> None:
-    res = await run_program(["cat"], 100, 5, stdin_data=b"piped")
+async def test_stdin_reaches_the_program_and_a_stopped_reader_ends_it(reap: bool) -> None:
+    res = await run_program(["cat"], 100, 5, stdin_data=b"piped", reap=reap)
     assert res.output == b"piped"
     seen: list[bytes] = []
 
@@ -60,8 +77,79 @@ async def test_stdin_reaches_the_program_and_a_stopped_reader_ends_it() -> None:
         return False
 
     started = time.monotonic()
-    res = await run_program(["sh", "-c", "echo hi; sleep 30"], 100, 60, on_chunk=stop_after_first)
+    res = await run_program(
+        ["sh", "-c", "echo hi; sleep 30"], 100, 60, on_chunk=stop_after_first, reap=reap
+    )
     assert seen == [b"hi\n"] and time.monotonic() - started < 10
+
+
+async def test_under_the_reaper_a_new_sessions_processes_die_with_the_program(
+    tmp_path: Path,
+) -> None:
+    """Issue 26, row 13: ``setsid`` leaves the process group that the timeout kills."""
+    marker = tmp_path / "late"
+    script = f"setsid sh -c 'sleep 2; touch {marker}' </dev/null >/dev/null 2>&1 &"
+    res = await run_program(["sh", "-c", script + " echo started"], 100, 30, reap=True)
+    assert (res.output, res.exit_code, res.timed_out) == (b"started\n", 0, False)
+    res = await run_program(["sh", "-c", script + " sleep 30"], 100, 0.5, reap=True)
+    assert res.timed_out
+    call = asyncio.ensure_future(
+        run_program(["sh", "-c", script + " sleep 30"], 100, 30, reap=True)
+    )
+    await asyncio.sleep(1)
+    call.cancel()  # the client or the agent went away
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    await asyncio.sleep(2.5)
+    assert not marker.exists()
+
+
+async def test_under_the_reaper_the_exit_code_is_the_programs() -> None:
+    assert (await run_program(["sh", "-c", "exit 7"], 100, 5, reap=True)).exit_code == 7
+    res = await run_program(["sh", "-c", "kill -9 $$"], 100, 5, reap=True)
+    assert res.exit_code == 1  # killed by a signal: subprocess.h's EXIT_FAILURE
+
+
+async def test_a_glob_past_its_time_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "a.txt").touch()
+    monkeypatch.setattr("node_agent.tools.builtin.GLOB_TIMEOUT", 0)
+    (glob,) = (t for t in TOOLS if t.name == "file_glob_search")
+    assert await glob.invoke({"path": str(tmp_path)}, None) == {
+        "error": "glob matching timed out after 0 s (1 entries): narrow the path or simplify "
+        "the include/exclude patterns"
+    }
+
+
+def grep_workers() -> int:
+    """The grep_search worker processes running now."""
+    count = 0
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            count += b"node_agent.tools.grep_worker" in (entry / "cmdline").read_bytes()
+    return count
+
+
+async def test_backtracking_greps_run_a_few_bounded_workers_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 26, row 1: each runs in a process of its own (``re`` holds the GIL), killed at
+    its time bound; concurrent calls share GREP_WORKERS processes."""
+    for module in ("grep", "builtin"):
+        monkeypatch.setattr(f"node_agent.tools.{module}.GREP_TIMEOUT", 1.5)
+    (tmp_path / "a.txt").write_text("a" * 40 + "\n")
+    (grep,) = (t for t in TOOLS if t.name == "grep_search")
+    params = {"path": str(tmp_path), "pattern": "(a+)+$b"}
+    calls = asyncio.gather(*(grep.invoke(params, None) for _ in range(2 * GREP_WORKERS)))
+    most = 0
+    while not calls.done():
+        most = max(most, grep_workers())
+        await asyncio.sleep(0.1)
+    assert 0 < most <= GREP_WORKERS
+    for answer in calls.result():
+        assert answer["error"].startswith("grep_search timed out after 1.5 s (0 of 1 files")
+    assert grep_workers() == 0
 
 
 FAKE_RUN = """#!/bin/sh
@@ -131,7 +219,7 @@ async def test_tool_calls_that_never_end_stall_only_the_tools(
 ) -> None:
     release = threading.Event()
 
-    def stuck(*_: object) -> list[object]:  # like grep's `(a+)+$` over a long line
+    def stuck(*_: object) -> list[object]:  # like a glob over a listing that never ends
         release.wait()
         return []
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import shlex
 from pathlib import Path
 
@@ -15,8 +16,10 @@ import pytest
 
 from node_agent.config import parse_agent_args
 from node_agent.errors import ConfigError
+from node_agent.tools.builtin import grep_search
 from node_agent.tools.edits import EditError, apply_edits, fuzzy
 from node_agent.tools.globs import glob_match, path_glob_match
+from node_agent.tools.grep_worker import grep_lines
 from node_agent.tools.io import ContainerIO, HostIO, SshIO, shell_quote_join, tools_io
 from node_agent.tools.names import (
     TOOL_NAMES,
@@ -163,6 +166,22 @@ def test_a_pattern_without_a_slash_matches_the_basename() -> None:
     assert not path_glob_match("/down/*.py", "deep/down/a.py")
 
 
+# --- grep ---------------------------------------------------------------------------------
+
+
+def test_grep_lines_are_llama_cpps_and_bounded() -> None:
+    content = b"a1\nb\na2\nc\n"
+    regex = re.compile("a")
+    found = grep_lines(regex, content, "f", True, 1, 100, 1000)
+    windows = ["f:1:a1\n", "f-2-b\n", "--\n", "f-2-b\n", "f:3:a2\n", "f-4-c\n", "--\n"]
+    assert found == (windows, 2, False, False)  # each match its own window, as llama.cpp
+    assert grep_lines(regex, content, "f", False, 0, 1, 1000) == (["f:a1\n"], 1, True, False)
+    # A huge context on a long file: the answer is cut, not the agent's memory.
+    many = b"a\n" * 10_000
+    lines, _, full, truncated = grep_lines(regex, many, "f", False, 10**9, 100, 4096)
+    assert truncated and not full and sum(map(len, lines)) <= 4096
+
+
 # --- edits ---------------------------------------------------------------------------------
 
 
@@ -201,6 +220,24 @@ def test_a_fuzzy_edit_keeps_the_lines_it_does_not_touch() -> None:
     assert edited == "keep \u201cthis\u201d   \nsaid\nlast\u00a0line\t\n"
     # Trailing blanks go first, then the typographic space becomes one (llama.cpp's order).
     assert fuzzy("a \u2018b\u2019\u2212c\u3000 \r\nd\t") == "a 'b'-c \nd"
+
+
+def test_edits_past_their_time_are_a_clear_error() -> None:
+    with pytest.raises(EditError) as caught:
+        apply_edits("a\nb\n", [("a", "c")], "f", timeout=0)
+    assert str(caught.value) == "edit_file timed out after 0 s on f: use fewer edits or write_file"
+
+
+def test_fuzzy_in_pieces_is_fuzzy_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    text = "a \u201cb\u201d  \nc\t\n\n d\u2014e \r\nlast  "
+    whole = fuzzy(text)
+    monkeypatch.setattr("node_agent.tools.edits._FUZZY_PIECE", 3)
+    assert fuzzy(text) == whole == 'a "b"\nc\n\n d-e\nlast'
+
+
+async def test_a_glob_too_long_is_refused_before_any_work() -> None:
+    answer = await grep_search({"path": "/nowhere", "pattern": "x", "exclude": "*" * 257}, None)
+    assert answer == {"error": "exclude pattern too long (257 characters, max 256)"}
 
 
 # --- quoting and programs ------------------------------------------------------------------
