@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import itertools
 import os
-import subprocess
-import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,17 +29,16 @@ from node_agent.memory.arch_models import (
     write_arch_models,
     write_vision_projector,
 )
-from node_agent.memory.buffers import MIB, LoggedBuffers
+from node_agent.memory.buffers import MIB
 from node_agent.memory.estimator import estimate
 from node_agent.memory.shape import read_shape, read_vision_shape
+from tests.integration.child_buffers import logged_buffers
 from tests.integration.harness import b11434_path, missing_in_ci_fails
 
 # llama-server b11434, where `corral llama-server build` leaves it (outside the checkout).
 B11434 = b11434_path()
 FULL = os.environ.get("CORRAL_ESTIMATOR_TABLE") == "full"
 MODEL_KV_GOAL, TOTAL_GOAL = 0.05, 0.10
-# Lines after which every buffer has been logged (or the child has failed).
-_DONE = ("server is listening", "listening on", "all slots are idle", "exiting due to")
 
 
 @dataclass(frozen=True)
@@ -152,49 +149,6 @@ def arch_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("arch-models")
     write_arch_models(folder)
     return folder
-
-
-def logged_buffers(
-    binary: str, model: Path, args: list[str], private: list[int] | None = None
-) -> tuple[LoggedBuffers, str]:
-    """Run the child until it is ready and collect its logged buffer sizes (and any error).
-
-    ``private``: gets the child's private dirty bytes (smaps_rollup) once it is ready.
-    """
-    cmd = [binary, "-m", str(model), "--host", "127.0.0.1", "--port", "0", "-lv", "4"]
-    cmd += ["--no-warmup", *args]
-    logged = LoggedBuffers()
-    error = ""
-    proc = subprocess.Popen(
-        cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
-    timer = threading.Timer(60, proc.kill)  # a wedged child must not hang the suite
-    timer.start()
-    try:
-        assert proc.stderr is not None
-        lines: Iterator[bytes] = iter(proc.stderr.readline, b"")
-        for line in lines:
-            logged.feed(line)
-            if b" E " in line and not error:
-                error = line.decode(errors="replace").strip()
-            if any(marker.encode() in line for marker in _DONE):
-                if private is not None:
-                    private.append(_private_dirty(proc.pid))
-                break
-    finally:
-        timer.cancel()
-        proc.kill()
-        proc.wait()
-        if proc.stderr is not None:
-            proc.stderr.close()
-    return logged, error
-
-
-def _private_dirty(pid: int) -> int:
-    for row in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-        if row.startswith("Private_Dirty:"):
-            return int(row.split()[1]) * 1024
-    raise AssertionError(f"no Private_Dirty in /proc/{pid}/smaps_rollup")
 
 
 def measure(binary: str, model: Path, setting: Setting) -> Cell:
