@@ -41,10 +41,16 @@ fi
 [ "$mode" != lint ] || exit 0
 
 # llama.cpp b11434 for this machine, any CPU (progress on stderr; nothing to do when cached).
-# With npm at hand the chat web UI is built into it too; where npm cannot build it, the same
-# build (its compiled objects kept) is finished without the UI.
-if ! command -v npm >/dev/null || ! corral llama-server build --ui >/dev/null; then
-  corral llama-server build >/dev/null
+# The tests run it on the CPU (the same children on every machine); the demo takes CUDA or
+# Vulkan where their toolkits are. With npm at hand the chat web UI is built into it; where npm
+# cannot build it, the same build (its compiled objects kept) is finished without the UI, and
+# that build is used from then on.
+backends=()
+if [ "$mode" = test ]; then backends=(--no-cuda --no-vulkan); fi
+if ! corral llama-server build "${backends[@]}" --cached >/dev/null 2>&1; then
+  if ! command -v npm >/dev/null || ! corral llama-server build "${backends[@]}" --ui >/dev/null; then
+    corral llama-server build "${backends[@]}" >/dev/null
+  fi
 fi
 [ "$mode" = test ] || exit 0
 

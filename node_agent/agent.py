@@ -105,7 +105,8 @@ llama-server router options (same names, defaults and LLAMA_ARG_* variables):
                               all the built-in tools and --ui-mcp-proxy (or neither)
 
 Corral's own:
-  --llama-server PATH         the llama-server binary (else $LLAMA_SERVER, PATH, corral[cpu])
+  --llama-server PATH         the llama-server binary (else $LLAMA_SERVER, PATH, the build of
+                              `corral llama-server build`)
   --models-memory-margin MiB  turn the memory ledger on: keep MiB free on every device
   --memory-limit DEV=SIZE     cap what models may use on a device (host=8GiB, CUDA0=20GiB)
   --load-timeout SECONDS      kill a child not ready after this long (default 600)

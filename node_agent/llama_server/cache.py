@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from node_agent.llama_server.plan import SERVER_TARGET, STAMP, BuildPlan
+from node_agent.llama_server.plan import RECIPE, SERVER_TARGET, STAMP, BuildPlan
 
 
 def cache_root(env: Mapping[str, str]) -> Path:
@@ -37,17 +37,22 @@ class Built:
     backends: tuple[str, ...]
     cuda_archs: tuple[str, ...] = ()
     ui: bool = False
+    extra_cmake_args: tuple[str, ...] = ()
+    recipe: int = RECIPE
 
     @property
     def binary(self) -> Path:
         return self.folder / SERVER_TARGET
 
-    def satisfies(self, plan: BuildPlan) -> bool:
-        """Whether this build does all that ``plan`` asks: the same llama.cpp, at least its
-        backends (and CUDA architectures, where it names them), the UI if it wants one."""
+    def satisfies(self, plan: BuildPlan, extra_cmake_args: tuple[str, ...] = ()) -> bool:
+        """Whether this build is what ``plan`` asks for: the same llama.cpp, made the current
+        way, with exactly its backends and extra cmake options, at least its CUDA
+        architectures (where it names them), and the UI if it wants one."""
         return (
             self.llama_cpp == plan.llama_cpp
-            and set(plan.backends) <= set(self.backends)
+            and self.recipe == RECIPE
+            and self.backends == plan.backends
+            and self.extra_cmake_args == extra_cmake_args
             and set(plan.cuda_archs or ()) <= set(self.cuda_archs)
             and (self.ui or not plan.ui)
         )
@@ -63,6 +68,8 @@ def read_built(folder: Path) -> Built | None:
             tuple(map(str, stamp["backends"])),
             tuple(map(str, stamp.get("cuda_archs", ()))),
             bool(stamp.get("ui", False)),
+            tuple(map(str, stamp.get("extra_cmake_args", ()))),
+            int(stamp.get("recipe", 1)),
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -70,11 +77,24 @@ def read_built(folder: Path) -> Built | None:
 
 
 def builds(root: Path) -> list[Built]:
-    """The finished builds under ``root``, best first: the newest llama.cpp, then the one with
-    more backends (a CUDA build still runs on the CPU where no GPU is found)."""
+    """The finished builds under ``root``, best first: the newest llama.cpp made the current
+    way, without extra cmake options (those are asked for by name), with more backends (a
+    CUDA build still runs on the CPU where no GPU is found), with the UI. A folder being
+    installed (``.KEY.partial``) is never one."""
     try:
-        folders = [p for p in root.iterdir() if p.is_dir()]
+        folders = [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")]
     except OSError:
         return []
     found = [b for b in map(read_built, folders) if b is not None]
-    return sorted(found, key=lambda b: (-b.llama_cpp, -len(b.backends), -b.ui, b.folder.name))
+
+    def rank(b: Built) -> tuple[int, int, bool, int, bool, str]:
+        return (
+            -b.llama_cpp,
+            -b.recipe,
+            bool(b.extra_cmake_args),
+            -len(b.backends),
+            not b.ui,
+            b.folder.name,
+        )
+
+    return sorted(found, key=rank)

@@ -71,6 +71,11 @@ def _parser() -> argparse.ArgumentParser:
         help="one more cmake option (repeatable), e.g. --cmake-arg=-DGGML_HIP=ON",
     )
     build.add_argument("--force", action="store_true", help="build again even if cached")
+    build.add_argument(
+        "--cached",
+        action="store_true",
+        help="build nothing: print the cached build that fits, or exit 1 where there is none",
+    )
     sub.add_parser("path", help="print the llama-server `corral agent` would run, and check it")
     return parser
 
@@ -122,10 +127,15 @@ def _build(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     builder = Builder(
         plan, env=env, jobs=args.jobs, sdist=args.sdist, extra_cmake_args=extra, key=key
     )
+    if args.force and args.cached:
+        raise ValueError("--force and --cached contradict each other")
     reused = None if args.force else builder.existing()
     if reused is not None:
         print(f"llama-server already built: {reused.folder}", file=sys.stderr)
         built = reused
+    elif args.cached:
+        print(f"no build of {plan.key} in {builder.root}", file=sys.stderr)
+        return 1
     else:
         built = builder.run(force=args.force)
     print(built.binary)

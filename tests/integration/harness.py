@@ -35,8 +35,10 @@ def b11434_path() -> Path:
     from node_agent.llama_server.plan import LLAMA_CPP_BUILD, SERVER_TARGET
 
     root = cache_root(os.environ)
-    built = [b.binary for b in builds(root) if b.llama_cpp == LLAMA_CPP_BUILD]
-    return built[0] if built else root / f"b{LLAMA_CPP_BUILD}-cpu" / SERVER_TARGET
+    found = [b for b in builds(root) if b.llama_cpp == LLAMA_CPP_BUILD and not b.extra_cmake_args]
+    # The CPU build hack/setup.sh makes for the tests first, where a GPU build is cached too.
+    found.sort(key=lambda b: b.backends != ("cpu",))
+    return found[0].binary if found else root / f"b{LLAMA_CPP_BUILD}-cpu" / SERVER_TARGET
 
 
 def free_port() -> int:

@@ -88,6 +88,31 @@ def test_this_machine_gets_its_best_variant(binary: Path, demo_dir: Path, tmp_pa
     print(f"\nthis machine: ggml loaded libggml-cpu-{chosen.group(1).decode()}.so; {answer!r}")
 
 
+def test_no_backend_is_loaded_from_the_working_folder(binary: Path, tmp_path: Path) -> None:
+    # ggml as published also loads every libggml-*-*.so of the current folder, and loading a
+    # library runs its code: a file a tool or a download left in a child's working folder
+    # would run inside it. Corral's build looks beside the binary only.
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        missing_in_ci_fails("no C compiler to make the planted library with")
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    marker = tmp_path / "planted-code-ran"
+    source = cwd / "planted.c"
+    source.write_text(
+        "#include <stdio.h>\n"
+        "__attribute__((constructor)) static void ran(void) "
+        f'{{ fclose(fopen("{marker}", "w")); }}\n'
+    )
+    library = cwd / "libggml-cpu-planted.so"
+    subprocess.run([compiler, "-shared", "-fPIC", "-o", library, source], check=True)
+    args = [str(binary), "-m", str(tmp_path / "none.gguf"), "-v"]  # loads backends, then stops
+    done = subprocess.run(args, cwd=cwd, capture_output=True, timeout=60, check=False)
+    said = done.stdout + done.stderr
+    assert b"loaded CPU backend from " + str(binary.parent).encode() in said, said[-2000:]
+    assert not marker.exists(), "a library in the working folder was loaded"
+
+
 @pytest.mark.parametrize("cpu", list(CPUS))
 def test_an_emulated_older_cpu_gets_an_answer(
     binary: Path, demo_dir: Path, tmp_path: Path, cpu: str

