@@ -86,8 +86,10 @@ def eviction_by_vram(binary: str, nvml: object, model: Path) -> None:
     free = nvml.nvmlDeviceGetMemoryInfo(nvml.nvmlDeviceGetHandleByIndex(0)).free  # type: ignore[attr-defined]
     margin_mib = int((free - need * 1.5) / MIB)  # room for one model, not two
     agent = AgentProcess(
-        ["--models-dir", str(folder), "--models-max", "0", "-c", "4096", "-ngl", "99"]
-        + ["--models-memory-margin", str(margin_mib)],
+        [
+            *("--models-dir", str(folder), "--models-max", "0", "-c", "4096", "-ngl", "99"),
+            *("--models-memory-margin", str(margin_mib)),
+        ],
         {"LLAMA_SERVER": binary, "CUDA_VISIBLE_DEVICES": "0"},
     )
     try:
