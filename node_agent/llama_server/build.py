@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -121,6 +122,19 @@ def _usable_cpus() -> int:
     if hasattr(os, "sched_getaffinity"):  # Linux: a container's or a CI pod's limit
         return len(os.sched_getaffinity(0)) or 1
     return os.cpu_count() or 2
+
+
+def _stop_group(proc: subprocess.Popen[str]) -> None:
+    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 @contextmanager
@@ -314,6 +328,8 @@ class Builder:
         for item in bin_dir.iterdir():
             if installed(item.name):
                 shutil.copy2(item, staging / item.name, follow_symlinks=False)
+        if self.plan.cpu_variants and not any(staging.glob("libggml-cpu-*")):
+            raise BuildError(f"the build left no CPU backend (libggml-cpu-*) in {bin_dir}")
         try:
             version = check_llama_server(staging / SERVER_TARGET)
         except BinaryError as exc:
@@ -357,16 +373,23 @@ class Builder:
                     stderr=subprocess.STDOUT,
                     text=True,
                     errors="replace",
+                    # Its own group, so that an interrupted build stops every compiler it
+                    # started before the lock is released (below).
+                    start_new_session=True,
                 )
             except OSError as exc:
                 raise BuildError(f"{step}: {args[0]} could not start: {exc}") from exc
             assert proc.stdout is not None
             with proc:
-                for line in proc.stdout:
-                    log.write(line)
-                    lines.append(line)
-                    if bar is not None and (step_done := progress_of(line)) is not None:
-                        bar.update(*step_done)
+                try:
+                    for line in proc.stdout:
+                        log.write(line)
+                        lines.append(line)
+                        if bar is not None and (step_done := progress_of(line)) is not None:
+                            bar.update(*step_done)
+                except BaseException:  # Ctrl-C: the step's processes go with it
+                    _stop_group(proc)
+                    raise
         if proc.returncode != 0:
             if bar is not None:
                 bar.close()

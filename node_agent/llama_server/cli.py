@@ -11,6 +11,7 @@ import hashlib
 import os
 import platform
 import shutil
+import signal
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -139,7 +140,21 @@ def _build(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     else:
         built = builder.run(force=args.force)
     print(built.binary)
+    in_use = _in_use(env)
+    if in_use is not None and in_use != built.binary:
+        print(
+            f"note: `corral agent` runs {in_use} (--llama-server, $LLAMA_SERVER and PATH come "
+            f"before this build); pass --llama-server {built.binary} to use this one",
+            file=sys.stderr,
+        )
     return 0
+
+
+def _in_use(env: Mapping[str, str]) -> Path | None:
+    try:
+        return find_llama_server(None, env)
+    except BinaryError:
+        return None
 
 
 def _path(env: Mapping[str, str]) -> int:
@@ -162,4 +177,7 @@ def main(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         print("\ninterrupted: run the same command again to resume the build", file=sys.stderr)
+        # Die of the signal, so that a calling shell script stops too (not exit 130).
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
         return 130

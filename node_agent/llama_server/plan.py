@@ -194,10 +194,12 @@ def parse_cuda_archs(text: str) -> tuple[str, ...]:
         arch = item.strip().lower().removeprefix("sm_").removeprefix("sm").replace(".", "")
         if not arch:
             continue
-        if not arch.isdigit() or not 2 <= len(arch) <= 3:
+        # 90a, 100f: the architecture-specific and family variants nvcc takes.
+        number = arch[:-1] if arch[-1:] in ("a", "f") else arch
+        if not number.isdigit() or not 2 <= len(number) <= 3:
             raise ValueError(
                 f"--cuda-arch: {item.strip()!r} is not a CUDA architecture; give compute "
-                f"capabilities like 90 (H100/H200), 89 (L4, RTX 40), 86 (RTX 30), 80 (A100)"
+                f"capabilities like 90 (H100/H200), 90a, 89 (L4, RTX 40), 86 (RTX 30), 80 (A100)"
             )
         archs.append(arch)
     if not archs:

@@ -117,6 +117,7 @@ class TestPlan:
         assert cuda_archs_of("9.0\n9.0\n8.9\n") == ("89", "90")
         assert cuda_archs_of("") == ()
         assert parse_cuda_archs("90, sm_89;8.6") == ("86", "89", "90")
+        assert parse_cuda_archs("90a,sm_100f") == ("100f", "90a")
         with pytest.raises(ValueError, match="'hopper' is not a CUDA architecture"):
             parse_cuda_archs("hopper")
         with pytest.raises(ValueError, match="no architecture given"):
@@ -422,3 +423,19 @@ def test_cached_builds_nothing_and_says_so(
     assert cli.main(argv, fake_env) == 1
     assert "no build of b11434-cpu in " in capsys.readouterr().err
     assert not (cache_root(fake_env) / "build").exists()  # nothing was started
+
+
+def test_a_binary_on_path_that_shadows_the_build_is_named(
+    fake_env: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    on_path = tmp_path / "bin"
+    on_path.mkdir()
+    (on_path / "llama-server").write_text("#!/bin/sh\n")
+    (on_path / "llama-server").chmod(0o755)
+    env = {**fake_env, "PATH": f"{on_path}:{fake_env['PATH']}"}
+    os.environ["FAKE_CONFIGURE"] = fake_env["FAKE_CONFIGURE"]
+    try:
+        assert cli.main(["build", "--no-cuda", "--no-vulkan", "--sdist", env["SDIST"]], env) == 0
+    finally:
+        del os.environ["FAKE_CONFIGURE"]
+    assert f"note: `corral agent` runs {on_path / 'llama-server'}" in capsys.readouterr().err
