@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Creates .venv (if missing), installs Corral into it (editable), and makes sure a llama-server
-# for this machine exists (`corral llama-server build`: built once, about 20 minutes on 2 cores,
+# for this machine exists (`corral llama-server build`: built once, about 15 minutes on 2 cores,
 # then cached in ~/.cache/corral/llama-server and reused).
 #
 #   hack/setup.sh        # everything the tests need: every extra, the real model, chromium, qemu

@@ -29,11 +29,11 @@ ENV_VAR: Final = "LLAMA_SERVER"
 NAME: Final = "llama-server"
 VERSION_TIMEOUT: Final = 30.0
 
-# Measured: 20 minutes on 2 idle cores (the server and its 13 CPU variants).
+# Measured: 12 min 40 s on an idle 2-core AMD EPYC (the server, 13 CPU variants, the UI).
 BUILD_COMMAND: Final = "corral llama-server build"
 HOW_TO_BUILD: Final = (
     f"Build llama.cpp b{LLAMA_CPP_BUILD} for any CPU with `{BUILD_COMMAND}` (once; about "
-    f"20 minutes on 2 cores, less with more; cached and found from then on)"
+    f"15 minutes on 2 cores, less with more; cached and found from then on)"
 )
 HOW_TO_GET: Final = f"{HOW_TO_BUILD}, or point to your own with --llama-server PATH or ${ENV_VAR}."
 

@@ -304,7 +304,7 @@ class Builder:
         variants = len(self.targets) - 1
         self._say(
             f"building {SERVER_TARGET} and {variants} CPU variants with {self.jobs} jobs "
-            f"(about 20 minutes on 2 cores; log: {self.log_path})"
+            f"(about 15 minutes on 2 cores; log: {self.log_path})"
         )
         args = [tools.cmake, "--build", str(self.work), "--config", "Release"]
         args += ["-j", str(self.jobs), "--target", *self.targets]

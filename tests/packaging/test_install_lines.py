@@ -7,7 +7,7 @@ run from a folder outside the repository, so only the installed package is impor
 
 `corral llama-server build` runs in a fresh venv too, over the machine's own cache (hack/setup.sh
 built b11434 there): it must find that build and print its path, and the installed agent must
-then run it with no `--llama-server` nor `$LLAMA_SERVER`. (The build itself, 20 minutes, is
+then run it with no `--llama-server` nor `$LLAMA_SERVER`. (The build itself, some 15 minutes, is
 run by hack/setup.sh on every fresh machine; tests/unit/test_llama_build.py covers its steps.)
 """
 
@@ -259,7 +259,7 @@ def test_base_install_says_which_extra_a_missing_part_needs(
     agent = venv.run(venv.bin / "corral", "agent", "--models-dir", generated_model, check=False)
     assert agent.returncode != 0
     assert "no llama-server found" in agent.stderr
-    assert "`corral llama-server build`" in agent.stderr and "20 minutes" in agent.stderr
+    assert "`corral llama-server build`" in agent.stderr and "15 minutes" in agent.stderr
     assert "Traceback" not in agent.stderr
 
 

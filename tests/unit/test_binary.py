@@ -89,7 +89,7 @@ class TestFind:
             find_llama_server(None, env)
         message = str(raised.value)
         assert "no llama-server found" in message
-        assert "`corral llama-server build`" in message and "20 minutes" in message
+        assert "`corral llama-server build`" in message and "15 minutes" in message
         assert "--llama-server PATH" in message
 
     def test_a_named_binary_that_is_missing_is_an_error_not_skipped(

@@ -1,6 +1,6 @@
 """`corral llama-server build`: the pure plan, and the builder's steps over a fake cmake.
 
-The real build (20 minutes) runs in hack/setup.sh on every fresh machine, and
+The real build (some 15 minutes) runs in hack/setup.sh on every fresh machine, and
 tests/integration/test_portability.py runs its result on older CPUs under qemu.
 """
 
