@@ -557,6 +557,9 @@ def with_vertex(options: AgentOptions, env: Mapping[str, str]) -> AgentOptions:
     return dataclasses.replace(options, port=vertex.port)
 
 
+SWITCH_INTERVAL = 0.0005  # seconds (CPython's default: 0.005)
+
+
 def main(argv: Sequence[str], probe: BinaryProbe | None = None) -> int:
     """``corral agent``; ``probe``: the binary's checks, begun before this module imported
     (``cli``)."""
@@ -589,6 +592,11 @@ def main(argv: Sequence[str], probe: BinaryProbe | None = None) -> int:
     if missing is not None or binary is None:
         print(f"corral agent: {missing}", file=sys.stderr)
         return 1
+    # A thread busy in Python (a model header's estimate, a tool) hands the GIL back every
+    # switch interval, and the loop waits that long each time it takes the GIL back after a
+    # system call: some twenty times per request. At CPython's 5 ms a /health took 224-288 ms
+    # while ten costly estimates ran (issue 26, row 6b); at 0.5 ms the waits stay short.
+    sys.setswitchinterval(SWITCH_INTERVAL)
     try:
         options = with_vertex(options, env)
         asyncio.run(serve(options, binary, build_info(binary_version), env))
