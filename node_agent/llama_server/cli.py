@@ -172,7 +172,7 @@ def main(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int:
         if args.command == "build":
             return _build(args, environ)
         return _path(environ)
-    except (BinaryError, ValueError) as exc:
+    except (BinaryError, ValueError, OSError) as exc:  # OSError: a cache one cannot write
         print(f"corral llama-server {args.command}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -439,3 +439,14 @@ def test_a_binary_on_path_that_shadows_the_build_is_named(
     finally:
         del os.environ["FAKE_CONFIGURE"]
     assert f"note: `corral agent` runs {on_path / 'llama-server'}" in capsys.readouterr().err
+
+
+def test_a_cache_one_cannot_write_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("")  # the cache's parent is a file: mkdir fails
+    env = {"PATH": "/usr/bin:/bin", "XDG_CACHE_HOME": str(blocked)}
+    assert cli.main(["build", "--no-cuda", "--no-vulkan"], env) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("corral llama-server build: ") and "Traceback" not in err
