@@ -42,6 +42,7 @@ from tests.integration.attacks import (
     is_open,
     noisy_llama_server,
     post_raw,
+    processes_with,
     send_raw,
     shutdown_with_everything_open,
     slot_paths,
@@ -548,17 +549,6 @@ def tool_edits_and_glob(models: Path) -> None:
     print(f"row 14, file_glob_search with a 600-token glob over 1,400 files: {globbed}")
 
 
-def _sleepers(argv: bytes) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if (entry / "cmdline").read_bytes() == argv:
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
-
-
 def tool_setsid_children(models: Path) -> None:
     a = agent(models, "--tools", "all")
     timed, stopped = b"sleep\x00777.5\x00", b"sleep\x00777.6\x00"
@@ -566,19 +556,19 @@ def tool_setsid_children(models: Path) -> None:
         params = {"command": "setsid sleep 777.5 & echo x", "timeout": 2}
         figures = _probed(a, ("exec_shell_command", params))
         time.sleep(1)
-        after_timeout = len(_sleepers(timed))
+        after_timeout = len(processes_with(timed))
         command = "setsid sleep 777.6 </dev/null >/dev/null 2>&1 & sleep 60"
         params = {"command": command, "timeout": 60}
         caller = threading.Thread(target=_tool, args=(a, "exec_shell_command", params))
         caller.start()
         deadline = time.monotonic() + 20
-        while not _sleepers(stopped) and time.monotonic() < deadline:
+        while not processes_with(stopped) and time.monotonic() < deadline:
             time.sleep(0.05)
     finally:
         _stop_hard(a)
     time.sleep(1)
-    after_shutdown = len(_sleepers(stopped))
-    for pid in _sleepers(timed) + _sleepers(stopped):
+    after_shutdown = len(processes_with(stopped))
+    for pid in processes_with(timed) + processes_with(stopped):
         os.kill(pid, signal.SIGKILL)
     caller.join()
     print(

@@ -405,3 +405,15 @@ def noisy_llama_server(folder: Path, real: Path, lines: int = 640) -> Path:
     )
     script.chmod(0o755)
     return script
+
+
+def processes_with(argv: bytes) -> list[int]:
+    """The pids whose command line is ``argv`` (NUL-separated, as /proc shows it)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if (entry / "cmdline").read_bytes() == argv:
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found

@@ -22,7 +22,7 @@ import pytest
 
 from node_agent.mcp.config import McpServerConfig
 from node_agent.mcp.stdio import STDERR_LINE_BYTES, StdioSession
-from tests.integration.attacks import Probe
+from tests.integration.attacks import Probe, processes_with
 from tests.integration.harness import AgentProcess
 from tests.integration.test_compat import call
 
@@ -116,18 +116,6 @@ async def test_an_mcp_server_writing_a_huge_stderr_line_keeps_working(tmp_path: 
         assert session.diagnostics().endswith(cut)
     finally:
         await session.close()
-
-
-def processes_with(argv: bytes) -> list[int]:
-    """The pids whose command line is ``argv`` (NUL-separated, as /proc shows it)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if (entry / "cmdline").read_bytes() == argv:
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
 
 
 @pytest.fixture
