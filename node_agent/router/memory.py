@@ -58,9 +58,10 @@ FREED_POLL_SECONDS = 0.05
 # How long a load waits for its header and estimate: the read's own bound, and a margin.
 HEADER_WAIT_SECONDS = HEADER_TIME_LIMIT + 1.0
 # Headers and estimates run on one thread of their own, not asyncio's default pool: the work
-# is pure Python, holding the GIL in 5 ms slices, and every busy thread is one more the loop
-# queues behind (/health took 125 ms with the default pool's six threads estimating ten
-# crafted models, under 30 ms with one). Each job is bounded, so one thread keeps up.
+# is pure Python, holding the GIL a switch interval at a time (agent.SWITCH_INTERVAL), and
+# every busy thread is one more the loop queues behind (/health took 125 ms with the default
+# pool's six threads estimating ten crafted models, under 30 ms with one, both at CPython's
+# 5 ms interval). Each job is bounded, so one thread keeps up.
 _WORKER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="corral-estimates")
 
 
