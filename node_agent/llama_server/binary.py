@@ -12,6 +12,7 @@ with corral llama-server build".
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -196,7 +197,10 @@ def has_amx_kernels() -> bool:
     buffer on CPUs with AMX). A build with its CPU variants beside it has them only in the
     variant with AMX tiles, which ``corral llama-server build`` leaves out; a build with one
     CPU backend has them where it was built for AMX: assumed so (the estimate errs high)."""
-    if _in_use is None:
-        return True
-    variants = [p.name for p in _in_use.parent.glob("libggml-cpu-*")]
+    return True if _in_use is None else _folder_has_amx_kernels(_in_use.parent)
+
+
+@functools.cache  # asked at every estimate (a range is some twenty): the folder is read once
+def _folder_has_amx_kernels(folder: Path) -> bool:
+    variants = [p.name for p in folder.glob("libggml-cpu-*")]
     return not variants or any("sapphirerapids" in name for name in variants)
