@@ -42,6 +42,8 @@ class Sizes:
     s6_models: int = 1000
     s6_starts: int = 3
     s6_lists: int = 10
+    s7_requests: int = 600
+    s7_depth: int = 256
 
 
 FULL = Sizes()
@@ -61,6 +63,8 @@ SMOKE = Sizes(
     s6_models=50,
     s6_starts=1,
     s6_lists=3,
+    s7_requests=40,
+    s7_depth=16,
 )
 
 
@@ -184,10 +188,15 @@ class Fleet:
         return ready
 
     async def start_routers(
-        self, bench: Bench, label: str, models_dir: Path, models_max: int
+        self,
+        bench: Bench,
+        label: str,
+        models_dir: Path,
+        models_max: int,
+        extra: Sequence[str] = (),
     ) -> None:
         spawned = {
-            kind: bench.launcher.router(kind, label, models_dir, models_max)
+            kind: bench.launcher.router(kind, label, models_dir, models_max, extra)
             for kind in bench.routers()
         }
         await self.start(spawned)

@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -223,13 +224,21 @@ class Launcher:
             )
         return Server(kind, proc, f"http://127.0.0.1:{port}", log_path, started)
 
-    def router(self, kind: str, label: str, models_dir: Path, models_max: int) -> Server:
-        """Corral's agent or llama.cpp's router, with identical router flags."""
+    def router(
+        self,
+        kind: str,
+        label: str,
+        models_dir: Path,
+        models_max: int,
+        extra: Sequence[str] = (),
+    ) -> Server:
+        """Corral's agent or llama.cpp's router, with identical router flags (``extra``: more
+        of them, which both pass on to their children, e.g. ``-np 1``)."""
         port = free_port()
         flags = [
             "--host", "127.0.0.1", "--port", str(port),
             "--models-dir", str(models_dir), "--models-max", str(models_max),
-            "-c", str(self.ctx),
+            "-c", str(self.ctx), *extra,
         ]  # fmt: skip
         # LLAMA_SERVER (not --llama-server) keeps the command lines identical; it is the
         # second place the agent looks for the binary (SPEC, "The llama-server binary").

@@ -30,6 +30,7 @@ from bench.procs import TARGETS, Launcher
 from bench.results_model import ScenarioResult
 from bench.scenarios import s1_overhead, s2_real_model, s2_streaming, s3_cold_start
 from bench.scenarios_load import s4_churn, s5_concurrency, s6_scale
+from bench.scenarios_queue import s7_queue
 
 Scenario = Callable[[Bench], Awaitable[ScenarioResult]]
 SCENARIOS: dict[str, Scenario] = {
@@ -40,6 +41,7 @@ SCENARIOS: dict[str, Scenario] = {
     "S4": s4_churn,
     "S5": s5_concurrency,
     "S6": s6_scale,
+    "S7": s7_queue,
 }
 
 

@@ -196,12 +196,7 @@ class Agent:
         self.tag = f"{options.host}:{options.port}"
         self.catalog = self._read_catalog()
         self.memory = self._memory_watch(options)
-        self.proxy = Proxy(
-            timeout=options.timeout,
-            client_timeout=options.client_timeout,
-            max_queue=options.max_queue,
-            queue_timeout=options.queue_timeout,
-        )
+        self.proxy = Proxy(timeout=options.timeout, client_timeout=options.client_timeout)
         self.registry = Registry(
             self.catalog,
             models_max=options.models_max,

@@ -212,14 +212,16 @@ class MemoryLedger:
         held = sum(h.get(device, 0) for m, h in self._held.items() if m != without)
         return room - held
 
-    def deficit(self, model: str) -> dict[str, int]:
-        """Bytes ``model``'s ``min`` lacks per device, margin included; empty when it fits."""
+    def deficit(self, model: str, need: Mapping[str, int] | None = None) -> dict[str, int]:
+        """Bytes ``model``'s ``min`` (or ``need``: a placement not committed yet) lacks per
+        device, margin included; empty when it fits."""
         short = {}
-        for device, need in self.figures(model).min.items():
+        wanted = need if need is not None else self.figures(model).min
+        for device, need_bytes in wanted.items():
             avail = self.available(device, without=model)
-            if need <= 0 or avail is None:
+            if need_bytes <= 0 or avail is None:
                 continue
-            lack = need - (avail - self.margin)
+            lack = need_bytes - (avail - self.margin)
             if lack > 0:
                 short[device] = lack
         return short
@@ -235,9 +237,11 @@ class MemoryLedger:
     def shortfall(self, model: str) -> bool:
         return bool(self.deficit(model))
 
-    def pick_victim(self, model: str, candidates: Sequence[str]) -> str | None:
+    def pick_victim(
+        self, model: str, candidates: Sequence[str], *, need: Mapping[str, int] | None = None
+    ) -> str | None:
         """The first of ``candidates`` (already ordered best victim first) that helps."""
-        short = self.deficit(model)
+        short = self.deficit(model, need)
         return next((c for c in candidates if c != model and self._helps(c, short)), None)
 
     # -- snapshot --------------------------------------------------------------------------

@@ -33,7 +33,14 @@ Memory is a second limit: an optional :class:`RoomCheck` (the ledger) says wheth
 model fits now, and which of the idle candidates to evict when it does not.
 
 Every change of a model's state follows :data:`MODEL_TRANSITIONS` and is recorded once as a
-:class:`Transition` (old -> new) for the registry to log (:meth:`Scheduler.take_transitions`).
+:class:`Transition` (old -> new) for the owner to log (:meth:`Scheduler.take_transitions`).
+
+**One entry point.** The runtime's owner calls only :meth:`Scheduler.handle` (an event in,
+a list of effects out: ``core.scheduler_events``); the other methods are the steps it is made
+of, public for the tests that drive them one by one. ``handle`` also gates each child's
+slots (a lease that takes a slot is granted only while the child has one free, in arrival
+order), so a request waits in one queue, under one timeout, whether for a load or a slot,
+and one that has not reached the child when its model stops simply waits for the reload.
 """
 
 from __future__ import annotations
@@ -44,6 +51,35 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
+from node_agent.core.scheduler_events import (
+    Catalog,
+    Close,
+    Drain,
+    Effect,
+    Event,
+    Exited,
+    Grant,
+    KeepAlive,
+    Lease,
+    Leave,
+    ModelConfig,
+    Queued,
+    Ready,
+    Refusal,
+    Refuse,
+    Release,
+    Removed,
+    Request,
+    Sleeping,
+    Spawn,
+    Spawned,
+    SpawnFailed,
+    Started,
+    Stop,
+    Tick,
+    Unload,
+    Woke,
+)
 from node_agent.core.victims import HOT_USES, keep_value, resident_until
 
 
@@ -84,15 +120,6 @@ class Transition:
 
 
 @dataclass(frozen=True)
-class Lease:
-    """The right to send one request to a model's child; release it when the response ends."""
-
-    model: str
-    id: int
-    inference: bool
-
-
-@dataclass(frozen=True)
 class Decision:
     """What a waiting request should do next (see :meth:`Scheduler.poll`)."""
 
@@ -111,31 +138,40 @@ class DecisionKind(enum.Enum):
     BACKOFF = "backoff"  # the model keeps failing: no load before ``retry_after`` seconds
     UNLOADED = "unloaded"  # it would need a load, and this waiter may not start one
     CLOSING = "closing"  # the agent is shutting down: no lease, no load (503 + Retry-After)
+    TIMEOUT = "timeout"  # its deadline passed while it waited for its turn or a slot
 
 
 class RoomCheck(Protocol):
-    """The memory ledger, seen from the scheduler.
+    """The memory ledger, seen from the scheduler: pure questions, asked as often as needed.
 
     ``shortfall`` is true while loading ``model`` now would leave some device short of its
-    margin; ``pick_victim`` chooses which of ``candidates`` (already filtered by the
-    scheduler's victim rules and ordered by priority then recency) to evict to close it, or
-    None when none of them would help.
+    margin, with ``candidates`` (the idle models the scheduler would allow to be evicted,
+    best victim first) still in place; ``pick_victim`` chooses which of them to evict to
+    close it, or None when none would help. Neither logs nor changes anything: the owner
+    explains an eviction when it carries out the Drain that commits it.
     """
 
-    def shortfall(self, model: str) -> bool: ...
+    def shortfall(self, model: str, candidates: Sequence[str]) -> bool: ...
 
     def pick_victim(self, model: str, candidates: Sequence[str]) -> str | None: ...
+
+
+_UNSET: Final = object()  # no keep_alive was given for the model
 
 
 @dataclass
 class _Model:
     name: str
+    config: ModelConfig = field(default_factory=ModelConfig)
     state: ModelState = ModelState.UNLOADED
     stopping: bool = False
+    stop_sent: bool = False  # its drain is over and the child was told to exit
+    gone: bool = False  # it left the catalog; forgotten once its child has exited
     in_flight: int = 0
+    busy: int = 0  # leases in flight that take one of its child's slots
+    port: int | None = None  # where its child listens (from the spawn on)
     last_used: float = 0.0
-    pin: bool = False
-    priority: int = 0
+    keep_alive: float | object | None = _UNSET  # the last request's keep_alive (seconds)
     failed: bool = False
     exit_code: int | None = None
     error: str | None = None  # why the last child failed (the child's own error line)
@@ -147,6 +183,22 @@ class _Model:
     load_seconds: float | None = None  # the last measured load: spawn to ready
     swapped_in: bool = False  # its load evicted another model (anti-thrash, core.victims)
     uses: int = 0  # inference requests since it was last ready
+
+    @property
+    def pin(self) -> bool:
+        return self.config.pin
+
+    @property
+    def priority(self) -> int:
+        return self.config.priority
+
+    def slot_free(self) -> bool:
+        return self.config.slots <= 0 or self.busy < self.config.slots
+
+    def ttl(self) -> float | None:
+        if self.keep_alive is not _UNSET:
+            return self.keep_alive  # type: ignore[return-value]
+        return self.config.ttl
 
 
 _USABLE = frozenset({ModelState.LOADED, ModelState.SLEEPING})
@@ -168,21 +220,33 @@ def backoff_delay(failures: int) -> float:
 
 
 @dataclass
+class _Waiter:
+    """One waiting request (see :class:`~node_agent.core.scheduler_events.Request`)."""
+
+    inference: bool = True
+    slot: bool = True
+    may_load: bool = True
+    direct: bool = False
+    deadline: float | None = None
+
+
+@dataclass
 class _Entry:
-    """One queue entry: every request waiting for one model."""
+    """One queue entry: every request waiting for one model, in arrival order."""
 
     model: str
-    waiters: set[int] = field(default_factory=set)
+    waiters: dict[int, _Waiter] = field(default_factory=dict)
     claimed: bool = False  # a waiter was told to load; the load is the registry's from then on
     spawned: bool = False  # the claimed load has a child process now
 
 
 @dataclass(frozen=True)
 class Eviction:
-    """A victim chosen by :meth:`Scheduler.tick`, and which limit chose it."""
+    """A victim chosen by :meth:`Scheduler.tick`, which limit chose it, and for whom."""
 
     model: str
     reason: str  # "count" (--models-max) or "memory" (the ledger)
+    evicted_for: str | None = None
 
 
 @dataclass(frozen=True)
@@ -201,6 +265,14 @@ class ModelView:
     failures: int
     retry_at: float
     claimed: bool = False  # a load was granted and its process does not exist yet
+    ttl: float | None = None  # seconds idle before it is unloaded (None: never)
+    pin: bool = False
+
+    @property
+    def usable(self) -> bool:
+        """It takes a request now (loaded or asleep, not stopping): the one rule, for every
+        caller that needs it (the conversation streams, the views)."""
+        return self.state in _USABLE and not self.stopping
 
 
 @dataclass(frozen=True)
@@ -218,14 +290,24 @@ class Scheduler:
     """Queue, capacity and victim choice for one agent. Not thread-safe: one owner drives it."""
 
     def __init__(
-        self, models_max: int, room: RoomCheck | None = None, *, residency_factor: float = 0.0
+        self,
+        models_max: int,
+        room: RoomCheck | None = None,
+        *,
+        residency_factor: float = 0.0,
+        max_queue: int | None = None,
     ) -> None:
         # llama.cpp: --models-max <= 0 means unlimited instances.
         self.models_max = models_max
         self.room = room
         # Anti-thrash (core.victims): no eviction before factor x a model's load time.
         self.residency_factor = residency_factor
+        self.max_queue = max_queue  # --max-queue: waiters per model beyond which one is refused
         self._models: dict[str, _Model] = {}
+        # Models with a child (any state but unloaded), and those stopping: in the order they
+        # came to be (dicts as ordered sets: views and wait reasons list them in that order).
+        self._running: dict[str, None] = {}
+        self._stopping: dict[str, None] = {}
         self._queue: dict[str, _Entry] = {}  # insertion order is queue order
         self._waiting: dict[int, str] = {}  # waiter -> model
         self._failures: dict[int, str] = {}  # waiter -> why the load it waited for failed
@@ -233,15 +315,255 @@ class Scheduler:
         self._ids = itertools.count(1)
         self._transitions: list[Transition] = []
         self.closing = False
+        self._close_until: float | None = None  # the shutdown's drain bound, once closing
+
+    # -- the one entry point ---------------------------------------------------------------
+
+    def handle(self, event: Event, now: float) -> list[Effect]:
+        """Apply ``event`` at ``now``; return what the owner must do, in order."""
+        out: list[Effect] = []
+        match event:
+            case Request():
+                if self._arrive(event, now, out):
+                    return out  # granted or refused at once: nothing else changed
+            case Leave(waiter=waiter):
+                self.leave(waiter)
+            case Release(lease=lease):
+                self.release(lease, now)
+            case Spawned(model=name, port=port):
+                self.claim_done(name, spawned=True, now=now, port=port)
+                if self.closing:  # spawned as the agent began to close: it stops too
+                    self._drain(name, "shutdown", now, out)
+            case SpawnFailed(model=name, reason=reason, count=count):
+                if count:
+                    self.on_spawn_failed(name, now, reason)
+                else:
+                    self.claim_done(name, spawned=False, reason=reason)
+            case Ready(model=name, port=port):
+                self.on_ready(name, now, port=port)
+            case Sleeping(model=name):
+                self.on_sleeping(name)
+            case Woke(model=name):
+                self.on_woke(name)
+            case Exited(model=name, code=code, reason=reason):
+                self.on_exited(name, code, now, reason=reason)
+                if self._models[name].gone:
+                    self.remove_model(name)
+                    out.append(Removed(name))
+            case Unload(model=name, reason=reason):
+                self._drain(name, reason, now, out)
+            case KeepAlive(model=name, ttl=ttl):
+                if name in self._models:
+                    self._models[name].keep_alive = ttl
+            case Catalog():
+                self._apply_catalog(event, now, out)
+            case Close(drain_until=until):
+                self._close(until, now, out)
+            case Tick():
+                pass
+        self._settle(now, out)
+        return out
+
+    def _arrive(self, request: Request, now: float, out: list[Effect]) -> bool:
+        """A request joins its model's queue; True when it was answered at once."""
+        name, waiter = request.model, request.waiter
+        if self.closing:
+            out.append(Refuse(waiter, Refusal.CLOSING))
+            return True
+        model = self._models.get(name)
+        if model is None or model.gone:
+            out.append(Refuse(waiter, Refusal.GONE))
+            return True
+        entry = self._queue.get(name)
+        if request.direct:
+            if (model.state.running or (entry is not None and entry.claimed)) and not (
+                model.stopping
+            ):
+                out.append(Refuse(waiter, Refusal.RUNNING))
+                return True
+        elif entry is None or not entry.waiters:
+            # Nobody waits ahead of it: a usable model with a free slot takes it now.
+            lease = self.try_lease(name, now, inference=request.inference, slot=request.slot)
+            if lease is not None:
+                out.append(Grant(waiter, lease))
+                return True
+            if not request.may_load and not model.state.running:
+                out.append(Refuse(waiter, Refusal.UNLOADED))
+                return True
+        if (
+            self.max_queue is not None
+            and entry is not None
+            and len(entry.waiters) >= (self.max_queue)
+        ):
+            out.append(Refuse(waiter, Refusal.FULL, limit=self.max_queue))
+            return True
+        self.join(
+            name,
+            waiter=waiter,
+            info=_Waiter(
+                request.inference,
+                request.slot,
+                request.may_load,
+                request.direct,
+                request.deadline,
+            ),
+        )
+        self._settle(now, out)
+        if waiter in self._waiting:
+            usable = model.state in _USABLE and not model.stopping
+            out.append(Queued(waiter, name, self.wait_reason(name), slot=usable))
+        return False
+
+    def _apply_catalog(self, catalog: Catalog, now: float, out: list[Effect]) -> None:
+        for name, config in catalog.models.items():
+            self.add_model(name, config=config)
+        for name in [n for n in self._models if n not in catalog.models]:
+            model = self._models[name]
+            model.gone = True
+            if model.state.running:
+                self._drain(name, "reload", now, out)
+            else:
+                self.remove_model(name)
+                out.append(Removed(name))
+        for name in catalog.changed:
+            self._drain(name, "reload", now, out)
+
+    def _drain(
+        self, name: str, reason: str, now: float, out: list[Effect], evicted_for: str | None = None
+    ) -> None:
+        """Stop ``name`` if it runs: it drains until its stop timeout (or an earlier bound)."""
+        if name not in self._models:
+            return
+        if self.request_stop(name) or (reason == "shutdown" and name in self._stopping):
+            model = self._models[name]
+            self.begin_drain(name, now + model.config.stop_timeout)
+            if self._close_until is not None:
+                self.begin_drain(name, self._close_until)  # the shutdown's bound wins
+            out.append(Drain(name, reason, model.drain_until or now, evicted_for))
+
+    def _close(self, until: float, now: float, out: list[Effect]) -> None:
+        self._close_until = until
+        for name in self.close():
+            model = self._models[name]
+            self.begin_drain(name, min(until, now + model.config.stop_timeout))
+            out.append(Drain(name, "shutdown", model.drain_until or until))
+        for name in self._stopping:
+            self.begin_drain(name, until)  # the shutdown's bound wins over a later one
+
+    def _settle(self, now: float, out: list[Effect]) -> None:
+        """Everything the state now implies: TTL expiries, answers to waiters, evictions,
+        claimed loads, and drains that are over."""
+        for name in self.expired(now):
+            self._drain(name, "ttl", now, out)
+        self._answer_waiters(now, out)
+        while True:
+            for eviction in self.tick(now):
+                model = self._models[eviction.model]
+                self.begin_drain(eviction.model, now + model.config.stop_timeout)
+                until = model.drain_until or now
+                out.append(Drain(eviction.model, eviction.reason, until, eviction.evicted_for))
+            head = self._head()
+            if head is None or not head.waiters or not self._may_claim(head):
+                break
+            head.claimed = True
+            out.append(Spawn(head.model))
+        for name in sorted(self._stopping):
+            model = self._models[name]
+            if not model.stop_sent and self.drain_over(name, now):
+                model.stop_sent = True
+                out.append(Stop(name, cut=model.in_flight > 0))
+
+    def _answer_waiters(self, now: float, out: list[Effect]) -> None:
+        for waiter, reason in list(self._failures.items()):
+            del self._failures[waiter]
+            out.append(Refuse(waiter, Refusal.FAILED, reason))
+        for entry in list(self._queue.values()):
+            if self._quiet(entry, now):
+                continue
+            for waiter, info in list(entry.waiters.items()):
+                effect = self._answer(waiter, info, entry, now)
+                if effect is not None:
+                    out.append(effect)
+                    self.leave(waiter)
+                    if isinstance(effect, Grant):
+                        continue
+                if entry.model not in self._queue:
+                    break  # its last waiter went, or its load failed
+
+    def _quiet(self, entry: _Entry, now: float) -> bool:
+        """Nothing can change for ``entry``'s waiters now, so they need no look (a queue of
+        hundreds waiting for one busy slot costs one check per event, not one per waiter)."""
+        model = self._models.get(entry.model)
+        if model is None or model.gone or self.closing:
+            return False
+        if model.state not in _USABLE or model.stopping or model.slot_free():
+            return False
+        return all(w.slot and not w.direct for w in entry.waiters.values()) and not any(
+            w.deadline is not None and w.deadline <= now for w in entry.waiters.values()
+        )
+
+    def _answer(self, waiter: int, info: _Waiter, entry: _Entry, now: float) -> Effect | None:
+        """The answer to one waiter now, or None while it waits."""
+        decision = self._verdict(waiter, info, entry, now)
+        kind = decision.kind
+        if kind is DecisionKind.LEASED:
+            assert decision.lease is not None
+            return Grant(waiter, decision.lease)
+        if kind is DecisionKind.WAIT:
+            if info.direct:
+                model = self._models[entry.model]
+                if model.state.running and not model.stopping:
+                    return Started(waiter)  # its child exists: a direct load is answered
+                if self.stuck(entry.model):
+                    return Refuse(waiter, Refusal.LIMIT)
+            return None
+        if kind is DecisionKind.TIMEOUT:
+            return Refuse(waiter, Refusal.TIMEOUT, self.wait_reason(entry.model))
+        refusal = _REFUSALS[kind]
+        return Refuse(waiter, refusal, decision.reason, decision.retry_after)
+
+    def next_wakeup(self, now: float) -> float | None:
+        """When the state will change without an event (a waiter's deadline, a drain's end,
+        a TTL, a minimum residency): the owner sends a Tick then. None: not before an
+        event."""
+        times: list[float] = []
+        for entry in self._queue.values():
+            loading = self._loading(entry)
+            for info in entry.waiters.values():
+                if info.deadline is not None and not loading and info.deadline > now:
+                    times.append(info.deadline)
+        for name in self._stopping:
+            model = self._models[name]
+            if not model.stop_sent and model.drain_until is not None and model.in_flight:
+                times.append(model.drain_until)
+        for name in self._running:
+            model = self._models[name]
+            ttl = model.ttl()
+            if ttl is not None and model.state in _USABLE:
+                times.append(model.last_used + ttl)
+            if self._queue and model.swapped_in:
+                until = resident_until(model.ready_at, model.load_seconds, self.residency_factor)
+                if until > now:
+                    times.append(until)
+        future = [t for t in times if t > now]
+        return min(future) if future else None
 
     # -- catalog ---------------------------------------------------------------------------
 
-    def add_model(self, name: str, *, pin: bool = False, priority: int = 0) -> None:
+    def add_model(
+        self,
+        name: str,
+        *,
+        pin: bool = False,
+        priority: int = 0,
+        config: ModelConfig | None = None,
+    ) -> None:
+        config = config or ModelConfig(pin=pin, priority=priority)
         model = self._models.get(name)
         if model is None:
-            self._models[name] = _Model(name, pin=pin, priority=priority)
+            self._models[name] = _Model(name, config)
         else:
-            model.pin, model.priority = pin, priority
+            model.config, model.gone = config, False
 
     def remove_model(self, name: str) -> None:
         """Forget a model that left the catalog. Its child must already be gone."""
@@ -256,10 +578,17 @@ class Scheduler:
     def names(self) -> list[str]:
         return list(self._models)
 
+    def needs_room(self) -> bool:
+        """Some queued model waits for a load (the owner reads the devices only then)."""
+        return self._head() is not None
+
     # -- requests ----------------------------------------------------------------------------
 
-    def try_lease(self, name: str, now: float, *, inference: bool = True) -> Lease | None:
-        """Take a lease when the model is usable right now (loaded or sleeping, not stopping).
+    def try_lease(
+        self, name: str, now: float, *, inference: bool = True, slot: bool = True
+    ) -> Lease | None:
+        """Take a lease when the model is usable right now (loaded or sleeping, not stopping)
+        and, for a request that takes a slot, its child has one free.
 
         A sleeping child wakes itself on the request, as in llama.cpp. Inference requests make
         the model younger; GET ``/props`` or ``/metrics`` do not.
@@ -267,11 +596,15 @@ class Scheduler:
         model = self._models[name]
         if self.closing or model.stopping or model.state not in _USABLE:
             return None
+        if slot and not model.slot_free():
+            return None
         model.in_flight += 1
+        if slot:
+            model.busy += 1
         if inference:
             model.last_used = now
             model.uses += 1
-        lease = Lease(name, next(self._ids), inference)
+        lease = Lease(name, next(self._ids), inference, slot, model.port)
         self._leases[lease.id] = lease
         return lease
 
@@ -283,19 +616,22 @@ class Scheduler:
         if model is None:
             return
         model.in_flight -= 1
+        if lease.slot:
+            model.busy -= 1
         if lease.inference:
             # Counting use from the end of a request keeps a long stream's model young.
             model.last_used = now
 
-    def join(self, name: str) -> int:
+    def join(self, name: str, *, waiter: int | None = None, info: _Waiter | None = None) -> int:
         """A request waits for ``name``; returns its waiter id (one entry per model)."""
         if name not in self._models:
             raise KeyError(name)
         entry = self._queue.get(name)
         if entry is None:
             entry = self._queue[name] = _Entry(name)
-        waiter = next(self._ids)
-        entry.waiters.add(waiter)
+        if waiter is None:
+            waiter = next(self._ids)
+        entry.waiters[waiter] = info or _Waiter()
         self._waiting[waiter] = name
         return waiter
 
@@ -310,7 +646,7 @@ class Scheduler:
         entry = self._queue.get(name) if name is not None else None
         if entry is None:
             return
-        entry.waiters.discard(waiter)
+        entry.waiters.pop(waiter, None)
         self._drop_if_done(entry)
 
     def _drop_if_done(self, entry: _Entry) -> None:
@@ -320,42 +656,59 @@ class Scheduler:
     def poll(
         self, waiter: int, now: float, *, inference: bool = True, may_load: bool = True
     ) -> Decision:
-        """What a waiter should do now. Leasing and leaving the queue happen in one step.
+        """What one waiter should do now, as :meth:`handle` decides it for each (the tests'
+        step-by-step view): leasing and leaving the queue happen in one step, and a waiter
+        at the head that may load claims the load (LOAD)."""
+        name = self._waiting.get(waiter)
+        entry = self._queue.get(name) if name is not None else None
+        if entry is None or waiter not in entry.waiters:
+            reason = self._failures.pop(waiter, None)
+            return Decision(DecisionKind.FAILED, reason=reason or "load failed")
+        info = entry.waiters[waiter]
+        info.inference, info.may_load = inference, may_load
+        decision = self._verdict(waiter, info, entry, now)
+        if decision.kind is not DecisionKind.WAIT:
+            self.leave(waiter)
+            return decision
+        if self._head() is entry and self._may_claim(entry):
+            entry.claimed = True
+            return Decision(DecisionKind.LOAD)
+        return decision
 
-        ``may_load`` False (autoload off): a waiter may wait for a load or a stop under way,
-        but never claims one.
-        """
+    def _verdict(self, waiter: int, info: _Waiter, entry: _Entry, now: float) -> Decision:
         reason = self._failures.pop(waiter, None)
         if reason is not None:
             return Decision(DecisionKind.FAILED, reason=reason)
         if self.closing:
-            self.leave(waiter)
             return Decision(DecisionKind.CLOSING)
-        name = self._waiting[waiter]
-        if name not in self._models:
-            self.leave(waiter)
+        model = self._models.get(entry.model)
+        if model is None or model.gone:
             return Decision(DecisionKind.GONE)
-        lease = self.try_lease(name, now, inference=inference)
-        if lease is not None:
-            self.leave(waiter)
-            return Decision(DecisionKind.LEASED, lease=lease)
-        entry = self._queue[name]
-        model = self._models[name]
-        if not may_load and self._needs_load(entry) and not model.stopping:
-            self.leave(waiter)
+        if not info.direct:
+            lease = self.try_lease(entry.model, now, inference=info.inference, slot=info.slot)
+            if lease is not None:
+                return Decision(DecisionKind.LEASED, lease=lease)
+        needs = self._needs_load(entry)
+        if not info.may_load and needs and not model.stopping:
             return Decision(DecisionKind.UNLOADED)
-        if self._needs_load(entry) and model.retry_at > now:
-            self.leave(waiter)
+        if needs and model.retry_at > now:
             return Decision(
                 DecisionKind.BACKOFF, reason=model.error or "", retry_after=model.retry_at - now
             )
-        if self._may_claim(entry):
-            entry.claimed = True
-            return Decision(DecisionKind.LOAD)
+        if info.deadline is not None and now >= info.deadline and not self._loading(entry):
+            return Decision(DecisionKind.TIMEOUT)
         return Decision(DecisionKind.WAIT)
 
+    def _loading(self, entry: _Entry) -> bool:
+        """The queue timeout bounds the wait for a turn or a slot, not a load under way: a
+        big model that takes longer to load than the timeout must still be servable."""
+        model = self._models.get(entry.model)
+        if model is None or model.stopping:
+            return False
+        return model.state is ModelState.LOADING or (entry.claimed and not entry.spawned)
+
     def _may_claim(self, entry: _Entry) -> bool:
-        if self._head() is not entry or self._models[entry.model].state.running:
+        if self.closing or self._head() is not entry or self._models[entry.model].state.running:
             return False  # not its turn, or its stopping child has not exited yet
         if self.models_max > 0:
             # Spawning needs a slot that is really free now: a stopping child still counts
@@ -366,15 +719,15 @@ class Scheduler:
         # With nothing else running, a load that does not fit goes ahead anyway (the ledger
         # warns): llama.cpp's rule, since the estimate is conservative and the child may fit.
         return not (
-            self.room is not None and self._any_holding() and self.room.shortfall(entry.model)
+            self.room is not None
+            and self._any_holding()
+            and self.room.shortfall(entry.model, self.victim_candidates())
         )
 
     def _any_holding(self) -> bool:
         """Some model holds memory: a child runs, or a granted load has not spawned yet (the
         ledger reserves its memory from the grant on; it is not "nothing else")."""
-        return any(m.state.running for m in self._models.values()) or any(
-            e.claimed and not e.spawned for e in self._queue.values()
-        )
+        return bool(self._running) or any(e.claimed and not e.spawned for e in self._queue.values())
 
     # -- child lifecycle -----------------------------------------------------------------------
 
@@ -385,6 +738,10 @@ class Scheduler:
         if new not in MODEL_TRANSITIONS[old]:
             raise IllegalTransition(f"model {model.name!r}: {old.value} -> {new.value}")
         model.state = new
+        if new.running:
+            self._running[model.name] = None
+        else:
+            self._running.pop(model.name, None)
         self._transitions.append(Transition(model.name, old, new))
 
     def take_transitions(self) -> list[Transition]:
@@ -398,16 +755,22 @@ class Scheduler:
         return not self.closing and name in self._models
 
     def claim_done(
-        self, name: str, *, spawned: bool, reason: str = "", now: float | None = None
+        self,
+        name: str,
+        *,
+        spawned: bool,
+        reason: str = "",
+        now: float | None = None,
+        port: int | None = None,
     ) -> None:
-        """The claimed load spawned a child (now LOADING), or was withdrawn before it could
-        (its waiters fail with ``reason``; no failure is held against the model). ``now``:
-        the spawn's time, from which the model's load time is measured."""
+        """The claimed load spawned a child (now LOADING, listening on ``port``), or was
+        withdrawn before it could (its waiters fail with ``reason``; no failure is held
+        against the model). ``now``: the spawn's time, from which the load time counts."""
         entry = self._queue.get(name)
         if spawned:
             model = self._models[name]
             self._set_state(model, ModelState.LOADING)
-            model.spawned_at = now
+            model.spawned_at, model.port = now, port
             model.failed, model.exit_code = False, None
             if entry is not None:
                 entry.spawned = True
@@ -425,16 +788,18 @@ class Scheduler:
         if entry is not None:
             self._fail_entry(entry, reason)
 
-    def on_ready(self, name: str, now: float) -> None:
+    def on_ready(self, name: str, now: float, *, port: int | None = None) -> None:
         model = self._models[name]
         self._set_state(model, ModelState.LOADED)
+        if port is not None:
+            model.port = port
         model.last_used = model.ready_at = now
         model.uses = 0
         if model.spawned_at is not None:
             model.load_seconds = max(0.0, now - model.spawned_at)
         entry = self._queue.get(name)
         if entry is not None:
-            # The load is done: its waiters lease on their next poll and leave.
+            # The load is done: its waiters lease on their next look and leave.
             entry.claimed = entry.spawned = False
 
     def on_sleeping(self, name: str) -> None:
@@ -469,10 +834,17 @@ class Scheduler:
         else:
             self._record_failure(model, now, reason or f"exit code {exit_code}")
         self._set_state(model, ModelState.UNLOADED)
-        model.stopping, model.ready_at, model.drain_until = False, None, None
+        self._stopping.pop(name, None)
+        model.stopping, model.stop_sent, model.ready_at, model.drain_until = (
+            False,
+            False,
+            None,
+            None,
+        )
         model.swapped_in = False
         model.exit_code = exit_code
-        model.in_flight = 0
+        model.in_flight = model.busy = 0
+        model.port = None
         for lease_id in [i for i, lease in self._leases.items() if lease.model == name]:
             del self._leases[lease_id]
         entry = self._queue.get(name)
@@ -484,7 +856,7 @@ class Scheduler:
             entry.claimed = entry.spawned = False
 
     def _fail_entry(self, entry: _Entry, reason: str) -> None:
-        # Its waiters collect the failure on their next poll; a request that arrives later
+        # Its waiters collect the failure on their next look; a request that arrives later
         # starts a fresh entry, and so a fresh load attempt.
         for waiter in entry.waiters:
             self._failures[waiter] = reason or "load failed"
@@ -501,6 +873,7 @@ class Scheduler:
         if model is None or not model.state.running or model.stopping:
             return False
         model.stopping = True
+        self._stopping[name] = None
         return True
 
     def begin_drain(self, name: str, deadline: float) -> None:
@@ -544,8 +917,8 @@ class Scheduler:
         return next((e for e in self._queue.values() if self._needs_load(e)), None)
 
     def _counts(self) -> tuple[int, int, int, int]:
-        running = sum(1 for m in self._models.values() if m.state.running)
-        stopping = sum(1 for m in self._models.values() if m.stopping)
+        running = len(self._running)
+        stopping = len(self._stopping)
         claimed = sum(1 for e in self._queue.values() if e.claimed and not e.spawned)
         needed = sum(1 for e in self._queue.values() if self._needs_load(e))
         return running, stopping, claimed, needed
@@ -565,8 +938,8 @@ class Scheduler:
         """
         candidates = [
             m
-            for m in self._models.values()
-            if m.state in (ModelState.LOADED, ModelState.SLEEPING)
+            for m in (self._models[n] for n in self._running)
+            if m.state in _USABLE
             and m.in_flight == 0
             and not m.stopping
             and not m.pin
@@ -592,12 +965,19 @@ class Scheduler:
             )
         return [m.name for m in candidates]
 
-    def expired(self, now: float, ttls: Mapping[str, float]) -> list[str]:
-        """Models idle for longer than their TTL (``ttls``: seconds by model; absent = none).
+    def expired(self, now: float, ttls: Mapping[str, float] | None = None) -> list[str]:
+        """Models idle for longer than their TTL (``ttls``: seconds by model, absent = none;
+        by default each model's own: its last keep_alive, else its preset's).
 
         Idle is counted from the end of the last inference request; a model with a request in
         flight, a queue entry, a pin or already stopping never expires.
         """
+        if ttls is None:
+            ttls = {
+                name: ttl for name in self._running if (ttl := self._models[name].ttl()) is not None
+            }
+        if not ttls:
+            return []
         return [
             name
             for name in self.victim_candidates()
@@ -615,6 +995,8 @@ class Scheduler:
         """
         victims: list[Eviction] = []
         head = self._head()
+        if head is None:
+            return victims
         free = self._free()
         if free is not None:
             needed = self._counts()[3]
@@ -623,19 +1005,16 @@ class Scheduler:
                 if not candidates:
                     break  # only busy (or still resident) models could make room: wait
                 self.request_stop(candidates[0])
-                victims.append(Eviction(candidates[0], "count"))
+                victims.append(Eviction(candidates[0], "count", head.model))
                 free += 1
-        if (
-            self.room is not None
-            and head is not None
-            and not any(m.stopping for m in self._models.values())
-            and self.room.shortfall(head.model)
-        ):
-            victim = self.room.pick_victim(head.model, self.victim_candidates(now))
-            if victim is not None:
-                self.request_stop(victim)
-                victims.append(Eviction(victim, "memory"))
-        if victims and head is not None:
+        if self.room is not None and not self._stopping:
+            candidates = self.victim_candidates(now)
+            if self.room.shortfall(head.model, candidates):
+                victim = self.room.pick_victim(head.model, candidates)
+                if victim is not None:
+                    self.request_stop(victim)
+                    victims.append(Eviction(victim, "memory", head.model))
+        if victims:
             self._models[head.model].swapped_in = True  # it comes in by a swap
         return victims
 
@@ -649,10 +1028,10 @@ class Scheduler:
         entry = self._queue.get(name)
         if entry is None or entry.claimed or self._may_claim(entry):
             return False
-        if any(m.stopping for m in self._models.values()):
+        if self._stopping:
             return False
         candidates = self.victim_candidates()
-        if self.room is not None and self.room.shortfall(name):
+        if self.room is not None and self.room.shortfall(name, candidates):
             return self.room.pick_victim(name, candidates) is None
         return not candidates
 
@@ -662,18 +1041,24 @@ class Scheduler:
         model = self._models[name]
         if model.stopping:
             return f"{name} is stopping ({model.in_flight} in flight)"
-        if model.state is ModelState.LOADING:
-            return f"{name} is loading"
         entry = self._queue.get(name)
+        if model.state is ModelState.LOADING or (entry is not None and entry.claimed):
+            return f"{name} is loading"
+        if model.state in _USABLE and not model.slot_free():
+            return f"all {model.config.slots} slots of its server stayed busy"
         head = self._head()
         if entry is not None and head is not None and head is not entry:
             return f"queued behind {head.model}, which waits for room"
         if self.models_max > 0:
-            running = [m for m in self._models.values() if m.state.running]
+            running = [self._models[n] for n in self._running]
             if len(running) >= self.models_max:
                 busy = ", ".join(f"{m.name} ({self._busy_with(m)})" for m in running)
                 return f"all {self.models_max} instances busy: {busy}"
-        if self.room is not None and self._any_holding() and self.room.shortfall(name):
+        if (
+            self.room is not None
+            and self._any_holding()
+            and self.room.shortfall(name, self.victim_candidates())
+        ):
             return "not enough free memory for it, and no idle model to evict"
         return "waiting for its turn"
 
@@ -708,6 +1093,8 @@ class Scheduler:
             failures=m.failures,
             retry_at=m.retry_at,
             claimed=entry is not None and entry.claimed and not entry.spawned,
+            ttl=m.ttl(),
+            pin=m.pin,
         )
 
     def statistics(self) -> Statistics:
@@ -721,3 +1108,12 @@ class Scheduler:
             free=self._free(),
             queue=tuple((e.model, len(e.waiters)) for e in self._queue.values()),
         )
+
+
+_REFUSALS: Final[Mapping[DecisionKind, Refusal]] = {
+    DecisionKind.FAILED: Refusal.FAILED,
+    DecisionKind.GONE: Refusal.GONE,
+    DecisionKind.BACKOFF: Refusal.BACKOFF,
+    DecisionKind.UNLOADED: Refusal.UNLOADED,
+    DecisionKind.CLOSING: Refusal.CLOSING,
+}

@@ -28,7 +28,7 @@ from typing import Any
 from aiohttp import web
 
 from node_agent.clip import clip
-from node_agent.core.scheduler import Lease
+from node_agent.core.scheduler_events import Lease
 from node_agent.errors import ApiError
 from node_agent.router.bodies import CLIENT_TIMEOUT, json_document, read_body, read_json
 from node_agent.router.bodies import parse_json_body as parse_json_body  # routes elsewhere use it
@@ -234,17 +234,10 @@ async def _send(
     try:
         if state.registry.fake_timing:
             await asyncio.sleep(FAKE_TIMING_SECONDS)
-        port = state.registry.port(lease)
-        slots = state.registry.slots(name)
+        if lease.port is None:
+            raise ApiError(500, f"model name={name} is not running")
         response = await state.proxy.forward(
-            request,
-            port,
-            body,
-            exchange,
-            slots=slots,
-            buffered=buffered,
-            detached=detached,
-            model=name,
+            request, lease.port, body, exchange, buffered=buffered, detached=detached
         )
     finally:
         state.registry.release(lease)
@@ -282,9 +275,7 @@ async def list_models(request: web.Request) -> web.StreamResponse:
     now = int(time.time())
     streams = request.app[CONVERSATIONS].supported
     data = [
-        model_entry(
-            registry, name, state.binary, now, streams, state.proxy.queued(_port(registry, name))
-        )
+        model_entry(registry, name, state.binary, now, streams)
         for name, spec in registry.specs().items()
         if not spec.hidden  # a cache entry a preset's dedup-cache-models hides
     ]
@@ -296,11 +287,6 @@ async def list_models(request: web.Request) -> web.StreamResponse:
 
         body["refused"] = [dump(r) for r in refused]
     return _json(body)
-
-
-def _port(registry: Registry, name: str) -> int | None:
-    child = registry.child(name)
-    return child.port if child is not None else None
 
 
 async def load_model(request: web.Request) -> web.StreamResponse:

@@ -33,7 +33,8 @@ from aiohttp import web
 
 from node_agent.aio import TaskSet
 from node_agent.core.conversations import MAX_ID_CHARS, ConversationBook, StreamRoute, detaches
-from node_agent.core.scheduler import Lease, ModelState
+from node_agent.core.scheduler import ModelState
+from node_agent.core.scheduler_events import Lease
 from node_agent.errors import ApiError
 from node_agent.router.bodies import read_control_body
 from node_agent.router.body_fields import loads
@@ -90,9 +91,7 @@ class Conversations:
         self._cancel(remembered.cancelled)
         ticket = remembered.ticket
         # Ready: it takes the request now (a model draining for an unload must load again).
-        ready = self.state_of(name) in (ModelState.LOADED, ModelState.SLEEPING) and not (
-            self._registry.scheduler.view(name).stopping
-        )
+        ready = name in self._registry.specs() and self._registry.scheduler.view(name).usable
         exchange = begin_exchange(request, name)
         serve = self._serve(request, name, conv_id, ticket, exchange, autoload=autoload, send=send)
         if not detaches(ticket, ready):
@@ -184,13 +183,13 @@ class Conversations:
         conv_id = _conv_id(request)
         owner = self._owner(conv_id)
         # A lease keeps the child from being evicted while its replay is read; the replay takes
-        # no slot of the child, so it passes the slots' gate.
-        lease = await self._registry.acquire(owner, autoload=False, inference=False)
+        # no slot of the child, so it waits for none.
+        lease = await self._registry.acquire(owner, autoload=False, inference=False, slot=False)
         try:
-            port = self._registry.port(lease)
-            response = await self._state.proxy.forward(
-                request, port, None, slots=self._registry.slots(owner), gated=False
-            )
+            port = lease.port
+            if port is None:
+                raise ApiError(503, LOADING)
+            response = await self._state.proxy.forward(request, port, None)
             if response.status == 404 and not response.prepared:
                 await self._check_support(request, owner, port)
                 if self.book.after_miss(conv_id) is StreamRoute.RETRY:
@@ -217,9 +216,7 @@ class Conversations:
         if self.supported is not None:
             return
         probe = request.clone(rel_url="/v1/stream")  # a GET that has read no body
-        answer = await self._state.proxy.forward(
-            probe, port, None, slots=self._registry.slots(owner), gated=False
-        )
+        answer = await self._state.proxy.forward(probe, port, None)
         self._learn(answer.status)
 
     def _learn(self, status: int) -> None:
@@ -276,16 +273,15 @@ class Conversations:
     async def _ask(
         self, request: web.Request, owner: str, body: bytes | None
     ) -> web.Response | None:
-        """Forward a small control request (lookup, stop) to ``owner``'s child, past the slots'
-        gate; None when the child is gone or does not answer in time."""
+        """Forward a small control request (lookup, stop) to ``owner``'s child, without a
+        lease or a slot (a stop must not queue behind the generations it stops); None when
+        the child is gone or does not answer in time."""
         port = self._port(owner)
         if port is None:
             return None
         try:
             answer = await asyncio.wait_for(
-                self._state.proxy.forward(
-                    request, port, body, slots=self._registry.slots(owner), gated=False
-                ),
+                self._state.proxy.forward(request, port, body),
                 CONTROL_TIMEOUT,
             )
         except (ApiError, TimeoutError) as exc:

@@ -29,7 +29,7 @@ from node_agent.core.downloads import DownloadBook, Refusal
 from node_agent.errors import ApiError
 from node_agent.redact import redact
 from node_agent.router.events import Event, EventHub
-from node_agent.router.refusals import queue_full_error, queue_timeout_error
+from node_agent.router.refusals import failed_error, queue_full_error, queue_timeout_error
 from node_agent.sources import hf_hub
 from node_agent.sources.download import (
     TIMEOUT,
@@ -157,17 +157,24 @@ class Downloads:
         return False
 
     async def fetch_preset(
-        self, name: str, plan: DownloadPlan, *, queue_timeout: float | None, max_queue: int | None
+        self,
+        name: str,
+        plan: DownloadPlan,
+        *,
+        queue_timeout: float | None,
+        left: float | None,
+        max_queue: int | None,
     ) -> None:
         """Make sure ``name``'s preset file is in the cache, downloading it (once, however many
-        requests ask) when it is not. The caller waits at most ``queue_timeout``; the
-        download itself at most ``--load-timeout``. Raises ApiError."""
+        requests ask) when it is not. The caller waits at most ``left`` seconds (what is
+        left of its ``--queue-timeout``, ``queue_timeout``); the download itself at most
+        ``--load-timeout``. Raises ApiError."""
         if await self.start_preset(name, plan):
             return
-        await self.wait(name, queue_timeout=queue_timeout, max_queue=max_queue)
+        await self.wait(name, queue_timeout=queue_timeout, left=left, max_queue=max_queue)
         error = self._errors.get(name)
         if error is not None:
-            raise ApiError(500, f"model name={name} failed to load", detail={"reason": error})
+            raise failed_error(name, error)
 
     async def _preset(self, name: str, plan: DownloadPlan) -> None:
         def progress(value: float) -> None:
@@ -266,9 +273,12 @@ class Downloads:
 
     # -- waiting and cancelling ------------------------------------------------------------
 
-    async def wait(self, name: str, *, queue_timeout: float | None, max_queue: int | None) -> None:
-        """Wait until ``name``'s download is over (at most ``queue_timeout``); 503 when
-        ``max_queue`` requests already wait or the timeout passes."""
+    async def wait(
+        self, name: str, *, queue_timeout: float | None, left: float | None, max_queue: int | None
+    ) -> None:
+        """Wait until ``name``'s download is over, at most ``left`` seconds (what is left of
+        the request's ``--queue-timeout``, ``queue_timeout``, counted from its arrival); 503 when
+        ``max_queue`` requests already wait or the time is up."""
         if not self.active(name):
             return
         if not self._book.join(name, max_queue):
@@ -277,7 +287,7 @@ class Downloads:
         log.info("request for model=%s waits for its download", name)
         over = self._waits.setdefault(name, asyncio.Event())
         try:
-            await asyncio.wait_for(over.wait(), queue_timeout)
+            await asyncio.wait_for(over.wait(), left)
         except TimeoutError:
             assert queue_timeout is not None
             raise queue_timeout_error(

@@ -1,10 +1,10 @@
 """The memory ledger at work: estimates, device readings and child transitions fed to it.
 
 A thin layer over the pure :class:`~node_agent.core.ledger.MemoryLedger`. The scheduler asks
-it (as its ``RoomCheck``) whether the head of the queue fits and which idle model to evict;
-for a model that pins no GPU it first chooses the GPU(s) (``core.placement``, the child's
-side in ``memory.placing``) and asks the ledger about that placement only, so that only
-models on the chosen GPU are evicted;
+it (as its ``RoomCheck``, questions that change nothing) whether the head of the queue fits
+and which idle model to evict; for a model that pins no GPU it first chooses the GPU(s)
+(``core.placement``, the child's side in ``memory.placing``) and asks the ledger about that
+placement only, so that only models on the chosen GPU are evicted;
 the registry tells it when children spawn, become ready, sleep and exit; and it waits, after
 a victim's exit, until the victim's memory really shows free again (GPU drivers report freed
 memory late; the host frees at exit).
@@ -110,14 +110,11 @@ class MemoryWatch:
         self._estimated: dict[str, tuple[object, ...]] = {}
         # What each child will take by its own --fit (see prepare): held at least this.
         self._taken: dict[str, dict[str, int]] = {}
-        self._warned: set[str] = set()
         # Automatic placement: each placeable model's figures, its latest plan, and the
         # placement its running child was started on (fixed until it exits).
         self._inputs: dict[str, PlacementInput] = {}
         self._plans: dict[str, Placement] = {}
         self._placed: dict[str, Placement] = {}
-        # The scheduler's idle victims, best first (the registry's; none until it says).
-        self._candidates: Callable[[], Sequence[str]] = tuple
         # GGUF shapes by file version, and the reads on their way (issue 26, row 6); why a
         # model has no estimate, for GET /models.
         self._shapes = ShapeCache()
@@ -133,10 +130,6 @@ class MemoryWatch:
     @property
     def gpus(self) -> list[str]:
         return [d for d in self._devices if d != HOST]
-
-    def victims_from(self, candidates: Callable[[], Sequence[str]]) -> None:
-        """Where placement reads the idle models it may evict (the scheduler's order)."""
-        self._candidates = candidates
 
     # -- estimates -------------------------------------------------------------------------
 
@@ -305,7 +298,7 @@ class MemoryWatch:
         if result.placement is not None:
             self._inputs[name] = result.placement
             if name not in self._placed:
-                self._plan(name, self._candidates())
+                self._plan(name, ())
             return
         if result.placement_error is not None:
             log.warning(
@@ -330,8 +323,8 @@ class MemoryWatch:
 
     # -- placement ---------------------------------------------------------------------------
 
-    def _plan(self, model: str, candidates: Sequence[str]) -> Placement:
-        """Choose ``model``'s placement now and have the ledger count it there."""
+    def _choose(self, model: str, candidates: Sequence[str]) -> Placement:
+        """Where ``model`` would go now, were ``candidates`` evictable (changes nothing)."""
         inputs = self._inputs[model]
         margin = self.ledger.margin
         gpus = []
@@ -339,17 +332,20 @@ class MemoryWatch:
             avail = self.ledger.available(name, without=model)
             gpus.append(Gpu(name, None if avail is None else avail - margin))
         holders = [Holder(c, self.ledger.held(c)) for c in candidates if c != model]
-        plan = choose(gpus, inputs.single, inputs.split_need(), holders)
-        self._plans[model] = plan
+        return choose(gpus, inputs.single, inputs.split_need(), holders)
+
+    def _plan(self, model: str, candidates: Sequence[str]) -> Placement:
+        """Choose ``model``'s placement now and have the ledger count it there."""
+        plan = self._plans[model] = self._choose(model, candidates)
         # The agent pins the context it estimated at (memory.placing): max is min.
         self.ledger.set_estimate(model, plan.need, plan.need)
         return plan
 
-    def _replan(self, model: str) -> Placement | None:
-        """A fresh plan for a model the ledger places and that is not running yet."""
+    def _preview(self, model: str, candidates: Sequence[str]) -> Placement | None:
+        """A plan for a model the agent places and that is not running yet (else None)."""
         if model not in self._inputs or model in self._placed:
             return None
-        return self._plan(model, self._candidates())
+        return self._choose(model, candidates)
 
     def placed(self, spec: ModelSpec) -> ModelSpec:
         """``spec`` as its child must start: on the placement chosen now (the load was
@@ -390,38 +386,32 @@ class MemoryWatch:
 
     # -- the scheduler's RoomCheck -----------------------------------------------------------
 
-    def shortfall(self, model: str) -> bool:
-        """Whether ``model`` does not fit now. The scheduler asks this speculatively, many
-        times per decision: a model that stops fitting is logged once, until it fits again."""
-        plan = self._replan(model)
+    def shortfall(self, model: str, candidates: Sequence[str]) -> bool:
+        """Whether ``model`` does not fit now (with ``candidates`` evictable)."""
+        plan = self._preview(model, candidates)
         if plan is not None and plan.kind == "evict":
             return True  # it fits on its GPU only once the victims there are gone
-        short = self.ledger.deficit(model)
-        if not short:
-            self._warned.discard(model)
-        elif model not in self._warned:
-            self._warned.add(model)
-            lacking = ", ".join(f"{d}: {b / MIB:.0f} MiB" for d, b in sorted(short.items()))
-            log.info("model=%s does not fit now (short by %s)", model, lacking)
-        return bool(short)
+        return bool(self.ledger.deficit(model, need=plan.need if plan is not None else None))
 
     def pick_victim(self, model: str, candidates: Sequence[str]) -> str | None:
-        """The victim to stop for ``model``, with its justification in the log."""
-        placing = model in self._inputs and model not in self._placed
-        plan = self._plan(model, candidates) if placing else None
+        """The victim to stop for ``model`` (the first of ``candidates`` that helps)."""
+        plan = self._preview(model, candidates)
         if plan is not None and plan.kind == "evict":
-            first = plan.victims[0]
-            log.info("model=%s: evicting %s on %s: %s", model, first, plan.gpus[0], plan.reason)
-            return first
-        victim = self.ledger.pick_victim(model, candidates)
-        if victim is not None:
-            short = self.ledger.deficit(model)
-            lacking = ", ".join(f"{d}: {b / MIB:.0f} MiB" for d, b in sorted(short.items()))
-            held = ", ".join(sorted(self.ledger.held(victim)))
-            log.info(
-                "model=%s: evicting %s (it holds %s; short by %s)", model, victim, held, lacking
-            )
-        return victim
+            return plan.victims[0]
+        need = plan.need if plan is not None else None
+        return self.ledger.pick_victim(model, candidates, need=need)
+
+    def explain_eviction(self, model: str, victim: str) -> None:
+        """Log why ``victim`` goes to make room for ``model`` (once: the scheduler decided)."""
+        plan = self._preview(model, [victim])
+        if plan is not None and plan.kind == "evict" and victim in plan.victims:
+            self._plans[model] = plan  # where it goes, for GET /models
+            log.info("model=%s: evicting %s on %s: %s", model, victim, plan.gpus[0], plan.reason)
+            return
+        short = self.ledger.deficit(model)
+        lacking = ", ".join(f"{d}: {b / MIB:.0f} MiB" for d, b in sorted(short.items()))
+        held = ", ".join(sorted(self.ledger.held(victim)))
+        log.info("model=%s: evicting %s (it holds %s; short by %s)", model, victim, held, lacking)
 
     def warn_if_short(self, model: str) -> None:
         """Called as a load starts: a load that does not fit went ahead (nothing to evict)."""

@@ -3,19 +3,18 @@
 Bodies with a known length are answered in one piece; everything else (server-sent events,
 chunked bodies) is passed through chunk by chunk as the child writes it, never buffered.
 
-A request waiting for one of its child's slots is queued like one waiting for a load (issue 16,
-row 7): counted in ``GET /models`` (``queued``), refused at ``--max-queue``, given up after
-``--queue-timeout``. A client that takes no streamed data for ``--client-timeout`` is cut off,
-so one that stops reading cannot hold a slot for ever.
+A request comes here with its lease, which the scheduler grants only while the child has a
+slot free (a request waiting for one waits in the model's queue, under its one timeout), so
+a child never has more requests than it serves. A client that takes no streamed data for
+``--client-timeout`` is cut off, so one that stops reading cannot hold a slot for ever.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import aiohttp
@@ -28,7 +27,6 @@ from node_agent.core.links import LinkBook
 from node_agent.errors import ApiError
 from node_agent.router.connections import DEFAULT_CLIENT_TIMEOUT
 from node_agent.router.exchange import Exchange
-from node_agent.router.refusals import queue_full_error, queue_timeout_error
 
 log = logging.getLogger("corral.proxy")
 
@@ -74,14 +72,11 @@ def forward_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
 
 
 class _ChildLink:
-    """The proxy's side of one child: a gate of its slots and a connection pool of its own."""
+    """The proxy's side of one child: a connection pool of its own."""
 
-    def __init__(self, slots: int, timeout: aiohttp.ClientTimeout) -> None:
-        self.slots = slots
-        self.semaphore = asyncio.Semaphore(slots)
-        self.waiting = 0  # requests queued at the gate
+    def __init__(self, timeout: aiohttp.ClientTimeout) -> None:
         connector = aiohttp.TCPConnector(
-            limit=0,  # the gate limits
+            limit=0,  # the scheduler's leases limit (one connection per request in flight)
             enable_cleanup_closed=True,
             keepalive_timeout=CHILD_IDLE_REUSE,
         )
@@ -102,38 +97,28 @@ class ProxyStatistics:
 
 
 class Proxy:
-    """HTTP clients to the children: per child, a gate of its slots and keep-alive connections
-    that are released before the child is asked to exit (the :class:`LinkBook` decides when)."""
+    """HTTP clients to the children: per child, keep-alive connections that are released
+    before the child is asked to exit (the :class:`LinkBook` decides when)."""
 
-    def __init__(
-        self,
-        *,
-        timeout: float,
-        client_timeout: float = DEFAULT_CLIENT_TIMEOUT,
-        max_queue: int | None = None,
-        queue_timeout: float | None = None,
-    ) -> None:
+    def __init__(self, *, timeout: float, client_timeout: float = DEFAULT_CLIENT_TIMEOUT) -> None:
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout)
         self._client_timeout = client_timeout
-        self._max_queue = max_queue
-        self._queue_timeout = queue_timeout
         self._book = LinkBook()
         self._links: dict[int, _ChildLink] = {}  # by the book's link id
 
-    async def _link(self, port: int, slots: int) -> tuple[int, _ChildLink]:
-        """The link to the child on ``port``, which serves ``slots`` requests at once.
+    async def _link(self, port: int) -> tuple[int, _ChildLink]:
+        """The link to the child on ``port``.
 
         llama-server serves each connection on one of its few HTTP threads
         (``max(parallel + 2, cores - 1)``: 6 with 4 slots on 2 cores) and leaves a connection
         beyond those unread until an idle one times out, 5 s later: under load an unbounded
-        pool stalled requests for 5-20 s (bench S5). Its slots are all it can serve anyway;
-        a request over them waits at the gate, in order, instead of in a socket nobody reads.
+        pool stalled requests for 5-20 s (bench S5). The scheduler's slot leases keep the
+        connections to what it serves; a request over them waits in the model's queue,
+        in order, instead of in a socket nobody reads.
         """
         link_id = self._book.current(port)
         if link_id is not None:
-            link = self._links[link_id]
-            if link.slots == slots or self._book.users(link_id) > 0:
-                return link_id, link  # a new slot count applies once the link is idle
+            return link_id, self._links[link_id]
         if len(self._links) > MAX_LINKS:
             # Children come and go on new ports: drop the links nobody is using.
             for old in self._book.idle():
@@ -141,7 +126,7 @@ class Proxy:
                 await self._close(old)
         link_id, replaced = self._book.add(port)
         # Registered before the next await: a request arriving meanwhile finds it.
-        link = self._links[link_id] = _ChildLink(slots, self._timeout)
+        link = self._links[link_id] = _ChildLink(self._timeout)
         if replaced is not None:
             await self._close(replaced)
         return link_id, link
@@ -163,35 +148,6 @@ class Proxy:
     async def close(self) -> None:
         for link_id in list(self._links):
             await self._close(link_id)
-
-    def queued(self, port: int | None) -> int:
-        """Requests waiting for a slot of the child on ``port``."""
-        link_id = self._book.current(port) if port is not None else None
-        link = self._links.get(link_id) if link_id is not None else None
-        return link.waiting if link is not None else 0
-
-    @contextlib.asynccontextmanager
-    async def _slot(self, link: _ChildLink, model: str) -> AsyncIterator[None]:
-        """One of the child's slots, waited for in the model's queue (see the docstring)."""
-        if link.semaphore.locked():
-            if self._max_queue is not None and link.waiting >= self._max_queue:
-                raise queue_full_error(model, self._max_queue)
-            link.waiting += 1
-            try:
-                async with asyncio.timeout(self._queue_timeout):
-                    await link.semaphore.acquire()
-            except TimeoutError:
-                assert self._queue_timeout is not None
-                why = f"all {link.slots} slots of its server stayed busy"
-                raise queue_timeout_error(model, self._queue_timeout, why) from None
-            finally:
-                link.waiting -= 1
-        else:
-            await link.semaphore.acquire()
-        try:
-            yield
-        finally:
-            link.semaphore.release()
 
     def statistics(self) -> ProxyStatistics:
         book = self._book.statistics()
@@ -239,31 +195,21 @@ class Proxy:
         body: bytes | None,
         exchange: Exchange | None = None,
         *,
-        slots: int,
-        model: str = "",
         buffered: bool = False,
-        gated: bool = True,
         detached: bool = False,
     ) -> web.StreamResponse:
-        """Send ``request`` (with ``body`` already read) to the child on ``port``, which
-        serves ``slots`` requests at once; ``buffered``: answer in one piece, never a stream.
+        """Send ``request`` (with ``body`` already read) to the child on ``port``;
+        ``buffered``: answer in one piece, never a stream.
 
-        ``gated=False`` skips the slots' gate, for requests that take no slot (the
-        conversation streams' replays, lookups and stops: a stop must not queue behind the
-        generations it stops). ``detached``: a client that goes away does not end the
-        exchange; the child's answer is read to its end (the child's session buffer keeps
-        it for a later ``GET /v1/stream``, and the lease holds the model meanwhile)."""
-        link_id, link = await self._link(port, slots)
+        ``detached``: a client that goes away does not end the exchange; the child's answer
+        is read to its end (the child's session buffer keeps it for a later
+        ``GET /v1/stream``, and the lease holds the model meanwhile)."""
+        link_id, link = await self._link(port)
         self._book.enter(link_id)
         try:
-            if not gated:
-                return await self._forward(
-                    link.session, request, port, body, exchange, buffered, detached
-                )
-            async with self._slot(link, model or f"on port {port}"):
-                return await self._forward(
-                    link.session, request, port, body, exchange, buffered, detached
-                )
+            return await self._forward(
+                link.session, request, port, body, exchange, buffered, detached
+            )
         finally:
             if self._book.leave(link_id):
                 await self._close(link_id)

@@ -1,37 +1,68 @@
-"""The registry: the one owner of the agent's models, their children and the scheduler.
+"""The registry: the one owner of the agent's runtime: the scheduler, the specs and the runs.
 
-All scheduling state lives in the pure :class:`~node_agent.core.scheduler.Scheduler`; this
-module only carries out its decisions (spawn a child, stop a victim) and turns child events
-into scheduler events. Every mutation happens synchronously on the event loop, between two
-awaits, so nothing here needs a lock: asyncio runs one step at a time, and a request's
-"is it ready?" and "take the lease" are one step (never split by an eviction).
+Every decision is the pure :class:`~node_agent.core.scheduler.Scheduler`'s. This module turns
+what happens into scheduler events (a request arrives or leaves, a lease is given back, a
+child is spawned, ready or gone, a timer fires), hands each to ``Scheduler.handle`` once, in
+arrival order, through one inbox (:meth:`Registry._submit`), and carries out the effects it
+returns: it answers waiting requests, makes a :class:`~node_agent.router.model_run.ModelRun`
+for a load, logs a drain and stops a child when its drain is over. Nothing else touches the
+scheduler, so nothing needs a lock, and a change wakes exactly the waiters it concerns.
 
-Each model's life has one owner, a :class:`~node_agent.router.model_run.ModelRun`: it
-spawns the child, reports its states and its exit. Stopping goes through
-:meth:`Registry._stop`, which has the run drain requests in flight (until the scheduler's drain
-deadline: the model's stop timeout, or the shutdown's) before it asks the child to exit.
-Requests are admitted by one loop (:meth:`Registry._admit`) for both proxied requests and
-``POST /models/load``.
+The ledger's devices are read here at a bounded rate, only while a load waits for room.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import itertools
 import logging
+import math
 import os
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from node_agent.aio import Changed, TaskSet
-from node_agent.core.scheduler import Decision, DecisionKind, Lease, ModelState, Scheduler
+from node_agent.aio import TaskSet
+from node_agent.core.scheduler import ModelState, Scheduler
+from node_agent.core.scheduler_events import (
+    Catalog as CatalogEvent,
+)
+from node_agent.core.scheduler_events import (
+    Close,
+    Drain,
+    Effect,
+    Event,
+    Exited,
+    Grant,
+    KeepAlive,
+    Lease,
+    Leave,
+    ModelConfig,
+    Queued,
+    Ready,
+    Refusal,
+    Refuse,
+    Release,
+    Removed,
+    Request,
+    Sleeping,
+    Spawn,
+    SpawnFailed,
+    Started,
+    Stop,
+    Tick,
+    Unload,
+    Woke,
+)
 from node_agent.core.victims import RESIDENCY_FACTOR
 from node_agent.errors import ApiError
 from node_agent.router.downloads import Downloads, DownloadSettings
-from node_agent.router.events import Event, EventHub
+from node_agent.router.events import Event as HubEvent
+from node_agent.router.events import EventHub
 from node_agent.router.keep_alive import parse_keep_alive
-from node_agent.router.model_run import SHUTTING_DOWN, Child, ChildFactory, ModelRun, RunContext
+from node_agent.router.model_run import SHUTTING_DOWN, Child, ChildFactory, ModelRun
 from node_agent.router.refusals import (
     backoff_error,
     closing_error,
@@ -50,12 +81,13 @@ log = logging.getLogger("corral.registry")
 
 # llama.cpp's router honours this to make its races reproducible; so do we (SPEC).
 FAKE_TIMING_ENV = "LLAMA_SERVER_DEBUG_FAKE_TIMING"
-DEFAULT_PARALLEL = 4  # llama-server's slots when -np is not given (or is -1, auto)
-TTL_CHECK_SECONDS = 0.25  # how often idle models are checked against their TTL
 DEFAULT_SHUTDOWN_TIMEOUT = 30.0  # seconds: the agent's --shutdown-timeout
 # At shutdown, requests in flight may run until this long before the bound, so that the
 # children they cut still exit and the agent ends within it.
 SHUTDOWN_EXIT_SECONDS = 2.0
+# While a load waits for memory, the devices are read this often (memory freed by another
+# process shows up this late at most); never more often, however many events come.
+ROOM_READ_SECONDS = 0.25
 
 
 @dataclass(frozen=True)
@@ -70,8 +102,17 @@ class RegistryStatistics:
     closing: bool
 
 
+@dataclass
+class _Waiter:
+    """A request the scheduler has not answered yet: its future and how to word a refusal."""
+
+    future: asyncio.Future[Lease | None]
+    model: str
+    direct: bool
+
+
 class Registry:
-    """Models by name, their children, and the scheduler that decides between them."""
+    """Models by name, their runs, and the scheduler that decides between them."""
 
     def __init__(
         self,
@@ -90,22 +131,25 @@ class Registry:
         residency_factor: float = RESIDENCY_FACTOR,
         downloads: DownloadSettings | None = None,
     ) -> None:
-        self._sched = Scheduler(models_max, memory, residency_factor=residency_factor)
+        self._sched = Scheduler(
+            models_max, memory, residency_factor=residency_factor, max_queue=max_queue
+        )
         self.memory = memory
-        if memory is not None:
-            memory.victims_from(lambda: self._sched.victim_candidates(self._clock()))
         self.ttl = ttl  # seconds idle before unload, for models without their own ``ttl``
         self.queue_timeout = queue_timeout
         self.max_queue = max_queue
         # Closes the proxy's idle connections to a child before it is asked to exit.
         self._release_port = release_port
-        self._keep_alive: dict[str, float | None] = {}  # per-request overrides (Ollama's)
         self._specs: dict[str, ModelSpec] = {}
         self._aliases: dict[str, str] = {}
         self._runs: dict[str, ModelRun] = {}
+        self._run_tasks: dict[str, asyncio.Task[None]] = {}
+        self._stop_reasons: dict[str, str] = {}  # why a stopping model stops
+        # Free memory per device just before a stop, and what the model held: after the exit
+        # the run's end waits until that memory shows free again (GPUs report it late).
+        self._freed_checks: dict[str, tuple[dict[str, int], dict[str, int]]] = {}
         self._factory = child_factory
         self._clock = clock
-        self._changed = Changed()
         self._tasks = TaskSet("registry")
         self._hub = EventHub()
         # Downloads hold no slot and no memory: the scheduler never sees them.
@@ -114,25 +158,36 @@ class Registry:
         self.fake_timing = (
             bool(os.environ.get(FAKE_TIMING_ENV)) if fake_timing is None else fake_timing
         )
-        self._ctx = RunContext(
-            self._sched,
-            memory,
-            clock,
-            self._hub,
-            self._changed,
-            self._wake,
-            self._stop,
-            self.fake_timing,
-        )
+        self._waiters: dict[int, _Waiter] = {}
+        self._ids = itertools.count(1)
+        self._inbox: collections.deque[Event] = collections.deque()
+        self._handling = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
+        self._room_read_at = -math.inf
         self._set_specs(catalog.models, catalog.aliases)
+        self._submit(CatalogEvent(self._configs()))
 
     # -- catalog -----------------------------------------------------------------------------
 
     def _set_specs(self, specs: Mapping[str, ModelSpec], aliases: Mapping[str, str]) -> None:
         self._specs = dict(specs)
         self._aliases = dict(aliases)  # the catalog's, already checked for collisions
-        for name, spec in self._specs.items():
-            self._sched.add_model(name, pin=spec.pin, priority=spec.priority)
+
+    def _configs(self) -> dict[str, ModelConfig]:
+        return {name: self._config(spec) for name, spec in self._specs.items()}
+
+    def _config(self, spec: ModelSpec) -> ModelConfig:
+        ttl = self.ttl
+        if spec.ttl is not None:
+            ttl = spec.ttl if spec.ttl > 0 else None  # ttl = 0 in a preset: never
+        return ModelConfig(
+            pin=spec.pin,
+            priority=spec.priority,
+            slots=spec.slots,
+            ttl=ttl,
+            stop_timeout=spec.stop_timeout,
+        )
 
     def resolve(self, name: str) -> str | None:
         """The canonical name for a model name or alias (or a download on its way), or None
@@ -152,16 +207,6 @@ class Registry:
         """Read access for snapshots (``/models``, metrics, tests); never mutate it."""
         return self._sched
 
-    def slots(self, name: str) -> int:
-        """How many requests ``name``'s child serves at once (its ``-np``; llama-server's
-        default is 4)."""
-        value = self._specs[name].get("parallel")
-        try:
-            parallel = int(value) if isinstance(value, str) else 0
-        except ValueError:
-            parallel = 0
-        return parallel if parallel > 0 else DEFAULT_PARALLEL
-
     def now(self) -> float:
         """The registry's clock (monotonic seconds), for views of scheduler times."""
         return self._clock()
@@ -171,7 +216,8 @@ class Registry:
         return run.child if run is not None else None
 
     async def reload(self, catalog: Catalog, changed: set[str]) -> None:
-        """Apply a re-read catalog: stop models that vanished or whose arguments changed.
+        """Apply a re-read catalog: stop models that vanished or whose arguments changed;
+        returns once they have stopped.
 
         The others are updated in place. Requests for a changed model that arrive meanwhile
         wait in the queue and load it again with its new arguments.
@@ -181,14 +227,10 @@ class Registry:
         gone = [name for name in self._specs if name not in specs]
         # Gone models stay known until their children have stopped (draining).
         self._set_specs({**{n: self._specs[n] for n in gone}, **specs}, catalog.aliases)
-        stops = [self._stop(name, "reload") for name in (*gone, *changed)]
-        await _wait_all(stops)
-        for name in gone:
-            if name not in self._runs:
-                self._sched.remove_model(name)
-                self._specs.pop(name, None)
+        configs = {name: self._config(spec) for name, spec in specs.items()}
+        self._submit(CatalogEvent(configs, frozenset(n for n in changed if n in configs)))
+        await _wait_all([self._run_tasks.get(name) for name in (*gone, *changed)])
         self._publish("*", "models_reload", None)
-        self._wake()
         if not self._sched.closing:
             # Presets added (or switched to load-on-startup) at runtime load now, as at start.
             for name, spec in specs.items():
@@ -198,32 +240,66 @@ class Registry:
 
     # -- requests ----------------------------------------------------------------------------
 
-    async def acquire(self, name: str, *, autoload: bool, inference: bool = True) -> Lease:
+    async def acquire(
+        self, name: str, *, autoload: bool, inference: bool = True, slot: bool = True
+    ) -> Lease:
         """Wait until ``name`` can take a request and lease it; load it when allowed.
 
-        Cancelling (the client went away) leaves the queue; a load it started goes on. With
-        ``--max-queue`` a request beyond that many waiters, and with ``--queue-timeout`` one
-        that waited that long, gets 503 with Retry-After instead of an endless wait; so does
-        every request once the agent is closing.
+        ``slot``: the request takes one of the child's slots (it waits for a free one, in the
+        same queue). Cancelling (the client went away) leaves the queue; a load it started
+        goes on. ``--queue-timeout`` bounds the whole wait, from arrival (a download, a load's
+        turn, a slot), and ``--max-queue`` the waiters per model: beyond either, 503 with
+        Retry-After; so does every request once the agent is closing.
         """
         self._refuse_if_closing()
+        deadline = None if self.queue_timeout is None else self._clock() + self.queue_timeout
         if name not in self._specs:  # only a download so far (POST /models): wait for it
             await self.downloads.wait(
-                name, queue_timeout=self.queue_timeout, max_queue=self.max_queue
+                name,
+                queue_timeout=self.queue_timeout,
+                left=self._left(deadline),
+                max_queue=self.max_queue,
             )
             if self.resolve(name) != name:
                 raise failed_error(name, self.downloads.failed(name) or "")
-        lease = self._sched.try_lease(name, self._clock(), inference=inference)
-        if lease is not None:
-            return lease
-        if not autoload and not self._sched.view(name).state.running:
-            raise ApiError(400, "model is not loaded")
-        if self.max_queue is not None and self._sched.view(name).queued >= self.max_queue:
-            raise queue_full_error(name, self.max_queue)
-        await self._fetch_first(name, queue_timeout=self.queue_timeout, max_queue=self.max_queue)
-        lease = await self._admit(name, inference=inference, may_load=autoload, direct=False)
+        plan = needs_download(self._specs[name])
+        if plan is not None:
+            await self.downloads.fetch_preset(
+                name,
+                plan,
+                queue_timeout=self.queue_timeout,
+                left=self._left(deadline),
+                max_queue=self.max_queue,
+            )
+        if self._sched.view(name).state is ModelState.UNLOADED:
+            await self._prepare(name)
+        waiter = next(self._ids)
+        request = Request(waiter, name, inference, slot, autoload, deadline=deadline)
+        lease = await self._wait(request)
         assert lease is not None
         return lease
+
+    def _left(self, deadline: float | None) -> float | None:
+        return None if deadline is None else max(0.0, deadline - self._clock())
+
+    async def _wait(self, request: Request) -> Lease | None:
+        """Hand ``request`` to the scheduler and wait for its answer (a lease; None for a
+        direct load, once its child exists)."""
+        future: asyncio.Future[Lease | None] = asyncio.get_running_loop().create_future()
+        self._waiters[request.waiter] = _Waiter(future, request.model, request.direct)
+        try:
+            self._submit(request)
+            return await future
+        except BaseException:
+            if future.done() and not future.cancelled() and future.exception() is None:
+                granted = future.result()  # granted as the client went away: given back
+                if granted is not None:
+                    self.release(granted)
+            raise
+        finally:
+            del self._waiters[request.waiter]
+            if not future.done() or future.cancelled():
+                self._submit(Leave(request.waiter))
 
     async def load(self, name: str) -> None:
         """``POST /models/load``: start loading ``name``; returns once its child is spawned
@@ -233,127 +309,46 @@ class Registry:
         self._refuse_if_closing()
         if name not in self._specs:  # a download on its way (llama.cpp: success, no load)
             return
-        view = self._sched.view(name)
-        downloading = self.downloads.active(name)  # llama.cpp's child is `loading` then
-        if (view.state.running or view.claimed or downloading) and not view.stopping:
-            raise ApiError(400, "model is already running")
+        if self.downloads.active(name) and not self._sched.view(name).stopping:
+            raise ApiError(400, "model is already running")  # llama.cpp's child is loading
         plan = needs_download(self._specs[name])
         if plan is not None and not await self.downloads.start_preset(name, plan):
             self._tasks.spawn(
-                self._quietly(f"load of model={name}", self._load(name)), f"load:{name}"
+                self._quietly(f"load of model={name}", self._load(name, after_download=True)),
+                f"load:{name}",
             )
             return
         await self._load(name)
 
-    async def _load(self, name: str) -> None:
+    async def _load(self, name: str, *, after_download: bool = False) -> None:
         """Load ``name`` (its download first, if any); returns once its child is spawned.
         The download is waited for without the queue bounds: the client was told success, and
         ``--load-timeout`` and the downloader's own limits bound it; a failed download leaves
         the model failed (``GET /models``, ``download_failed``)."""
-        await self._fetch_first(name, queue_timeout=None, max_queue=None)
-        await self._admit(name, inference=True, may_load=True, direct=True)
-        while True:  # granted: wait for the spawn (the run's first step)
-            changed = self._changed.current()
-            view = self._sched.view(name)
-            if not view.claimed:
-                break
-            await changed.wait()
-        if self._sched.closing and not view.state.running:
-            raise closing_error()
-        if view.failed and not view.state.running:
-            raise failed_error(name, view.error or "")
-
-    async def _fetch_first(
-        self, name: str, *, queue_timeout: float | None, max_queue: int | None
-    ) -> None:
-        """A preset's file the agent downloads itself: in the cache before the load is queued
-        (the download holds no slot and no memory)."""
         plan = needs_download(self._specs[name])
         if plan is not None:
             await self.downloads.fetch_preset(
-                name, plan, queue_timeout=queue_timeout, max_queue=max_queue
+                name, plan, queue_timeout=None, left=None, max_queue=None
             )
+        if after_download and self._sched.view(name).usable:
+            return  # a request loaded it while it downloaded
+        await self._prepare(name)
+        await self._wait(Request(next(self._ids), name, direct=True))
 
     def _refuse_if_closing(self) -> None:
         if self._sched.closing:
             raise closing_error()
 
-    async def _admit(
-        self, name: str, *, inference: bool, may_load: bool, direct: bool
-    ) -> Lease | None:
-        """The one admission loop: queue for ``name`` and carry out the scheduler's decisions
-        until the request is leased (``direct``: a ``/models/load``, done once its load is
-        granted) or refused."""
-        await self._prepare(name)
-        waiter = self._sched.join(name)
-        timeout = None if direct else self.queue_timeout
-        deadline = None if timeout is None else self._clock() + timeout
-        waiting = False
-        try:
-            while True:
-                changed = self._changed.current()
-                self._tick()
-                decision = self._sched.poll(
-                    waiter, self._clock(), inference=inference, may_load=may_load
-                )
-                if decision.kind is DecisionKind.LEASED:
-                    assert decision.lease is not None
-                    if not direct:
-                        return decision.lease
-                    self._sched.release(decision.lease, self._clock())
-                    return None
-                if decision.kind is DecisionKind.LOAD:
-                    self._start(name)
-                    if direct:
-                        return None
-                    continue
-                if decision.kind is not DecisionKind.WAIT:
-                    raise _refusal(name, decision, direct=direct)
-                if direct and self._sched.stuck(name):
-                    # Only busy models could make room: a request would wait, but a direct
-                    # load is told to come back (llama.cpp's wording).
-                    raise ApiError(500, "model limit reached, try again later")
-                if not waiting:
-                    waiting = True
-                    log.info("request for model=%s waits: %s", name, self._sched.wait_reason(name))
-                await self._wait_change(changed, deadline, name)
-        finally:
-            self._sched.leave(waiter)
-            self._wake()
-
-    async def _wait_change(self, changed: asyncio.Event, deadline: float | None, name: str) -> None:
-        view = self._sched.view(name)
-        loading = view.state is ModelState.LOADING or view.claimed
-        if deadline is None or (loading and not view.stopping):
-            # The queue timeout bounds the wait for a turn, not a load already under way:
-            # a big model that takes longer to load than the timeout must still be servable.
-            await changed.wait()
-            return
-        try:
-            await asyncio.wait_for(changed.wait(), max(0.0, deadline - self._clock()))
-        except TimeoutError:
-            assert self.queue_timeout is not None
-            reason = self._sched.wait_reason(name)
-            log.info("request for model=%s gave up after %gs: %s", name, self.queue_timeout, reason)
-            raise queue_timeout_error(name, self.queue_timeout, reason) from None
-
     def release(self, lease: Lease) -> None:
-        self._sched.release(lease, self._clock())
-        self._wake()
-
-    def port(self, lease: Lease) -> int:
-        """The port of the child a lease points at (leased models always have a child)."""
-        run = self._runs.get(lease.model)
-        if run is None or run.child.port is None:
-            raise ApiError(500, f"model name={lease.model} is not running")
-        return run.child.port
+        self._submit(Release(lease))
 
     async def stop_and_wait(self, name: str) -> None:
         """Stop ``name`` if it runs (``DELETE /models``); return once its child has exited."""
         if self.downloads.cancel(name):
             await self.downloads.wait_cancelled(name)
         elif name in self._runs:
-            await _wait_all([self._stop(name, "remove")])
+            self._submit(Unload(name, "remove"))
+            await _wait_all([self._run_tasks.get(name)])
 
     def unload(self, name: str) -> None:
         """``POST /models/unload``: drain and stop ``name``, or cancel its download; returns
@@ -362,14 +357,138 @@ class Registry:
             return
         if not self._sched.view(name).state.running:
             raise ApiError(400, "model is not running")
-        self._stop(name, "manual")
+        self._submit(Unload(name, "manual"))
 
-    # -- the scheduler's decisions -----------------------------------------------------------
+    def keep_alive(self, name: str, value: object) -> None:
+        """A request's ``keep_alive`` (Ollama's): how long ``name`` stays after it is idle.
 
-    def _wake(self) -> None:
-        for change in self._sched.take_transitions():
-            log.info("model=%s: %s -> %s", change.model, change.old.value, change.new.value)
-        self._changed.notify()
+        0 unloads it as soon as it is idle, a negative number keeps it forever, a duration
+        (``"5m"``, ``"30s"``, seconds as a number) sets its idle time; the last request's
+        value holds until another request says otherwise. Raises ApiError on a bad value.
+        """
+        self._submit(KeepAlive(name, parse_keep_alive(value)))
+
+    # -- the inbox and the effects -------------------------------------------------------------
+
+    def _submit(self, event: Event) -> None:
+        """Hand ``event`` to the scheduler and carry out its effects. Events raised while
+        effects are carried out wait in the inbox and are handled next, in order."""
+        self._inbox.append(event)
+        if self._handling:
+            return
+        self._handling = True
+        try:
+            while self._inbox:
+                event = self._inbox.popleft()
+                now = self._clock()
+                self._read_room(event, now)
+                effects = self._sched.handle(event, now)
+                for change in self._sched.take_transitions():
+                    log.info("model=%s: %s -> %s", change.model, change.old.value, change.new.value)
+                for effect in effects:
+                    self._apply(effect, now)
+        finally:
+            self._handling = False
+        self._arm_timer()
+
+    def _read_room(self, event: Event, now: float) -> None:
+        """Read the devices before a decision that may need room: at most every
+        ``ROOM_READ_SECONDS``, and after every exit (a victim's memory is free now)."""
+        if self.memory is None or not self._sched.needs_room():
+            return
+        if isinstance(event, Exited) or now - self._room_read_at >= ROOM_READ_SECONDS:
+            self._room_read_at = now
+            self.memory.refresh()
+
+    def _arm_timer(self) -> None:
+        now = self._clock()
+        at = self._sched.next_wakeup(now)
+        if self.memory is not None and self._sched.needs_room():
+            # A load waits for room: memory other processes free shows up on the next read.
+            at = min(at if at is not None else math.inf, now + ROOM_READ_SECONDS)
+        if at == self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._timer_at = None, at
+        if at is not None and not math.isinf(at):
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_later(max(0.0, at - now), self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = self._timer_at = None
+        self._submit(Tick())
+
+    def _apply(self, effect: Effect, now: float) -> None:
+        match effect:
+            case Grant(waiter=waiter, lease=lease):
+                found = self._waiters.get(waiter)
+                if found is None or found.future.done():
+                    self._submit(Release(lease))  # its client went away as it was granted
+                else:
+                    found.future.set_result(lease)
+            case Started(waiter=waiter):
+                found = self._waiters.get(waiter)
+                if found is not None and not found.future.done():
+                    found.future.set_result(None)
+            case Refuse():
+                found = self._waiters.get(effect.waiter)
+                if found is not None and not found.future.done():
+                    found.future.set_exception(self._refusal(effect, found))
+            case Queued(model=name, reason=reason, slot=slot):
+                log.log(
+                    logging.DEBUG if slot else logging.INFO,
+                    "request for model=%s waits: %s",
+                    name,
+                    reason,
+                )
+            case Spawn(model=name):
+                self._spawn(name)
+            case Drain():
+                self._begin_drain(effect)
+            case Stop(model=name, cut=cut):
+                run = self._runs.get(name)
+                if run is not None:
+                    self._tasks.spawn(self._stop(run, cut), f"stop:{name}")
+            case Removed(model=name):
+                self._specs.pop(name, None)
+
+    def _refusal(self, refuse: Refuse, waiter: _Waiter) -> ApiError:
+        """The error for a waiter the scheduler turned away, worded as llama.cpp does."""
+        name = waiter.model
+        match refuse.kind:
+            case Refusal.FAILED:
+                if refuse.reason == SHUTTING_DOWN:
+                    return closing_error()
+                return failed_error(name, refuse.reason)
+            case Refusal.GONE:
+                return ApiError(404 if waiter.direct else 400, f"model '{name}' not found")
+            case Refusal.BACKOFF:
+                return backoff_error(name, refuse.reason, refuse.retry_after)
+            case Refusal.UNLOADED:
+                return ApiError(400, "model is not loaded")
+            case Refusal.CLOSING:
+                return closing_error()
+            case Refusal.TIMEOUT:
+                assert self.queue_timeout is not None
+                log.info(
+                    "request for model=%s gave up after %gs: %s",
+                    name,
+                    self.queue_timeout,
+                    refuse.reason,
+                )
+                return queue_timeout_error(name, self.queue_timeout, refuse.reason)
+            case Refusal.FULL:
+                return queue_full_error(name, int(refuse.limit))
+            case Refusal.RUNNING:
+                return ApiError(400, "model is already running")
+            case Refusal.LIMIT:
+                # Only busy models could make room: a request would wait, but a direct load
+                # is told to come back (llama.cpp's wording).
+                return ApiError(500, "model limit reached, try again later")
+        raise AssertionError(refuse.kind)
+
+    # -- runs --------------------------------------------------------------------------------
 
     def _local(self, name: str) -> ModelSpec:
         """``name``'s spec, loading its downloaded file when the agent downloads it."""
@@ -381,100 +500,100 @@ class Registry:
             # Its header and estimate, off the loop and bounded (issue 26, row 6).
             await self.memory.prepare_off_loop([self._local(name)])
 
-    def _tick(self) -> None:
-        if self.memory is not None:
-            self.memory.refresh()
-        for eviction in self._sched.tick(self._clock()):
-            log.info("evicting model=%s to make room (%s)", eviction.model, eviction.reason)
-            self._begin_stop(eviction.model, eviction.reason)
-
-    def _start(self, name: str) -> None:
-        """Start ``name``'s run (the caller holds the scheduler's claim). The model shows
+    def _spawn(self, name: str) -> None:
+        """Start ``name``'s run (the scheduler granted its load). The model shows
         ``loading`` once the run has spawned its child."""
         spec = self._local(name)
         if self.memory is not None:
             spec = self.memory.placed(spec)  # the GPU(s) it goes to, chosen now
-        run = self._runs[name] = ModelRun(self._ctx, spec, self._factory)
-        run.task = self._tasks.spawn(self._own(run), f"run:{name}")
+            # The ledger counts a granted load from the grant on (at its estimate), so that
+            # no second load is granted into the same memory before this one has spawned.
+            self.memory.warn_if_short(name)
+            self.memory.spawned(name)
+        run = self._runs[name] = ModelRun(
+            spec,
+            self._factory,
+            report=self._from_run,
+            publish=self._publish,
+            may_spawn=lambda: not self._sched.closing,
+            fake_timing=self.fake_timing,
+        )
+        self._run_tasks[name] = self._tasks.spawn(self._own(run), f"run:{name}")
+
+    def _from_run(self, event: Event) -> None:
+        """A run's report: the ledger hears of it, then the scheduler."""
+        memory = self.memory
+        if memory is not None:
+            run = self._runs.get(getattr(event, "model", ""))
+            pid = run.child.pid if run is not None else None
+            if isinstance(event, Ready | Woke):
+                memory.ready(event.model, pid)
+            elif isinstance(event, Sleeping):
+                memory.sleeping(event.model)
+        self._submit(event)
 
     async def _own(self, run: ModelRun) -> None:
+        """Run ``run`` to its end, then report how it ended (once its memory shows free)."""
+        name = run.name
         try:
-            await run.run()
+            outcome = await run.run()
         finally:
-            if self._runs.get(run.name) is run:
-                del self._runs[run.name]
-            gone = run.name not in self._specs and run.name in self._sched
-            if gone and not self._sched.view(run.name).state.running:
-                self._sched.remove_model(run.name)
-            self._wake()
-
-    def _begin_stop(self, name: str, reason: str) -> None:
-        run = self._runs.get(name)
-        if run is None or run.stop_task is not None:
-            return
-        run.stop_reason = reason
-        spec = self._specs.get(name)
-        timeout = spec.stop_timeout if spec is not None else run.spec.stop_timeout
-        self._sched.begin_drain(name, self._clock() + timeout)
+            if self._runs.get(name) is run:
+                del self._runs[name]
+                del self._run_tasks[name]
         if self.memory is not None:
-            run.freed_check = self.memory.exiting(name)
-        log.info("stopping model=%s (%s)", name, reason)
-        run.stop_task = self._tasks.spawn(run.drain_and_stop(self._release_port), f"stop:{name}")
+            # Still "stopping" to the scheduler meanwhile: nobody loads into memory that does
+            # not show free yet.
+            check = self._freed_checks.pop(name, None)
+            if check is not None and not await self.memory.wait_freed(*check):
+                log.warning("model=%s: its memory did not show free in time", name)
+            self.memory.unloaded(name)
+        reason = self._stop_reasons.pop(name, None)
+        if outcome.withdrawn:
+            self._submit(SpawnFailed(name, outcome.reason, count=False))
+            return
+        if not outcome.spawned:  # nothing ever ran (the binary could not be started)
+            self._submit(SpawnFailed(name, outcome.reason or f"exit code {outcome.code}"))
+        else:
+            if reason is None:
+                log.warning("model=%s exited unexpectedly with code %s", name, outcome.code)
+            self._submit(Exited(name, outcome.code, outcome.reason))
+        data = {
+            "status": "unloaded",
+            "exit_code": outcome.code,
+            # Corral's extra (llama.cpp's clients see its shape unchanged): why it stopped.
+            "corral": {"reason": reason or "crash"},
+        }
+        self._publish(name, "status_change", data)
 
-    def _stop(self, name: str, reason: str) -> asyncio.Task[None] | None:
-        """Mark ``name`` stopping and start its drain; returns the stop's task, if any."""
-        self._sched.request_stop(name)
-        self._begin_stop(name, reason)
-        self._wake()
-        run = self._runs.get(name)
-        return run.stop_task if run is not None else None
+    def _begin_drain(self, drain: Drain) -> None:
+        name = drain.model
+        self._stop_reasons[name] = drain.reason
+        if self.memory is not None:
+            self._freed_checks[name] = self.memory.exiting(name)
+            if drain.reason == "memory" and drain.evicted_for is not None:
+                self.memory.explain_eviction(drain.evicted_for, name)
+        if drain.evicted_for is not None:
+            log.info("evicting model=%s to make room (%s)", name, drain.reason)
+        log.info("stopping model=%s (%s)", name, drain.reason)
+
+    async def _stop(self, run: ModelRun, cut: bool) -> None:
+        port = run.child.port
+        if self._release_port is not None and port is not None:
+            # A child with an idle keep-alive connection open exits 10 ms slower.
+            await self._release_port(port)
+        await run.stop(cut=cut)
 
     # -- events ------------------------------------------------------------------------------
 
     def _publish(self, model: str, event: str, data: dict[str, Any] | None) -> None:
-        self._hub.publish(Event(model, event, data))
+        self._hub.publish(HubEvent(model, event, data))
 
     publish = _publish  # for the routes that report their own events (DELETE /models)
 
-    def events(self) -> AsyncGenerator[Event, None]:
+    def events(self) -> AsyncGenerator[HubEvent, None]:
         """Every event from now on, for one ``/models/sse`` client (or metrics, the page)."""
         return self._hub.subscribe()
-
-    # -- idle unload ---------------------------------------------------------------------------
-
-    def keep_alive(self, name: str, value: object) -> None:
-        """A request's ``keep_alive`` (Ollama's): how long ``name`` stays after it is idle.
-
-        0 unloads it as soon as it is idle, a negative number keeps it forever, a duration
-        (``"5m"``, ``"30s"``, seconds as a number) sets its idle time; the last request's
-        value holds until another request says otherwise. Raises ApiError on a bad value.
-        """
-        self._keep_alive[name] = parse_keep_alive(value)
-
-    def ttl_of(self, name: str) -> float | None:
-        """Seconds ``name`` may stay idle: last keep_alive, else its preset, else the agent's."""
-        if name in self._keep_alive:
-            return self._keep_alive[name]
-        spec_ttl = self._specs[name].ttl
-        if spec_ttl is not None:
-            return spec_ttl if spec_ttl > 0 else None  # ttl = 0 in a preset: never
-        return self.ttl
-
-    async def _expire_idle(self) -> None:
-        """Unload models idle past their TTL; never one with a request in flight."""
-        while True:
-            await asyncio.sleep(TTL_CHECK_SECONDS)
-            ttls = {
-                name: ttl
-                for name in self._runs
-                if name in self._specs and (ttl := self.ttl_of(name)) is not None
-            }
-            for name in self._sched.expired(self._clock(), ttls):
-                log.info("model=%s idle for %gs (its ttl): unloading", name, ttls[name])
-                self._stop(name, "ttl")
-            if self._sched.statistics().needed:
-                # A victim's minimum residency may have ended: waiters look again.
-                self._changed.notify()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -483,7 +602,6 @@ class Registry:
         for name, spec in self._specs.items():
             if spec.load_on_startup:
                 self._load_on_startup(name)
-        self._tasks.spawn(self._expire_idle(), "ttl", forever=True)
 
     def _load_on_startup(self, name: str) -> None:
         self._tasks.spawn(
@@ -506,18 +624,14 @@ class Registry:
             log.info("closing: refusing new requests, draining %d models", len(self._runs))
         bound = self.shutdown_timeout
         drain = bound - SHUTDOWN_EXIT_SECONDS if bound > 2 * SHUTDOWN_EXIT_SECONDS else bound / 2
-        deadline = self._clock() + drain
-        for name in self._sched.close():
-            self._begin_stop(name, "shutdown")
-        for name in self._runs:
-            self._sched.begin_drain(name, deadline)  # the shutdown's bound wins
-        self._wake()
+        self._submit(Close(self._clock() + drain))
 
     async def close(self) -> None:
         """Close (see :meth:`begin_close`), wait for every child to stop, then end the tasks."""
         self.begin_close()
-        await _wait_all([run.stop_task for run in list(self._runs.values())])
-        await _wait_all([run.task for run in list(self._runs.values())])
+        await _wait_all(list(self._run_tasks.values()))
+        if self._timer is not None:
+            self._timer.cancel()
         await self.downloads.close()
         await self._tasks.close()
 
@@ -534,32 +648,15 @@ class Registry:
         return RegistryStatistics(
             models=len(self._specs),
             runs=len(self._runs),
-            stopping=sum(1 for run in self._runs.values() if run.stop_task is not None),
+            stopping=self._sched.statistics().stopping,
             tasks=len(self._tasks),
             subscribers=self._hub.statistics().subscribers,
             closing=self._sched.closing,
         )
 
 
-def _refusal(name: str, decision: Decision, *, direct: bool) -> ApiError:
-    """The error for a waiter the scheduler turned away."""
-    if decision.kind is DecisionKind.UNLOADED:
-        return ApiError(400, "model is not loaded")
-    if decision.kind is DecisionKind.FAILED:
-        if decision.reason == SHUTTING_DOWN:
-            return closing_error()
-        return failed_error(name, decision.reason)
-    if decision.kind is DecisionKind.GONE:
-        return ApiError(404 if direct else 400, f"model '{name}' not found")
-    if decision.kind is DecisionKind.BACKOFF:
-        return backoff_error(name, decision.reason, decision.retry_after)
-    if decision.kind is DecisionKind.CLOSING:
-        return closing_error()
-    raise AssertionError(f"not a refusal: {decision.kind}")
-
-
 async def _wait_all(tasks: list[asyncio.Task[None] | None]) -> None:
-    """Wait for stop tasks without cancelling them when the waiter is cancelled."""
+    """Wait for run tasks without cancelling them when the waiter is cancelled."""
     pending = [t for t in tasks if t is not None]
     if pending:
         await asyncio.wait([asyncio.shield(t) for t in pending])

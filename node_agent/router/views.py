@@ -70,10 +70,8 @@ def model_entry(
     binary: str,
     now: int,
     streams: bool | None = None,
-    slot_queued: int = 0,
 ) -> dict[str, Any]:
-    """One entry of ``GET /models``, built from the schema the operator parses with;
-    ``slot_queued`` requests wait for one of its child's slots (they count as queued)."""
+    """One entry of ``GET /models``, built from the schema the operator parses with."""
     # Imported at first use: pydantic is a third of the agent's import time, and start-up
     # does not need it (the agent imports it in the background once it listens).
     from node_agent.models_schema import CorralInfo, Memory, ModelEntry, ModelStatus, dump
@@ -115,7 +113,7 @@ def model_entry(
     corral = CorralInfo(
         stopping=view.stopping,
         in_flight=view.in_flight,
-        queued=view.queued + slot_queued,
+        queued=view.queued,
         pid=child.pid if child is not None else None,
         error=redact(error) if error is not None else None,
         failures=view.failures,

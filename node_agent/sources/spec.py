@@ -24,6 +24,7 @@ Env = tuple[tuple[str, str], ...]
 T = TypeVar("T")
 
 DEFAULT_STOP_TIMEOUT = 10.0  # seconds; llama.cpp's DEFAULT_STOP_TIMEOUT
+DEFAULT_PARALLEL = 4  # llama-server's slots when -np is not given (or is -1, auto)
 
 # Where llama.cpp's GET /models says a model came from (server_model_source names).
 SOURCE_CACHE = "cache"
@@ -157,6 +158,17 @@ class ModelSpec:
             if key == name:
                 return value
         return None
+
+    @property
+    def slots(self) -> int:
+        """How many requests its child serves at once: its ``-np``, else llama-server's
+        default (``-np -1``, auto, is that default too)."""
+        value = self.get("parallel")
+        try:
+            parallel = int(value) if isinstance(value, str) else 0
+        except ValueError:
+            parallel = 0
+        return parallel if parallel > 0 else DEFAULT_PARALLEL
 
     @property
     def model_path(self) -> str | None:

@@ -225,7 +225,7 @@ async def test_two_loads_starting_one_preset_download_share_it(
         assert started == [False, False]  # neither was cached; one download on its way
         assert downloads.names() == ["m"]
         server.release.set()
-        await downloads.fetch_preset("m", plan, queue_timeout=None, max_queue=None)
+        await downloads.fetch_preset("m", plan, queue_timeout=None, left=None, max_queue=None)
         assert server.requests == ["/slow/demo-tiny.gguf"]
     finally:
         await downloads.close()

@@ -30,7 +30,9 @@ async def test_a_download_that_fails_unexpectedly_ends_failed_and_may_start_agai
     # The task boundary under test: what start_repo does once its plan is made.
     downloads._begin("org/repo:Q8_0", frozenset({"/hub/blob"}))
     downloads._run("org/repo:Q8_0", broken(), becomes_model=True)
-    await asyncio.wait_for(downloads.wait("org/repo:Q8_0", queue_timeout=None, max_queue=None), 5)
+    await asyncio.wait_for(
+        downloads.wait("org/repo:Q8_0", queue_timeout=None, left=None, max_queue=None), 5
+    )
     assert not downloads.active("org/repo:Q8_0")
     assert (
         downloads.failed("org/repo:Q8_0") == "the download failed: ValueError: embedded null byte"

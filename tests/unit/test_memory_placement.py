@@ -132,8 +132,8 @@ def test_evictions_are_chosen_on_one_gpu_and_justified(
     need = memory.ledger.held("x")["CUDA0"]
     memory.probe = CompositeProbe([Gpus(CUDA0=need // MIB, CUDA1=need // MIB // 2)])
     memory.refresh()
-    memory.victims_from(lambda: ["x"])
-    assert memory.shortfall("y")
+    assert memory.shortfall("y", ["x"])
+    assert memory.pick_victim("y", ["x"]) == "x"
     with caplog.at_level(logging.INFO, logger="corral"):
-        assert memory.pick_victim("y", ["x"]) == "x"
+        memory.explain_eviction("y", "x")  # the owner, as it carries out the eviction
     assert "model=y: evicting x on CUDA0: CUDA0: no GPU has room" in caplog.text

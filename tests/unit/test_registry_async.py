@@ -8,13 +8,17 @@ admission while closing, and that no state is reported before it is true.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
+from pathlib import Path
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from node_agent.core.scheduler import ModelState
+from node_agent.router.downloads import DownloadSettings
 from node_agent.sources.catalog import Catalog
 from tests.unit.fake_child import Agent, Plan, chat, fake_agent, spec
 
@@ -238,3 +242,72 @@ async def test_the_shutdown_bound_cuts_a_stream_whose_child_would_finish_it_firs
             await closing
         assert b"stopped mid-response" in last_event(rest)
         assert ended - started < 5
+
+
+async def test_requests_waiting_for_a_slot_when_their_model_stops_are_served_after_reload() -> None:
+    """Issue 27: a request that has not reached the child when its model stops waits and
+    loads it again. It used to hold a lease while it waited at the proxy's slot gate, so the
+    drain counted it in flight, ran to its bound, killed the child, and the request then got
+    ``502 the model's server did not answer: Cannot connect to host``."""
+    plan = Plan()
+    one_slot = spec("m", stop_timeout=0.3, options=(("parallel", "1"),))
+    async with fake_agent(plan, [one_slot]) as agent:
+        stream = await open_stream(agent, "m")  # holds the child's only slot
+
+        async def chat_once() -> tuple[int, str]:
+            url = f"{agent.url}/v1/chat/completions"
+            async with agent.client.post(url, json=chat("m", 4)) as response:
+                return response.status, await response.text()
+
+        waiting = [asyncio.create_task(chat_once()) for _ in range(8)]
+        await asyncio.sleep(0.3)  # they are all queued for the slot
+        async with agent.client.post(f"{agent.url}/models/unload", json={"model": "m"}) as r:
+            assert r.status == 200
+        rest, _ = await read_to_end(stream)
+        assert b"stopped mid-response" in last_event(rest)  # the drain's bound cut it
+        answers = await asyncio.gather(*waiting)
+        assert [status for status, _ in answers] == [200] * 8, answers
+        assert plan.spawned == ["m", "m"]  # loaded again for them
+
+
+async def test_one_queue_timeout_bounds_a_download_and_then_a_slot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 27: ``--queue-timeout`` counts from a request's arrival, whatever it waits for.
+    A request that waited for its model's download and then for a slot was given the whole
+    timeout at each (the download's wait, then the proxy's slot gate: 1.2 + 2 s here)."""
+    monkeypatch.setenv("LLAMA_CACHE", str(tmp_path))
+    body = b"GGUF" + bytes(1000)
+
+    async def slow_file(request: web.Request) -> web.Response:
+        await asyncio.sleep(1.2)
+        return web.Response(body=body)
+
+    files = web.Application()
+    files.router.add_get("/m.gguf", slow_file)
+    runner = web.AppRunner(files)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    preset = spec(
+        "m",
+        options=(("parallel", "1"), ("model-url", f"http://127.0.0.1:{port}/m.gguf")),
+        model_sha256=hashlib.sha256(body).hexdigest(),
+    )
+    settings = DownloadSettings(env={"LLAMA_CACHE": str(tmp_path)})
+    try:
+        async with fake_agent(Plan(), [preset], queue_timeout=2.0, downloads=settings) as agent:
+            first = asyncio.create_task(open_stream(agent, "m"))  # gets the slot, keeps it
+            await asyncio.sleep(0.05)
+            started = time.monotonic()
+            url = f"{agent.url}/v1/chat/completions"
+            async with agent.client.post(url, json=chat("m")) as response:
+                status, text = response.status, await response.text()
+            waited = time.monotonic() - started
+            assert status == 503, text
+            assert "within the queue timeout (2 s): all 1 slots of its server" in text
+            assert waited < 2.8, waited  # 2 s in all, and a margin for a busy machine
+            (await first).close()
+    finally:
+        await runner.cleanup()

@@ -6,7 +6,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from node_agent.core.scheduler import DecisionKind, Lease, ModelState, Scheduler
+from node_agent.core.scheduler import DecisionKind, ModelState, Scheduler
+from node_agent.core.scheduler_events import Lease
 
 
 def make(models_max: int, *names: str) -> Scheduler:
@@ -353,7 +354,7 @@ class FakeRoom:
         self.budget, self.sizes, self.running = budget, sizes, running
         self.asked: list[tuple[str, tuple[str, ...]]] = []
 
-    def shortfall(self, model: str) -> bool:
+    def shortfall(self, model: str, candidates: Sequence[str]) -> bool:
         used = sum(self.sizes[m] for m in self.running)
         return self.sizes[model] > self.budget - used
 

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from node_agent.core.scheduler import DecisionKind, Lease, Scheduler
+from node_agent.core.scheduler import DecisionKind, Scheduler
+from node_agent.core.scheduler_events import Lease
 from node_agent.core.victims import RESIDENCY_FACTOR, keep_value, load_class, resident_until
 
 
