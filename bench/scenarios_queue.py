@@ -79,6 +79,8 @@ async def s7_queue(bench: Bench) -> ScenarioResult:
                     continue
                 per_request[target][clients] = (server.cpu() - before).own / n
         fleet.measure()
+    for target, values in per_request.items():
+        result.add_samples(target, "cpu_per_request_s", [values[c] for c in sorted(values)])
     result.metrics += [
         Metric(
             "router CPU per request, queue of 1",

@@ -27,7 +27,7 @@ from node_agent.child.state import ChildEvent
 from node_agent.core.victims import RESIDENCY_FACTOR
 from node_agent.demo_models import write_demo_models
 from node_agent.llama_server.binary import find_llama_server
-from node_agent.router.registry import Registry
+from node_agent.runtime.registry import Registry
 from node_agent.sources.catalog import Catalog
 from node_agent.sources.spec import ModelSpec
 

@@ -26,6 +26,14 @@ from aiohttp import web
 
 from node_agent import startup
 from node_agent.aio import TaskSet
+from node_agent.api.app import build_app
+from node_agent.api.browser_guard import start_warnings
+from node_agent.api.connections import BoundedRunner, default_max_connections
+from node_agent.api.peers import Peers
+from node_agent.api.proxy import Proxy
+from node_agent.api.state import AgentState, RouterSettings
+from node_agent.api.tools_api import security_warning
+from node_agent.api.vertex import vertex_from_env
 from node_agent.binary_probe import BinaryProbe
 from node_agent.child.logs import LogRing
 from node_agent.child.orphans import end_orphans
@@ -38,16 +46,8 @@ from node_agent.llama_server.binary import build_info
 from node_agent.mcp.config import load_servers
 from node_agent.mcp.servers import McpServers
 from node_agent.redact import RedactingFilter, add_secret, add_secrets
-from node_agent.router.app import build_app
-from node_agent.router.browser_guard import start_warnings
-from node_agent.router.connections import BoundedRunner, default_max_connections
-from node_agent.router.downloads import DownloadSettings
-from node_agent.router.peers import Peers
-from node_agent.router.proxy import Proxy
-from node_agent.router.registry import Registry
-from node_agent.router.state import AgentState, RouterSettings
-from node_agent.router.tools_api import security_warning
-from node_agent.router.vertex import vertex_from_env
+from node_agent.runtime.model_downloads import DownloadSettings
+from node_agent.runtime.registry import Registry
 from node_agent.sources.catalog import Catalog, diff_catalogs, keep_refused, load_catalog
 from node_agent.sources.download import Limits, cache_dir
 from node_agent.sources.hf_cache import hub_dir
@@ -55,9 +55,9 @@ from node_agent.sources.preset_dir import directory_version, preset_files, prese
 from node_agent.sources.spec import ModelSpec
 
 if TYPE_CHECKING:  # imported lazily (start-up time): pydantic, the memory ledger, peer discovery
+    from node_agent.api.peer_discovery import PeerDiscovery
     from node_agent.models_schema import RefusedPreset
-    from node_agent.router.memory import MemoryWatch
-    from node_agent.router.peer_discovery import PeerDiscovery
+    from node_agent.runtime.memory_watch import MemoryWatch
     from node_agent.tools.toolbox import Toolbox
 
 log = logging.getLogger("corral.agent")
@@ -66,7 +66,7 @@ LOG_LINES = 2000  # stderr lines kept per model
 # Imported in the background once the agent listens: GET /models and the first request's
 # metrics need them, start-up does not (pydantic and prometheus_client are ~40% of the
 # import time; agent start with 1000 models, bench S6).
-IMPORTED_LATER = ("node_agent.models_schema", "node_agent.router.metrics_families")
+IMPORTED_LATER = ("node_agent.models_schema", "node_agent.api.metrics_families")
 ESTIMATOR = "node_agent.memory.estimator"
 PRESET_POLL_SECONDS = 1.0  # the kubelet syncs ConfigMap volumes every ~60 s: 1 s is plenty
 
@@ -264,8 +264,8 @@ class Agent:
         if self.options.peers_from_service is None or self.peers is None:
             return None
         # Imported only when on: nothing of Kubernetes' at an ordinary start.
+        from node_agent.api.peer_discovery import PeerDiscovery, kube_api, service_namespace
         from node_agent.core.endpoint_slices import Me, SliceView
-        from node_agent.router.peer_discovery import PeerDiscovery, kube_api, service_namespace
 
         namespace, service = self.options.peers_from_service
         me = Me(pod_name=self.env.get("POD_NAME") or None, pod_ip=self.env.get("POD_IP") or None)
@@ -289,7 +289,7 @@ class Agent:
         if options.models_memory_margin is None and not options.memory_limits:
             return None
         from node_agent.memory.devices import open_probes
-        from node_agent.router.memory import MemoryWatch
+        from node_agent.runtime.memory_watch import MemoryWatch
 
         probe = open_probes()
         found = [reading.name for reading in probe.read()]
@@ -405,7 +405,7 @@ class Agent:
         # shutdown_timeout: handlers still running when the shutdown's bound has passed are
         # cancelled (aiohttp's default would wait 60 s more).
         # keepalive_timeout: also bounds a connection that sends no head, or a slow one
-        # (router/connections.py).
+        # (api/connections.py).
         self._runner = BoundedRunner(
             app,
             max_connections=self.options.max_connections or default_max_connections(),

@@ -54,7 +54,7 @@ class AgentOptions:
     cors_methods: str | None = None
     cors_headers: str | None = None
     cors_credentials: bool | None = None
-    """llama-server's CORS flags; None = not given (llama.cpp's defaults, router/browser_guard)."""
+    """llama-server's CORS flags; None = not given (llama.cpp's defaults, api/browser_guard)."""
     timeout: int = 3600
     sleep_idle_seconds: int = -1
     """-1 = children never sleep."""
@@ -91,7 +91,7 @@ class AgentOptions:
     """Refuse requests beyond this many waiting; None = no limit."""
     client_timeout: float = 30.0
     """A client must send its request head, its body, or take streamed data within this long,
-    and an idle keep-alive connection closes after it (router/connections.py)."""
+    and an idle keep-alive connection closes after it (api/connections.py)."""
     max_connections: int | None = None
     """At most this many client connections open; None = from the descriptor limit."""
     shutdown_timeout: float = 30.0
@@ -102,7 +102,7 @@ class AgentOptions:
     """Other agents' base URLs (``--peer``, repeatable): requests may go to where a model runs."""
     peers_from_service: tuple[str | None, str] | None = None
     """``--peers-from-service [NAMESPACE/]NAME``: (namespace or None for the pod's own, Service):
-    the peers are the ready agents behind that headless Service (router/peer_discovery.py)."""
+    the peers are the ready agents behind that headless Service (api/peer_discovery.py)."""
     kube_api: str | None = None
     """``--kube-api URL``: the apiserver for ``--peers-from-service``; None = in-cluster."""
     allowed_hosts: str | None = None

@@ -25,15 +25,15 @@ from pathlib import Path
 
 from aiohttp import web
 
-from node_agent.config import AgentOptions
-from node_agent.errors import ConfigError
-from node_agent.router.browser_guard import (
+from node_agent.api.browser_guard import (
     DEFAULT_HEADERS,
     DEFAULT_METHODS,
     BrowserPolicy,
     allowed_hosts,
     cors_origins_default,
 )
+from node_agent.config import AgentOptions
+from node_agent.errors import ConfigError
 from node_agent.sources.catalog import Catalog
 from node_agent.sources.hf_cache import hub_dir
 from node_agent.sources.models_dir import GGUF, scan_models_dir
@@ -165,7 +165,7 @@ def port_holder(port: int, proc: Path = Path("/proc")) -> str | None:
 
 
 def browser_policy(options: AgentOptions, *, tools_enabled: bool = False) -> BrowserPolicy:
-    """What browsers may do (router/browser_guard.py), from the agent's flags.
+    """What browsers may do (api/browser_guard.py), from the agent's flags.
 
     ``tools_enabled``: router-run tools or MCP servers are on, which makes ``localhost`` the
     default of ``--cors-origins`` (llama.cpp's rule: those run programs)."""

@@ -19,7 +19,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from node_agent.core.scheduler import ModelState
+from node_agent.core.model_state import ModelState
 
 # Conversation ids come from clients' headers: an unbounded map would grow with every new id
 # (llama.cpp's does). Past this many the least recently remembered are forgotten; a forgotten

@@ -1,6 +1,6 @@
 """Which agents are this one's peers, from the agents' headless Service's EndpointSlices.
 
-Pure: the I/O layer (``router/peer_discovery.py``) lists the slices labelled
+Pure: the I/O layer (``api/peer_discovery.py``) lists the slices labelled
 ``kubernetes.io/service-name=<service>``, then watches them from the list's resourceVersion,
 and hands every answer to a :class:`SliceView`; the view says whether to go on watching or to
 list again, and :meth:`SliceView.peers` is the peer set that follows.

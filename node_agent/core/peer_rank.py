@@ -1,6 +1,6 @@
 """Where a request for a model is served: here, or one hop away on the peer that has it.
 
-Pure: the router layer's peer view (``router/peers.py``) gathers what every node says of the
+Pure: the router layer's peer view (``api/peers.py``) gathers what every node says of the
 model and asks :func:`choose`. The ranking, best first (issue 19 §2):
 
 0. loaded and idle (nothing in flight or queued);

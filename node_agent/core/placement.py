@@ -1,6 +1,6 @@
 """Automatic GPU placement: which GPU(s) a model that pins no device is started on.
 
-Pure: no asyncio, no I/O, no clock. The caller (``router/memory.py``) gives the room each GPU
+Pure: no asyncio, no I/O, no clock. The caller (``runtime/memory_watch.py``) gives the room each GPU
 has now (the ledger's ``available`` less the margin), what the model needs on each GPU when
 placed there alone (the estimator's ``min``), a way to estimate a split, and the idle models
 that could be evicted (best victim first, as the scheduler orders them). :func:`choose`

@@ -51,6 +51,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
+from node_agent.core.model_state import (
+    MODEL_TRANSITIONS,
+    USABLE,
+    IllegalTransition,
+    ModelState,
+    ModelView,
+    Statistics,
+    Transition,
+)
 from node_agent.core.scheduler_events import (
     Catalog,
     Close,
@@ -81,42 +90,6 @@ from node_agent.core.scheduler_events import (
     Woke,
 )
 from node_agent.core.victims import HOT_USES, keep_value, resident_until
-
-
-class ModelState(enum.Enum):
-    """What a model's child is doing (llama.cpp's ``server_model_status`` names)."""
-
-    UNLOADED = "unloaded"
-    LOADING = "loading"
-    LOADED = "loaded"
-    SLEEPING = "sleeping"
-
-    @property
-    def running(self) -> bool:
-        """A child process exists (it holds an instance slot)."""
-        return self is not ModelState.UNLOADED
-
-
-# Which state may follow which (a model's life: spawned, ready, asleep and awake, gone).
-MODEL_TRANSITIONS: Final[Mapping[ModelState, frozenset[ModelState]]] = {
-    ModelState.UNLOADED: frozenset({ModelState.LOADING}),
-    ModelState.LOADING: frozenset({ModelState.LOADED, ModelState.UNLOADED}),
-    ModelState.LOADED: frozenset({ModelState.SLEEPING, ModelState.UNLOADED}),
-    ModelState.SLEEPING: frozenset({ModelState.LOADED, ModelState.UNLOADED}),
-}
-
-
-class IllegalTransition(ValueError):
-    """A state change :data:`MODEL_TRANSITIONS` does not allow (a bug in the caller)."""
-
-
-@dataclass(frozen=True)
-class Transition:
-    """One model's state change, recorded once for the log."""
-
-    model: str
-    old: ModelState
-    new: ModelState
 
 
 @dataclass(frozen=True)
@@ -201,8 +174,6 @@ class _Model:
         return self.config.ttl
 
 
-_USABLE = frozenset({ModelState.LOADED, ModelState.SLEEPING})
-
 # Crash-loop backoff: the first failure may be retried at once (a crash of a model that ran
 # fine is worth one immediate reload); from the second failure in a row on, wait 1 s, 2 s,
 # 4 s… up to a minute before loading again, instead of hammering a broken model.
@@ -247,43 +218,6 @@ class Eviction:
     model: str
     reason: str  # "count" (--models-max) or "memory" (the ledger)
     evicted_for: str | None = None
-
-
-@dataclass(frozen=True)
-class ModelView:
-    """A frozen snapshot of one model's scheduling state."""
-
-    name: str
-    state: ModelState
-    stopping: bool
-    in_flight: int
-    last_used: float
-    queued: int
-    failed: bool
-    exit_code: int | None
-    error: str | None
-    failures: int
-    retry_at: float
-    claimed: bool = False  # a load was granted and its process does not exist yet
-    ttl: float | None = None  # seconds idle before it is unloaded (None: never)
-    pin: bool = False
-
-    @property
-    def usable(self) -> bool:
-        """It takes a request now (loaded or asleep, not stopping): the one rule, for every
-        caller that needs it (the conversation streams, the views)."""
-        return self.state in _USABLE and not self.stopping
-
-
-@dataclass(frozen=True)
-class Statistics:
-    models_max: int
-    running: int
-    stopping: int
-    claimed: int
-    needed: int
-    free: int | None
-    queue: tuple[tuple[str, int], ...]  # (model, waiters) in queue order
 
 
 class Scheduler:
@@ -410,7 +344,7 @@ class Scheduler:
         )
         self._settle(now, out)
         if waiter in self._waiting:
-            usable = model.state in _USABLE and not model.stopping
+            usable = model.state in USABLE and not model.stopping
             out.append(Queued(waiter, name, self.wait_reason(name), slot=usable))
         return False
 
@@ -496,7 +430,7 @@ class Scheduler:
         model = self._models.get(entry.model)
         if model is None or model.gone or self.closing:
             return False
-        if model.state not in _USABLE or model.stopping or model.slot_free():
+        if model.state not in USABLE or model.stopping or model.slot_free():
             return False
         return all(w.slot and not w.direct for w in entry.waiters.values()) and not any(
             w.deadline is not None and w.deadline <= now for w in entry.waiters.values()
@@ -539,7 +473,7 @@ class Scheduler:
         for name in self._running:
             model = self._models[name]
             ttl = model.ttl()
-            if ttl is not None and model.state in _USABLE:
+            if ttl is not None and model.state in USABLE:
                 times.append(model.last_used + ttl)
             if self._queue and model.swapped_in:
                 until = resident_until(model.ready_at, model.load_seconds, self.residency_factor)
@@ -594,7 +528,7 @@ class Scheduler:
         the model younger; GET ``/props`` or ``/metrics`` do not.
         """
         model = self._models[name]
-        if self.closing or model.stopping or model.state not in _USABLE:
+        if self.closing or model.stopping or model.state not in USABLE:
             return None
         if slot and not model.slot_free():
             return None
@@ -939,7 +873,7 @@ class Scheduler:
         candidates = [
             m
             for m in (self._models[n] for n in self._running)
-            if m.state in _USABLE
+            if m.state in USABLE
             and m.in_flight == 0
             and not m.stopping
             and not m.pin
@@ -1044,7 +978,7 @@ class Scheduler:
         entry = self._queue.get(name)
         if model.state is ModelState.LOADING or (entry is not None and entry.claimed):
             return f"{name} is loading"
-        if model.state in _USABLE and not model.slot_free():
+        if model.state in USABLE and not model.slot_free():
             return f"all {model.config.slots} slots of its server stayed busy"
         head = self._head()
         if entry is not None and head is not None and head is not entry:

@@ -26,7 +26,7 @@ every later one would need an eviction, which defeats placing several models on 
 With ``-c`` set, ``--fit`` has no context to choose and only moves layers if the estimate was
 wrong. Presets that pin their devices themselves (``device``, ``main-gpu``, ``tensor-split``,
 ``split-mode``, a device variable in ``env.``) are not placed, and keep ``--fit`` as they ask
-(the ledger then holds what ``--fit`` takes: ``router.memory``).
+(the ledger then holds what ``--fit`` takes: ``runtime.memory_watch``).
 """
 
 from __future__ import annotations

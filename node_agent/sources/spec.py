@@ -31,7 +31,7 @@ SOURCE_CACHE = "cache"
 SOURCE_MODELS_DIR = "models_dir"
 SOURCE_PRESET = "preset"
 
-# Router-run tools and MCP servers (node_agent.mcp, router/tools_api.py).
+# Router-run tools and MCP servers (node_agent.mcp, api/tools_api.py).
 TOOL_KEYS = frozenset(
     {"tools", "tools-runtime", "mcp-servers-config", "mcp-servers-json", "webui-mcp-proxy", "agent"}
 )

@@ -22,11 +22,11 @@ from urllib.parse import quote
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from node_agent.api.app import build_app
+from node_agent.api.proxy import Proxy
+from node_agent.api.state import AgentState, RouterSettings
 from node_agent.clip import clip
-from node_agent.router.app import build_app
-from node_agent.router.proxy import Proxy
-from node_agent.router.registry import Registry
-from node_agent.router.state import AgentState, RouterSettings
+from node_agent.runtime.registry import Registry
 from node_agent.sources.catalog import Catalog
 from tests.integration.harness import REPO, AgentProcess, chat, http
 

@@ -1,5 +1,5 @@
 """Every route that reads a JSON body treats a slow, oversized or malformed one as the chat
-route does (``router/bodies.py``): the same status and message, with the real agent.
+route does (``api/bodies.py``): the same status and message, with the real agent.
 
 The routes: Vertex's ``/predict``, ``/v1/streams/lookup``, ``POST /models`` and ``POST /tools``
 (and ``/cors-proxy``, which forwards its body). A control route's body is small by nature:

@@ -1,6 +1,6 @@
 """llama.cpp's chat UI at ``/`` in a real browser, answered by the real model through Corral.
 
-The UI is the one embedded in the llama-server binary (``router/chat_ui.py``); its model picker
+The UI is the one embedded in the llama-server binary (``api/chat_ui.py``); its model picker
 reads ``/v1/models``, its messages carry ``X-Conversation-Id``, and after a reload it finds its
 unfinished answer with ``POST /v1/streams/lookup`` and resumes it from ``GET /v1/stream``.
 """

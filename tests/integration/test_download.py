@@ -190,7 +190,7 @@ async def test_concurrent_fetches_of_one_url_download_once(server: Server, tmp_p
 async def test_a_cancelled_download_keeps_its_partial_file_for_the_next(
     server: Server, tmp_path: Path
 ) -> None:
-    # A shutdown cancels: the next agent resumes. An unload discards it (router.downloads).
+    # A shutdown cancels: the next agent resumes. An unload discards it (runtime.model_downloads).
     url = server.url("slow/demo-tiny.gguf")
     midway = asyncio.Event()
     task = asyncio.create_task(fetch(url, tmp_path, server.sha256, progress=lambda _: midway.set()))
@@ -211,8 +211,8 @@ async def test_two_loads_starting_one_preset_download_share_it(
     """Both pass the first "already downloading?" check before the cache is looked at (a
     thread): the second must then wait for the first's download, not be told "already
     exists"."""
-    from node_agent.router.downloads import Downloads, DownloadSettings
-    from node_agent.router.events import EventHub
+    from node_agent.runtime.event_hub import EventHub
+    from node_agent.runtime.model_downloads import Downloads, DownloadSettings
     from node_agent.sources.download import DownloadPlan
 
     url = server.url("slow/demo-tiny.gguf")

@@ -27,8 +27,8 @@ from node_agent.child.process import ChildConfig, ChildProcess
 from node_agent.child.state import ChildEvent
 from node_agent.core.ledger import DeviceReading
 from node_agent.memory.devices import CompositeProbe
-from node_agent.router.memory import MemoryWatch
-from node_agent.router.registry import Registry
+from node_agent.runtime.memory_watch import MemoryWatch
+from node_agent.runtime.registry import Registry
 from node_agent.sources.spec import ModelSpec
 from tests.integration.harness import alive
 from tests.integration.test_status_page import CHROMIUM, CHROMIUM_ARGS

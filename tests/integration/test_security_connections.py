@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from node_agent.router.connections import GRACE_SECONDS
+from node_agent.api.connections import GRACE_SECONDS
 from tests.integration.attacks import (
     Probe,
     big_body,

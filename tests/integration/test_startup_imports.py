@@ -24,20 +24,21 @@ NOT_AT_START = (
     "kopf",
     "yaml",
     "node_agent.models_schema",
-    "node_agent.router.metrics_families",
+    "node_agent.api.metrics_families",
     "node_agent.memory.estimator",
     "node_agent.memory.shape",
     "node_agent.memory.gguf_header",
-    "node_agent.router.memory",  # the ledger: only with --models-memory-margin or --memory-limit
+    # the ledger: only with --models-memory-margin or --memory-limit
+    "node_agent.runtime.memory_watch",
     "node_agent.tools.toolbox",  # the built-in tools: only with --tools or --agent
-    "node_agent.router.peer_discovery",  # only with --peers-from-service
+    "node_agent.api.peer_discovery",  # only with --peers-from-service
     "node_agent.core.endpoint_slices",
 )
 
 # What `corral agent` imports before it serves: the entry point, the agent and the app.
 PROBE = """
 import json, sys
-import node_agent.cli, node_agent.agent, node_agent.router.app
+import node_agent.cli, node_agent.agent, node_agent.api.app
 print(json.dumps(sorted(sys.modules)))
 """
 

@@ -1,4 +1,4 @@
-"""``GET /models`` entries as the real agent builds them (node_agent/router/views.py), for the
+"""``GET /models`` entries as the real agent builds them (node_agent/api/views.py), for the
 operator tests' fake agents: the same schema, the same keys, only the values are made up.
 ``tests/operator/test_real_agents.py`` checks the keys against a real agent's answer."""
 

@@ -31,8 +31,8 @@ import kmock as kmocklib
 import pytest
 from aiohttp import ClientSession, web
 
+from node_agent.api.peer_discovery import KubeApi, PeerDiscovery, kube_api
 from node_agent.core.endpoint_slices import Me, SliceView
-from node_agent.router.peer_discovery import KubeApi, PeerDiscovery, kube_api
 from tests.integration.harness import AgentProcess, chat, free_port, http
 from tests.operator.apiserver import Access, StrictEmulator, access_of
 from tests.operator.cluster import API_KEY, NS, send

@@ -22,12 +22,12 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from node_agent.api.app import build_app
+from node_agent.api.proxy import Proxy
+from node_agent.api.state import AgentState, RouterSettings
 from node_agent.child.logs import LogRing
 from node_agent.child.state import ChildEvent, ChildState, EventKind
-from node_agent.router.app import build_app
-from node_agent.router.proxy import Proxy
-from node_agent.router.registry import Registry
-from node_agent.router.state import AgentState, RouterSettings
+from node_agent.runtime.registry import Registry
 from node_agent.sources.catalog import Catalog
 from node_agent.sources.spec import ModelSpec
 

@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from node_agent.aio import TaskSet
-from node_agent.router.events import QUEUE_LIMIT, Event, EventHub
+from node_agent.runtime.event_hub import QUEUE_LIMIT, Event, EventHub
 
 
 async def test_a_forever_task_that_returns_is_logged(caplog: pytest.LogCaptureFixture) -> None:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from node_agent.config import parse_agent_args
-from node_agent.router.browser_guard import (
+from node_agent.api.browser_guard import (
     BrowserPolicy,
     allow_origin,
     allowed_hosts,
@@ -17,7 +16,8 @@ from node_agent.router.browser_guard import (
     origin_is_localhost,
     start_warnings,
 )
-from node_agent.router.form_fields import multipart_fields
+from node_agent.api.form_fields import multipart_fields
+from node_agent.config import parse_agent_args
 from node_agent.startup import browser_policy
 
 

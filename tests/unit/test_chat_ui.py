@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gzip
 
-from node_agent.router.chat_ui import STATUS_LINK, Asset, KeptAssets, is_ui_path, with_status_link
+from node_agent.api.chat_ui import STATUS_LINK, Asset, KeptAssets, is_ui_path, with_status_link
 
 HTML = b"<html><body><div id=app></div></body></html>"
 

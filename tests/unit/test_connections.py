@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from node_agent.router.connections import GRACE_SECONDS, _victim, mark_receiving
+from node_agent.api.connections import GRACE_SECONDS, _victim, mark_receiving
 
 
 class Conn:

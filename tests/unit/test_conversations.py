@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from node_agent.core.conversations import ConversationBook, StreamRoute, detaches
-from node_agent.core.scheduler import ModelState
+from node_agent.core.model_state import ModelState
 
 
 def test_an_empty_id_registers_nothing() -> None:

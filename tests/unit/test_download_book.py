@@ -3,7 +3,7 @@ many wait (``core.downloads``)."""
 
 from __future__ import annotations
 
-from node_agent.core.downloads import REPORT_SECONDS, DownloadBook, Refusal
+from node_agent.core.download_book import REPORT_SECONDS, DownloadBook, Refusal
 
 A, B = frozenset({"/hub/blobs/a"}), frozenset({"/hub/blobs/b"})
 

@@ -12,8 +12,8 @@ import asyncio
 
 import pytest
 
-from node_agent.router.downloads import Downloads, DownloadSettings
-from node_agent.router.events import EventHub
+from node_agent.runtime.event_hub import EventHub
+from node_agent.runtime.model_downloads import Downloads, DownloadSettings
 from node_agent.sources.download import DownloadError
 from node_agent.sources.hf_hub import _tree_files
 

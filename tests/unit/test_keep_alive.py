@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from node_agent.errors import ApiError
-from node_agent.router.keep_alive import parse_keep_alive
+from node_agent.runtime.ttl import parse_keep_alive
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from node_agent.router.long_lived import ENDING, setup_long_lived, until_shutdown
+from node_agent.api.long_lived import ENDING, setup_long_lived, until_shutdown
 
 
 def _app() -> web.Application:

@@ -20,7 +20,7 @@ import pytest
 
 from node_agent.memory.devices import CompositeProbe
 from node_agent.memory.shape_cache import FileKey, ShapeCache, Unreadable, file_key, read_file
-from node_agent.router.memory import MemoryWatch
+from node_agent.runtime.memory_watch import MemoryWatch
 from tests.integration.model_attacks import crafted_gguf
 from tests.unit.fake_child import Plan, fake_agent, spec
 

@@ -11,7 +11,7 @@ import pytest
 
 from node_agent.core.ledger import DeviceReading
 from node_agent.memory.devices import CompositeProbe
-from node_agent.router.memory import MemoryWatch
+from node_agent.runtime.memory_watch import MemoryWatch
 from node_agent.sources.spec import ModelSpec
 from tests.unit.test_estimator import write_gguf
 

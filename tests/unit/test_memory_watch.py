@@ -9,7 +9,7 @@ import pytest
 
 from node_agent.core.ledger import DeviceReading
 from node_agent.memory.devices import CompositeProbe
-from node_agent.router.memory import MemoryWatch
+from node_agent.runtime.memory_watch import MemoryWatch
 
 GIB = 1 << 30
 

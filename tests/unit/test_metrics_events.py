@@ -7,7 +7,7 @@ from typing import Any
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from node_agent.router.metrics_families import Families, LifecycleTracker
+from node_agent.api.metrics_families import Families, LifecycleTracker
 
 
 def samples(families: Families) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:

@@ -1,10 +1,10 @@
-"""Usage parsing of children's responses (node_agent.router.exchange): bodies and streams."""
+"""Usage parsing of children's responses (node_agent.api.request_record): bodies and streams."""
 
 from __future__ import annotations
 
 import json
 
-from node_agent.router.exchange import MAX_EVENT_BYTES, Exchange, StreamScanner, Usage, usage_in
+from node_agent.api.request_record import MAX_EVENT_BYTES, Exchange, StreamScanner, Usage, usage_in
 
 OPENAI = {
     "choices": [{"message": {"content": 'she said "usage": 1'}}],

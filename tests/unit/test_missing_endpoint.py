@@ -6,7 +6,7 @@ import json
 
 from aiohttp import web
 
-from node_agent.router.missing_endpoint import NOT_FOUND, endpoint_missing
+from node_agent.api.missing_endpoint import NOT_FOUND, endpoint_missing
 
 BUILD, BINARY = "b1-7e4c0a9", "/opt/llama-server"
 

@@ -1,5 +1,5 @@
 """Where ``--peers-from-service`` finds the apiserver and the Service's namespace
-(router/peer_discovery.py): in-cluster from the pod's env and service-account files, or
+(api/peer_discovery.py): in-cluster from the pod's env and service-account files, or
 ``--kube-api`` as given; every missing piece is a clear error before the agent starts."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from node_agent.api.peer_discovery import KubeApi, kube_api, service_namespace
 from node_agent.errors import ConfigError
-from node_agent.router.peer_discovery import KubeApi, kube_api, service_namespace
 
 IN_CLUSTER = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from node_agent.api.views import preset_text
 from node_agent.child.spawn import ChildConfig, child_environment
 from node_agent.errors import ConfigError
-from node_agent.router.views import preset_text
 from node_agent.sources.catalog import load_catalog
 from node_agent.sources.preset_env import pins_device
 from node_agent.sources.preset_ini import parse_preset_text

@@ -1,10 +1,10 @@
-"""What the proxy passes on of a message's headers (router/proxy.py)."""
+"""What the proxy passes on of a message's headers (api/proxy.py)."""
 
 from __future__ import annotations
 
 from multidict import CIMultiDict
 
-from node_agent.router.proxy import forward_headers
+from node_agent.api.proxy import forward_headers
 
 
 def test_the_headers_connection_names_are_dropped_with_the_fixed_hop_by_hop_set() -> None:

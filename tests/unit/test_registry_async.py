@@ -17,8 +17,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from node_agent.core.scheduler import ModelState
-from node_agent.router.downloads import DownloadSettings
+from node_agent.core.model_state import ModelState
+from node_agent.runtime.model_downloads import DownloadSettings
 from node_agent.sources.catalog import Catalog
 from tests.unit.fake_child import Agent, Plan, chat, fake_agent, spec
 

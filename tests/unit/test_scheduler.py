@@ -6,7 +6,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from node_agent.core.scheduler import DecisionKind, ModelState, Scheduler
+from node_agent.core.model_state import ModelState
+from node_agent.core.scheduler import DecisionKind, Scheduler
 from node_agent.core.scheduler_events import Lease
 
 

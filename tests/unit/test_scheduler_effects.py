@@ -6,7 +6,8 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-from node_agent.core.scheduler import ModelState, Scheduler
+from node_agent.core.model_state import ModelState
+from node_agent.core.scheduler import Scheduler
 from node_agent.core.scheduler_events import (
     Catalog,
     Close,

@@ -4,13 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from node_agent.core.scheduler import (
-    MODEL_TRANSITIONS,
-    DecisionKind,
-    IllegalTransition,
-    ModelState,
-    Transition,
-)
+from node_agent.core.model_state import MODEL_TRANSITIONS, IllegalTransition, ModelState, Transition
+from node_agent.core.scheduler import DecisionKind
 from tests.unit.test_scheduler import load, make
 
 

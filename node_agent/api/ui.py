@@ -20,8 +20,8 @@ from typing import Any
 from aiohttp import web
 
 from node_agent.aio import TaskSet
-from node_agent.router.registry import Registry
-from node_agent.router.state import STATE
+from node_agent.api.state import STATE
+from node_agent.runtime.registry import Registry
 
 RECENT_EVENTS = 100
 
@@ -54,7 +54,7 @@ RECENT: web.AppKey[RecentEvents] = web.AppKey("corral_ui_recent", RecentEvents)
 
 
 def page() -> bytes:
-    return resources.files("node_agent.router").joinpath("static", "index.html").read_bytes()
+    return resources.files("node_agent.api").joinpath("static", "index.html").read_bytes()
 
 
 _SCRIPT = re.compile(rb"<script>(.*?)</script>", re.DOTALL)

@@ -21,12 +21,12 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
+from node_agent.api.bodies import read_body, read_control_body
+from node_agent.api.body_fields import loads
 from node_agent.clip import clip
 from node_agent.errors import ApiError
 from node_agent.mcp.servers import McpServers
 from node_agent.mcp.stdio import ToolDef
-from node_agent.router.bodies import read_body, read_control_body
-from node_agent.router.body_fields import loads
 
 if TYPE_CHECKING:  # imported only when tools are on (node_agent.agent)
     from node_agent.tools.builtin import Tool

@@ -28,9 +28,9 @@ from typing import Any
 from aiohttp import web
 from yarl import URL
 
+from node_agent.api.bodies import digest, read_body
+from node_agent.api.vertex_instances import Instance, split_instances
 from node_agent.errors import ApiError, ConfigError
-from node_agent.router.bodies import digest, read_body
-from node_agent.router.vertex_instances import Instance, split_instances
 
 log = logging.getLogger("corral.http")
 

@@ -32,14 +32,14 @@ from typing import Any
 from aiohttp import web
 
 from node_agent.aio import TaskSet
+from node_agent.api.bodies import read_control_body
+from node_agent.api.body_fields import loads
+from node_agent.api.request_record import Exchange, begin_exchange
+from node_agent.api.state import STATE, AgentState
 from node_agent.core.conversations import MAX_ID_CHARS, ConversationBook, StreamRoute, detaches
-from node_agent.core.scheduler import ModelState
+from node_agent.core.model_state import ModelState
 from node_agent.core.scheduler_events import Lease
 from node_agent.errors import ApiError
-from node_agent.router.bodies import read_control_body
-from node_agent.router.body_fields import loads
-from node_agent.router.exchange import Exchange, begin_exchange
-from node_agent.router.state import STATE, AgentState
 
 log = logging.getLogger("corral.conversations")
 

@@ -26,9 +26,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from node_agent.core.scheduler import ModelState, ModelView, Statistics
+from node_agent.api.request_record import Exchange
+from node_agent.core.model_state import ModelState, ModelView, Statistics
 from node_agent.redact import redact
-from node_agent.router.exchange import Exchange
 
 LOAD_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 WAIT_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -56,7 +56,7 @@ class _Memory(Protocol):
 
 
 class Snapshots(Protocol):
-    """What the scrape reads from the registry (``router.registry.Registry`` is one)."""
+    """What the scrape reads from the registry (``runtime.registry.Registry`` is one)."""
 
     @property
     def scheduler(self) -> _Scheduler: ...

@@ -1,7 +1,7 @@
 """The one owner of the agent's downloads: ``POST /models`` repositories and presets' files.
 
 Each download is one task, started here and only here; the pure
-:class:`~node_agent.core.downloads.DownloadBook` decides what may start and which progress is
+:class:`~node_agent.core.download_book.DownloadBook` decides what may start and which progress is
 reported. A download holds no instance slot and no device memory: the scheduler never sees it.
 Requests for a model whose download is on its way wait for it (bounded by ``--max-queue`` and
 ``--queue-timeout``); an unload cancels it.
@@ -25,11 +25,11 @@ from typing import Any
 import aiohttp
 
 from node_agent.aio import TaskSet
-from node_agent.core.downloads import DownloadBook, Refusal
+from node_agent.core.download_book import DownloadBook, Refusal
 from node_agent.errors import ApiError
 from node_agent.redact import redact
-from node_agent.router.events import Event, EventHub
-from node_agent.router.refusals import failed_error, queue_full_error, queue_timeout_error
+from node_agent.runtime.event_hub import Event, EventHub
+from node_agent.runtime.refusals import failed_error, queue_full_error, queue_timeout_error
 from node_agent.sources import hf_hub
 from node_agent.sources.download import (
     TIMEOUT,

@@ -22,10 +22,10 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
+from node_agent.api.body_fields import loads, top_level_fields
+from node_agent.api.connections import mark_receiving
 from node_agent.clip import clip
 from node_agent.errors import ApiError
-from node_agent.router.body_fields import loads, top_level_fields
-from node_agent.router.connections import mark_receiving
 
 OFF_LOOP_BYTES = 1024 * 1024
 _large = asyncio.Semaphore(1)

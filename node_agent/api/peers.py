@@ -31,10 +31,10 @@ from urllib.parse import urlsplit
 import aiohttp
 from aiohttp import web
 
+from node_agent.api.proxy import Proxy
 from node_agent.core.peer_rank import LOADING, RESIDENT, Choice, Node, choose, effective_state, fits
 from node_agent.errors import ApiError
-from node_agent.router.proxy import Proxy
-from node_agent.router.registry import Registry
+from node_agent.runtime.registry import Registry
 
 log = logging.getLogger("corral.peers")
 
@@ -91,7 +91,7 @@ class Peers:
         return self._session
 
     def use_discovered(self, urls: Sequence[str]) -> None:
-        """The peer set is now ``--peer``'s and these (``router/peer_discovery.py``): a peer
+        """The peer set is now ``--peer``'s and these (``api/peer_discovery.py``): a peer
         still there keeps its view, a new one is polled from the next round, a gone one is
         dropped (a request already forwarded to it finishes or fails on its own)."""
         wanted = dict.fromkeys((*self._given, *urls))

@@ -11,14 +11,14 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from node_agent.child.ports import CHILD_HOST
-from node_agent.core.scheduler import ModelState
+from node_agent.core.model_state import ModelState
 from node_agent.redact import redact, redact_args
 from node_agent.sources.preset_env import env_lines
 from node_agent.sources.spec import SOURCE_CACHE
 
 if TYPE_CHECKING:
-    from node_agent.router.registry import Registry
-    from node_agent.router.state import RouterSettings
+    from node_agent.api.state import RouterSettings
+    from node_agent.runtime.registry import Registry
 
 
 class _Listed(Protocol):

@@ -12,8 +12,8 @@ from typing import Any
 
 from aiohttp import web
 
+from node_agent.api.request_record import route_pattern
 from node_agent.errors import ApiError
-from node_agent.router.exchange import route_pattern
 
 # llama.cpp's answer to a path it has no route for (server-http.cpp), byte for byte.
 NOT_FOUND: dict[str, Any] = {

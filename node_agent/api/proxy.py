@@ -21,12 +21,12 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
+from node_agent.api.connections import DEFAULT_CLIENT_TIMEOUT
+from node_agent.api.request_record import Exchange
 from node_agent.child.keys import child_key
 from node_agent.child.ports import CHILD_HOST
 from node_agent.core.links import LinkBook
 from node_agent.errors import ApiError
-from node_agent.router.connections import DEFAULT_CLIENT_TIMEOUT
-from node_agent.router.exchange import Exchange
 
 log = logging.getLogger("corral.proxy")
 
@@ -223,7 +223,7 @@ class Proxy:
         body: bytes | None,
         headers: Mapping[str, str],
     ) -> web.StreamResponse:
-        """Send ``request`` to a peer agent at ``base`` (``router/peers.py``), with ``headers``
+        """Send ``request`` to a peer agent at ``base`` (``api/peers.py``), with ``headers``
         added: the same streaming, cancellation and mid-answer errors as towards a child."""
         return await self._forward(session, request, port, body, None, base=base, extra=headers)
 

@@ -4,7 +4,7 @@ Every decision is the pure :class:`~node_agent.core.scheduler.Scheduler`'s. This
 what happens into scheduler events (a request arrives or leaves, a lease is given back, a
 child is spawned, ready or gone, a timer fires), hands each to ``Scheduler.handle`` once, in
 arrival order, through one inbox (:meth:`Registry._submit`), and carries out the effects it
-returns: it answers waiting requests, makes a :class:`~node_agent.router.model_run.ModelRun`
+returns: it answers waiting requests, makes a :class:`~node_agent.runtime.model_run.ModelRun`
 for a load, logs a drain and stops a child when its drain is over. Nothing else touches the
 scheduler, so nothing needs a lock, and a change wakes exactly the waiters it concerns.
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import itertools
 import logging
 import math
@@ -25,7 +26,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from node_agent.aio import TaskSet
-from node_agent.core.scheduler import ModelState, Scheduler
+from node_agent.core.model_state import ModelState
+from node_agent.core.scheduler import Scheduler
 from node_agent.core.scheduler_events import (
     Catalog as CatalogEvent,
 )
@@ -49,6 +51,7 @@ from node_agent.core.scheduler_events import (
     Request,
     Sleeping,
     Spawn,
+    Spawned,
     SpawnFailed,
     Started,
     Stop,
@@ -58,24 +61,24 @@ from node_agent.core.scheduler_events import (
 )
 from node_agent.core.victims import RESIDENCY_FACTOR
 from node_agent.errors import ApiError
-from node_agent.router.downloads import Downloads, DownloadSettings
-from node_agent.router.events import Event as HubEvent
-from node_agent.router.events import EventHub
-from node_agent.router.keep_alive import parse_keep_alive
-from node_agent.router.model_run import SHUTTING_DOWN, Child, ChildFactory, ModelRun
-from node_agent.router.refusals import (
+from node_agent.runtime.event_hub import Event as HubEvent
+from node_agent.runtime.event_hub import EventHub
+from node_agent.runtime.model_downloads import Downloads, DownloadSettings
+from node_agent.runtime.model_run import SHUTTING_DOWN, Child, ChildFactory, ModelRun, RunEvent
+from node_agent.runtime.refusals import (
     backoff_error,
     closing_error,
     failed_error,
     queue_full_error,
     queue_timeout_error,
 )
+from node_agent.runtime.ttl import parse_keep_alive
 from node_agent.sources.catalog import Catalog
 from node_agent.sources.download import needs_download
 from node_agent.sources.spec import ModelSpec
 
 if TYPE_CHECKING:
-    from node_agent.router.memory import MemoryWatch
+    from node_agent.runtime.memory_watch import MemoryWatch
 
 log = logging.getLogger("corral.registry")
 
@@ -513,23 +516,30 @@ class Registry:
         run = self._runs[name] = ModelRun(
             spec,
             self._factory,
-            report=self._from_run,
+            report=functools.partial(self._from_run, name),
             publish=self._publish,
             may_spawn=lambda: not self._sched.closing,
             fake_timing=self.fake_timing,
         )
         self._run_tasks[name] = self._tasks.spawn(self._own(run), f"run:{name}")
 
-    def _from_run(self, event: Event) -> None:
+    def _from_run(self, name: str, what: RunEvent, port: int | None) -> None:
         """A run's report: the ledger hears of it, then the scheduler."""
-        memory = self.memory
-        if memory is not None:
-            run = self._runs.get(getattr(event, "model", ""))
-            pid = run.child.pid if run is not None else None
-            if isinstance(event, Ready | Woke):
-                memory.ready(event.model, pid)
-            elif isinstance(event, Sleeping):
-                memory.sleeping(event.model)
+        memory, run = self.memory, self._runs.get(name)
+        if memory is not None and what in (RunEvent.READY, RunEvent.WOKE):
+            memory.ready(name, run.child.pid if run is not None else None)
+        elif memory is not None and what is RunEvent.SLEEPING:
+            memory.sleeping(name)
+        event: Event
+        match what:
+            case RunEvent.SPAWNED:
+                event = Spawned(name, port)
+            case RunEvent.READY:
+                event = Ready(name, port)
+            case RunEvent.SLEEPING:
+                event = Sleeping(name)
+            case RunEvent.WOKE:
+                event = Woke(name)
         self._submit(event)
 
     async def _own(self, run: ModelRun) -> None:

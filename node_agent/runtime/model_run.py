@@ -2,14 +2,15 @@
 
 A :class:`ModelRun` owns one child: it spawns it, reports what the child does (spawned and
 listening, ready, asleep, awake) to the runtime's owner as scheduler events, stops it when
-told to, and records how it ended. It holds no scheduler and decides nothing: whether it may
-spawn, when its drain is over and whether its exit was a failure are the scheduler's calls,
-carried out by the owner (``router.registry``).
+told to, and records how it ended. It holds no scheduler and decides nothing (it imports
+nothing of the core): whether it may spawn, when its drain is over and whether its exit was
+a failure are the scheduler's calls, carried out by the owner (``runtime.registry``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -18,7 +19,6 @@ from typing import Any, Protocol
 from node_agent.child.logs import LogRing, failure_line
 from node_agent.child.process import EXIT_NOT_RUN
 from node_agent.child.state import ChildEvent, EventKind
-from node_agent.core.scheduler_events import Event, Ready, Sleeping, Spawned, Woke
 from node_agent.sources.spec import ModelSpec
 
 log = logging.getLogger("corral.model_run")
@@ -57,6 +57,19 @@ ChildFactory = Callable[[ModelSpec, Callable[[ChildEvent], None]], Child]
 Publish = Callable[[str, str, "dict[str, Any] | None"], None]
 
 
+class RunEvent(enum.Enum):
+    """What a run reports of its child (the owner turns each into a scheduler event)."""
+
+    SPAWNED = "spawned"  # a process exists, listening on the port reported with it
+    READY = "ready"  # it serves, on the port reported with it
+    SLEEPING = "sleeping"
+    WOKE = "woke"
+
+
+Report = Callable[[RunEvent, "int | None"], None]
+"""A run's report to its owner: what happened, and the child's port."""
+
+
 @dataclass(frozen=True)
 class Outcome:
     """How a run ended: its exit code, why (the child's own error line, or the failed
@@ -77,7 +90,7 @@ class ModelRun:
         spec: ModelSpec,
         factory: ChildFactory,
         *,
-        report: Callable[[Event], None],
+        report: Report,
         publish: Publish,
         may_spawn: Callable[[], bool],
         fake_timing: bool = False,
@@ -99,16 +112,16 @@ class ModelRun:
         if event.kind is EventKind.SPAWNED:
             if not self.spawned:  # a process now exists: ``loading`` from here, not before
                 self.spawned = True
-                self._report(Spawned(self.name, self.child.port))
+                self._report(RunEvent.SPAWNED, self.child.port)
                 self._publish(self.name, "model_status", {"status": "loading"})
         elif event.kind is EventKind.LOADING and event.progress is not None:
             progress = dict(event.loading) if event.loading else {"value": event.progress}
             self._publish(self.name, "status_change", {"status": "loading", "progress": progress})
         elif event.kind is EventKind.SLEEPING:
-            self._report(Sleeping(self.name))
+            self._report(RunEvent.SLEEPING, self.child.port)
             self._publish(self.name, "status_change", {"status": "sleeping"})
         elif event.kind is EventKind.WOKE:
-            self._report(Woke(self.name))
+            self._report(RunEvent.WOKE, self.child.port)
             self._publish(self.name, "status_change", {"status": "loaded"})
 
     # -- the run ---------------------------------------------------------------------------
@@ -129,7 +142,7 @@ class ModelRun:
             reason = str(exc)
             log.warning("model=%s failed to load: %s", name, reason)
         else:
-            self._report(Ready(name, self.child.port))
+            self._report(RunEvent.READY, self.child.port)
             log.info("model=%s loaded (pid=%s port=%s)", name, self.child.pid, self.child.port)
             data: dict[str, Any] = {"status": "loaded"}
             if self.child.meta is not None:

@@ -26,11 +26,11 @@ from typing import Any
 
 from aiohttp import web
 
+from node_agent.api.bodies import parse_json_body, read_control_body
+from node_agent.api.state import STATE, AgentState
 from node_agent.child.ports import CHILD_HOST
 from node_agent.clip import clip
 from node_agent.errors import ApiError
-from node_agent.router.bodies import parse_json_body, read_control_body
-from node_agent.router.state import STATE, AgentState
 from node_agent.sources import hf_hub
 from node_agent.sources.options import llama_options
 from node_agent.sources.spec import SOURCE_CACHE

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from node_agent.router.body_fields import loads
+from node_agent.api.body_fields import loads
 
 MAX_INSTANCES = 128  # llama.cpp's bound
 

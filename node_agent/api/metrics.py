@@ -6,7 +6,7 @@
   metrics; with ``?model=`` the request goes on to the route ``build_app`` made, which proxies
   the child's own ``/metrics`` (llama.cpp's router does the same). A middleware, not a route,
   because ``/metrics`` is already routed and aiohttp resolves in registration order;
-* the same middleware puts an :class:`~node_agent.router.exchange.Exchange` on every request
+* the same middleware puts an :class:`~node_agent.api.request_record.Exchange` on every request
   and, when the response has ended, counts it (proxied endpoints only), with its queue wait
   and the tokens the child reported;
 * a background task that follows ``registry.events()`` (the ``/models/sse`` messages) for
@@ -25,14 +25,14 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from node_agent.aio import TaskSet
+from node_agent.api.request_record import EXCHANGE, Exchange, route_pattern
+from node_agent.api.state import PROXIED_GET, PROXIED_POST, STATE
 from node_agent.clip import clip
 from node_agent.errors import ApiError
-from node_agent.router.exchange import EXCHANGE, Exchange, route_pattern
-from node_agent.router.registry import Registry
-from node_agent.router.state import PROXIED_GET, PROXIED_POST, STATE
+from node_agent.runtime.registry import Registry
 
 if TYPE_CHECKING:
-    from node_agent.router.metrics_families import Families, LifecycleTracker
+    from node_agent.api.metrics_families import Families, LifecycleTracker
 
 log = logging.getLogger("corral.metrics")
 # Its own logger, so the per-request lines can be turned down alone.
@@ -61,7 +61,7 @@ class AgentMetrics:
     # imports it in the background once it listens).
     @cached_property
     def families(self) -> Families:
-        from node_agent.router.metrics_families import Families, SnapshotCollector
+        from node_agent.api.metrics_families import Families, SnapshotCollector
 
         families = Families()
         families.registry.register(SnapshotCollector(self._registry))
@@ -69,7 +69,7 @@ class AgentMetrics:
 
     @cached_property
     def tracker(self) -> LifecycleTracker:
-        from node_agent.router.metrics_families import LifecycleTracker
+        from node_agent.api.metrics_families import LifecycleTracker
 
         return LifecycleTracker(self.families)
 

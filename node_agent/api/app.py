@@ -27,28 +27,28 @@ from typing import Any
 
 from aiohttp import web
 
+from node_agent.api.bodies import CLIENT_TIMEOUT, json_document, read_body, read_json
+from node_agent.api.bodies import parse_json_body as parse_json_body  # routes elsewhere use it
+from node_agent.api.browser_guard import cors_headers, guard_middleware
+from node_agent.api.chat_ui import serve_chat_ui, setup_chat_ui
+from node_agent.api.conversations import CONVERSATIONS, conversation_id, setup_conversations
+from node_agent.api.form_fields import MULTIPART, multipart_fields
+from node_agent.api.logs_api import setup_logs
+from node_agent.api.long_lived import setup_long_lived, until_shutdown
+from node_agent.api.metrics import setup_metrics
+from node_agent.api.missing_endpoint import NOT_FOUND, endpoint_missing, route_of
+from node_agent.api.models_api import download_entries, setup_models_api
+from node_agent.api.request_record import Exchange, begin_exchange
+from node_agent.api.state import PROXIED_GET, PROXIED_POST, STATE, AgentState, RouterSettings
+from node_agent.api.tools_api import setup_tools
+from node_agent.api.ui import setup_ui
+from node_agent.api.vertex import setup_vertex
+from node_agent.api.views import model_entry, router_props
 from node_agent.clip import clip
 from node_agent.core.scheduler_events import Lease
 from node_agent.errors import ApiError
-from node_agent.router.bodies import CLIENT_TIMEOUT, json_document, read_body, read_json
-from node_agent.router.bodies import parse_json_body as parse_json_body  # routes elsewhere use it
-from node_agent.router.browser_guard import cors_headers, guard_middleware
-from node_agent.router.chat_ui import serve_chat_ui, setup_chat_ui
-from node_agent.router.conversations import CONVERSATIONS, conversation_id, setup_conversations
-from node_agent.router.exchange import Exchange, begin_exchange
-from node_agent.router.form_fields import MULTIPART, multipart_fields
-from node_agent.router.logs_api import setup_logs
-from node_agent.router.long_lived import setup_long_lived, until_shutdown
-from node_agent.router.metrics import setup_metrics
-from node_agent.router.missing_endpoint import NOT_FOUND, endpoint_missing, route_of
-from node_agent.router.model_run import FAKE_TIMING_SECONDS
-from node_agent.router.models_api import download_entries, setup_models_api
-from node_agent.router.registry import Registry
-from node_agent.router.state import PROXIED_GET, PROXIED_POST, STATE, AgentState, RouterSettings
-from node_agent.router.tools_api import setup_tools
-from node_agent.router.ui import setup_ui
-from node_agent.router.vertex import setup_vertex
-from node_agent.router.views import model_entry, router_props
+from node_agent.runtime.model_run import FAKE_TIMING_SECONDS
+from node_agent.runtime.registry import Registry
 
 log = logging.getLogger("corral.http")
 
@@ -183,7 +183,7 @@ async def post_body(
         state.registry.keep_alive(name, data["keep_alive"])
     if state.peers is not None and not buffered:  # (a Vertex prediction is answered here)
         choice = state.peers.choose(name, request)
-        if choice.peer is not None:  # one hop to where the model is (router/peers.py)
+        if choice.peer is not None:  # one hop to where the model is (api/peers.py)
             log.debug("model=%s goes to %s: %s", name, choice.peer, choice.why)
             return await state.peers.forward(request, choice.peer, body)
     conv_id = conversation_id(request)

@@ -10,14 +10,14 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from node_agent.api.browser_guard import BrowserPolicy
+from node_agent.api.connections import DEFAULT_CLIENT_TIMEOUT
+from node_agent.api.peers import Peers
+from node_agent.api.proxy import Proxy
+from node_agent.api.vertex import Vertex
 from node_agent.child.logs import LogRing
 from node_agent.mcp.servers import McpServers
-from node_agent.router.browser_guard import BrowserPolicy
-from node_agent.router.connections import DEFAULT_CLIENT_TIMEOUT
-from node_agent.router.peers import Peers
-from node_agent.router.proxy import Proxy
-from node_agent.router.registry import Registry
-from node_agent.router.vertex import Vertex
+from node_agent.runtime.registry import Registry
 
 if TYPE_CHECKING:  # pydantic is imported lazily (start-up time)
     from node_agent.models_schema import RefusedPreset

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from node_agent.api.long_lived import until_shutdown
+from node_agent.api.state import STATE, LogsFor
 from node_agent.clip import clip
 from node_agent.errors import ApiError
-from node_agent.router.long_lived import until_shutdown
-from node_agent.router.state import STATE, LogsFor
 
 # The model's ring, made on first use (so ``follow`` works before the model's first load).
 LOGS: web.AppKey[LogsFor] = web.AppKey("corral_logs")
