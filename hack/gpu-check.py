@@ -25,10 +25,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from node_agent.llama_server.binary import set_in_use
-from node_agent.memory.arch_models import ARCH_MODELS, write_arch_models
-from node_agent.memory.buffers import MIB
 from node_agent.memory.devices import load_nvml
 from node_agent.memory.estimator import estimate
+from tests.arch_models import ARCH_MODELS, write_arch_models
+from tests.buffers import MIB
 from tests.integration.child_buffers import logged_buffers
 from tests.integration.harness import AgentProcess, chat
 

@@ -460,8 +460,10 @@ class Agent:
             await self.peers.close()
 
     async def stop(self) -> None:
-        """Close the registry first (nothing new is admitted or spawned from here on), then
-        let aiohttp stop listening, wait for the handlers and run the cleanup context."""
+        """Begin closing the registry first (from here on every request is refused, nothing
+        is spawned and every model drains), end the MCP servers and the built-in tools, then
+        let aiohttp stop listening, wait for the handlers and run the cleanup context (where
+        the registry waits for its children to exit)."""
         log.info(
             "shutting down: refusing new requests, draining and stopping children "
             "(at most %gs; a second signal kills them now)",

@@ -112,10 +112,6 @@ class AgentOptions:
     show_help: bool = False
     show_version: bool = False
 
-    @property
-    def unlimited_models(self) -> bool:
-        return self.models_max <= 0
-
 
 def llama_server_arg(argv: Sequence[str]) -> str | None:
     """``--llama-server PATH`` from the agent's arguments, before they are parsed: the binary

@@ -2,9 +2,8 @@
 
 The metrics middleware puts an :class:`Exchange` on every request; the proxy handler tells it
 the model (before it queues), when its lease was granted, and hands it the child's response
-bytes as they pass. The middleware reads it back when the response has ended. This module
-imports nothing from the router, so ``app.py`` and ``proxy.py`` can use it without a cycle
-(``metrics.py`` imports ``app.py``).
+bytes as they pass. The middleware reads it back when the response has ended. It imports
+nothing of the API (a leaf of its import layers), so the routes and the proxy all can.
 
 Token figures come from the child's ``usage``/``timings`` objects: for a plain JSON body the
 whole body, for a stream only the last server-sent event that carries them. The stream is

@@ -149,12 +149,6 @@ class MemoryLedger:
             self._set_effective(model, effective)
         self._reserve(model)
 
-    def on_measured(self, model: str, effective: Mapping[str, int]) -> None:
-        """A fresh measurement of a running child; held only if it is tracked now."""
-        self._set_effective(model, effective)
-        if model in self._held:
-            self._reserve(model)
-
     def on_sleeping(self, model: str) -> None:
         """The child unloaded its model and context but lives on: it holds nothing now."""
         self._held.pop(model, None)
@@ -233,9 +227,6 @@ class MemoryLedger:
         return any(held.get(device, 0) > 0 for device in short)
 
     # The scheduler's RoomCheck protocol (node_agent.core.scheduler).
-
-    def shortfall(self, model: str) -> bool:
-        return bool(self.deficit(model))
 
     def pick_victim(
         self, model: str, candidates: Sequence[str], *, need: Mapping[str, int] | None = None

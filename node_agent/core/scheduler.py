@@ -33,7 +33,7 @@ Memory is a second limit: an optional :class:`RoomCheck` (the ledger) says wheth
 model fits now, and which of the idle candidates to evict when it does not.
 
 Every change of a model's state follows :data:`MODEL_TRANSITIONS` and is recorded once as a
-:class:`Transition` (old -> new) for the owner to log (:meth:`Scheduler.take_transitions`).
+:class:`Transition` (old -> new): an effect of the event that caused it, for the owner to log.
 
 **One entry point.** The runtime's owner calls only :meth:`Scheduler.handle` (an event in,
 a list of effects out: ``core.scheduler_events``); the other methods are the steps it is made
@@ -248,6 +248,10 @@ class Scheduler:
         self._leases: dict[int, Lease] = {}
         self._ids = itertools.count(1)
         self._transitions: list[Transition] = []
+        # When the state changes next without an event (see next_wakeup), as of the last
+        # event handled; a lease granted at once leaves it as it was (it moves no deadline
+        # closer: a TTL only later, and the Tick then re-reads it).
+        self.wakeup: float | None = None
         self.closing = False
         self._close_until: float | None = None  # the shutdown's drain bound, once closing
 
@@ -296,7 +300,9 @@ class Scheduler:
             case Tick():
                 pass
         self._settle(now, out)
-        return out
+        self.wakeup = self.next_wakeup(now)
+        # The state changes first: the owner logs a model's new state before it acts on it.
+        return [*self.take_transitions(), *out]
 
     def _arrive(self, request: Request, now: float, out: list[Effect]) -> bool:
         """A request joins its model's queue; True when it was answered at once."""
@@ -683,11 +689,6 @@ class Scheduler:
         taken, self._transitions = self._transitions, []
         return taken
 
-    def may_spawn(self, name: str) -> bool:
-        """Whether the claimed load of ``name`` may create its process now (not once the
-        agent is closing: nothing is spawned after the signal)."""
-        return not self.closing and name in self._models
-
     def claim_done(
         self,
         name: str,
@@ -824,13 +825,6 @@ class Scheduler:
         if model is None or model.in_flight == 0:
             return True
         return model.drain_until is not None and now >= model.drain_until
-
-    def drain_left(self, name: str, now: float) -> float | None:
-        """Seconds until the drain deadline of ``name`` (None: no deadline set)."""
-        model = self._models.get(name)
-        if model is None or model.drain_until is None:
-            return None
-        return max(0.0, model.drain_until - now)
 
     def close(self) -> list[str]:
         """The agent is shutting down: refuse every waiter from now on and return the models

@@ -13,6 +13,8 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from node_agent.core.model_state import Transition
+
 # -- the scheduler's view of a model and a lease ----------------------------------------------
 
 
@@ -255,4 +257,4 @@ class Removed:
     model: str
 
 
-Effect = Grant | Started | Refuse | Queued | Spawn | Drain | Stop | Removed
+Effect = Transition | Grant | Started | Refuse | Queued | Spawn | Drain | Stop | Removed

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from node_agent.aio import TaskSet
-from node_agent.core.model_state import ModelState
+from node_agent.core.model_state import ModelState, Transition
 from node_agent.core.scheduler import Scheduler
 from node_agent.core.scheduler_events import (
     Catalog as CatalogEvent,
@@ -74,7 +74,7 @@ from node_agent.runtime.refusals import (
 )
 from node_agent.runtime.ttl import parse_keep_alive
 from node_agent.sources.catalog import Catalog
-from node_agent.sources.download import needs_download
+from node_agent.sources.download import DownloadPlan, needs_download
 from node_agent.sources.spec import ModelSpec
 
 if TYPE_CHECKING:
@@ -175,6 +175,7 @@ class Registry:
 
     def _set_specs(self, specs: Mapping[str, ModelSpec], aliases: Mapping[str, str]) -> None:
         self._specs = dict(specs)
+        self._plans: dict[str, DownloadPlan | None] = {}
         self._aliases = dict(aliases)  # the catalog's, already checked for collisions
 
     def _configs(self) -> dict[str, ModelConfig]:
@@ -265,7 +266,7 @@ class Registry:
             )
             if self.resolve(name) != name:
                 raise failed_error(name, self.downloads.failed(name) or "")
-        plan = needs_download(self._specs[name])
+        plan = self._download_plan(name)
         if plan is not None:
             await self.downloads.fetch_preset(
                 name,
@@ -274,7 +275,7 @@ class Registry:
                 left=self._left(deadline),
                 max_queue=self.max_queue,
             )
-        if self._sched.view(name).state is ModelState.UNLOADED:
+        if self.memory is not None and self._sched.view(name).state is ModelState.UNLOADED:
             await self._prepare(name)
         waiter = next(self._ids)
         request = Request(waiter, name, inference, slot, autoload, deadline=deadline)
@@ -314,7 +315,7 @@ class Registry:
             return
         if self.downloads.active(name) and not self._sched.view(name).stopping:
             raise ApiError(400, "model is already running")  # llama.cpp's child is loading
-        plan = needs_download(self._specs[name])
+        plan = self._download_plan(name)
         if plan is not None and not await self.downloads.start_preset(name, plan):
             self._tasks.spawn(
                 self._quietly(f"load of model={name}", self._load(name, after_download=True)),
@@ -328,7 +329,7 @@ class Registry:
         The download is waited for without the queue bounds: the client was told success, and
         ``--load-timeout`` and the downloader's own limits bound it; a failed download leaves
         the model failed (``GET /models``, ``download_failed``)."""
-        plan = needs_download(self._specs[name])
+        plan = self._download_plan(name)
         if plan is not None:
             await self.downloads.fetch_preset(
                 name, plan, queue_timeout=None, left=None, max_queue=None
@@ -380,19 +381,24 @@ class Registry:
         if self._handling:
             return
         self._handling = True
+        rearm = False
         try:
             while self._inbox:
                 event = self._inbox.popleft()
                 now = self._clock()
                 self._read_room(event, now)
                 effects = self._sched.handle(event, now)
-                for change in self._sched.take_transitions():
-                    log.info("model=%s: %s -> %s", change.model, change.old.value, change.new.value)
                 for effect in effects:
                     self._apply(effect, now)
+                # A lease granted at once moves no deadline closer (a TTL only later): the
+                # timer armed before still fires first, and the Tick re-arms it.
+                rearm = rearm or not (
+                    isinstance(event, Request) and all(isinstance(e, Grant) for e in effects)
+                )
         finally:
             self._handling = False
-        self._arm_timer()
+        if rearm:
+            self._arm_timer()
 
     def _read_room(self, event: Event, now: float) -> None:
         """Read the devices before a decision that may need room: at most every
@@ -405,7 +411,7 @@ class Registry:
 
     def _arm_timer(self) -> None:
         now = self._clock()
-        at = self._sched.next_wakeup(now)
+        at = self._sched.wakeup
         if self.memory is not None and self._sched.needs_room():
             # A load waits for room: memory other processes free shows up on the next read.
             at = min(at if at is not None else math.inf, now + ROOM_READ_SECONDS)
@@ -424,6 +430,8 @@ class Registry:
 
     def _apply(self, effect: Effect, now: float) -> None:
         match effect:
+            case Transition(model=name, old=old, new=new):
+                log.info("model=%s: %s -> %s", name, old.value, new.value)
             case Grant(waiter=waiter, lease=lease):
                 found = self._waiters.get(waiter)
                 if found is None or found.future.done():
@@ -495,8 +503,14 @@ class Registry:
 
     def _local(self, name: str) -> ModelSpec:
         """``name``'s spec, loading its downloaded file when the agent downloads it."""
-        spec = self._specs[name]
-        return self.downloads.local(spec, needs_download(spec))
+        return self.downloads.local(self._specs[name], self._download_plan(name))
+
+    def _download_plan(self, name: str) -> DownloadPlan | None:
+        """The download ``name``'s preset needs before its load (None: none), worked out
+        once per catalog."""
+        if name not in self._plans:
+            self._plans[name] = needs_download(self._specs[name])
+        return self._plans[name]
 
     async def _prepare(self, name: str) -> None:
         if self.memory is not None:

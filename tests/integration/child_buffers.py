@@ -11,7 +11,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from node_agent.memory.buffers import LoggedBuffers
+from tests.buffers import LoggedBuffers
 
 # Lines after which every buffer has been logged (or the child has failed).
 _DONE = ("server is listening", "listening on", "all slots are idle", "exiting due to")

@@ -1,7 +1,7 @@
 """Acceptance: the header-only estimate against the buffers the real llama-server logs.
 
 One table: each model (the demo set, the real SmolLM2, one generated model per architecture in
-``node_agent.memory.arch_models``) x settings (context 512 / 4096, KV cache f16 / q8_0,
+``tests.arch_models``) x settings (context 512 / 4096, KV cache f16 / q8_0,
 ``-np`` 1 / 4, ``--swa-full`` where the model slides, flash attention on / off). Each cell
 starts the real binary at ``-lv 4``, reads its stderr until every buffer is logged, kills it
 and compares: model + KV within ±5%, the total (model + KV + output + compute) within ±10%.
@@ -23,15 +23,15 @@ from pathlib import Path
 import pytest
 
 from node_agent.llama_server.binary import set_in_use
-from node_agent.memory.arch_models import (
+from node_agent.memory.estimator import estimate
+from node_agent.memory.shape import read_shape, read_vision_shape
+from tests.arch_models import (
     ARCH_MODELS,
     VisionProjector,
     write_arch_models,
     write_vision_projector,
 )
-from node_agent.memory.buffers import MIB
-from node_agent.memory.estimator import estimate
-from node_agent.memory.shape import read_shape, read_vision_shape
+from tests.buffers import MIB
 from tests.integration.child_buffers import logged_buffers
 from tests.integration.harness import b11434_path, missing_in_ci_fails
 

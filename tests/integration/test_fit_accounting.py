@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from node_agent.memory.arch_models import ARCH_MODELS, write_arch_model
 from node_agent.memory.estimator import estimate
+from tests.arch_models import ARCH_MODELS, write_arch_model
 from tests.integration.harness import chat
 
 MIB = 1 << 20

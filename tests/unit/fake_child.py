@@ -1,10 +1,13 @@
 """A child for fast tests of the async layer: a real HTTP server in this process, no llama-server.
 
 It goes through the registry's own seam (``ChildFactory``) and answers the way llama-server does
-where the registry and the proxy can tell: a streamed chat sends one SSE chunk every few ms until
-the client has enough or the child exits; ``stop()`` waits for the streams in flight (up to the
+where the registry and the proxy can tell: it reports the same events as ``ChildProcess``
+(spawned, ready, stopping, exited: expected or not, with the exit code), takes only requests
+that carry the child's own key, a streamed chat sends one SSE chunk every few ms until the
+client has enough or the child exits; ``stop()`` waits for the streams in flight (up to the
 stop timeout: llama-server finishes its generations before it obeys the exit command) and
 ``stop(now=True)`` drops them at once (SIGKILL). What each model does is set in a :class:`Plan`.
+``tests/integration/test_child_conformance.py`` holds it to the real child on the same cases.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from aiohttp import web
 from node_agent.api.app import build_app
 from node_agent.api.proxy import Proxy
 from node_agent.api.state import AgentState, RouterSettings
+from node_agent.child.keys import child_key
 from node_agent.child.logs import LogRing
 from node_agent.child.state import ChildEvent, ChildState, EventKind
 from node_agent.runtime.registry import Registry
@@ -68,6 +72,7 @@ class FakeChild:
         self._streams: set[web.StreamResponse] = set()
         self._idle = asyncio.Event()  # no stream in flight
         self._idle.set()
+        self._stopping = False
         self.meta: dict[str, Any] | None = None
 
     @property
@@ -85,8 +90,8 @@ class FakeChild:
     def kill(self) -> None:
         self.crash()
 
-    def _emit(self, kind: EventKind, state: ChildState) -> None:
-        self.events(ChildEvent(self.spec.name, kind, state, self._pid, self._port))
+    def _emit(self, kind: EventKind, state: ChildState, **extra: Any) -> None:
+        self.events(ChildEvent(self.spec.name, kind, state, self._pid, self._port, **extra))
 
     async def start(self) -> None:
         if self.plan.spawn_after:
@@ -114,11 +119,16 @@ class FakeChild:
             await self._exit(1)
             raise RuntimeError(self.plan.fail_start)
         self.meta = {"id": self.spec.name}
+        self._emit(EventKind.READY, ChildState.READY, meta=self.meta)
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
+        assert self._port is not None
+        if request.headers.get("Authorization") != f"Bearer {child_key(self._port)}":
+            error = {"code": 401, "message": "Invalid API Key", "type": "authentication_error"}
+            return web.json_response({"error": error}, status=401)
         body = await request.json()
         tokens = int(body.get("max_tokens", 4))
         if not body.get("stream"):
@@ -152,12 +162,16 @@ class FakeChild:
         if not self._exited.done():
             self.plan.exited[self.spec.name] = time.monotonic()
             self._exited.set_result(code)
+            expected = self._stopping
+            self._emit(EventKind.EXITED, ChildState.EXITED, exit_code=code, expected=expected)
 
     async def stop(self, *, now: bool = False) -> int | None:
         if self._pid is None and self._runner is None:
             if not self._exited.done():
                 self._exited.set_result(0)
             return None
+        self._stopping = True
+        self._emit(EventKind.STOPPING, ChildState.STOPPING)
         if not now:
             # As llama-server does: the exit command waits for the generations in flight
             # (ChildProcess kills it after its stop timeout).

@@ -27,8 +27,7 @@ def test_drop_in_command_line() -> None:
     o = parse("--models-dir", "D", "--models-max", "2", "-c", "4096", "--host=0.0.0.0")
     assert (o.models_dir, o.models_max, o.host) == ("D", 2, "0.0.0.0")
     assert o.child_options == (("ctx-size", "4096"),)
-    assert parse("--models-max", "0").unlimited_models
-    assert parse("--models-max", "-1").unlimited_models
+    assert parse("--models-max", "0").models_max == 0  # unlimited, as in llama.cpp
 
 
 def test_router_flags_from_env_and_command_line_wins() -> None:

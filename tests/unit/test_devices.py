@@ -99,7 +99,7 @@ def test_ledger_waits_until_late_freed_gpu_memory_shows() -> None:
     assert reads == 3  # two stale readings, then the memory shows free
     ledger.calibrate(fresh)
     assert ledger.statistics().devices[0].external == 0
-    assert not ledger.shortfall("new")
+    assert not ledger.deficit("new")
 
 
 def test_a_stale_reading_would_have_inflated_external() -> None:

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from node_agent.errors import ConfigError
-from node_agent.memory.buffers import LoggedBuffers, buffer_device, parse_buffer_line
 from node_agent.memory.estimator import estimate, estimate_shape, min_context, range_for_shape
 from node_agent.memory.gguf_header import GgufError, SkippedArray, read_header
 from node_agent.memory.shape import ModelShape, read_shape
+from tests.buffers import LoggedBuffers, buffer_device, parse_buffer_line
 
 MIB = 1 << 20
 
@@ -242,7 +242,7 @@ def test_logged_kv_buffers_of_one_context_add_up() -> None:
 def test_amx_copies_count_unless_repacking_is_off(tmp_path: Path) -> None:
     # llama.cpp copies f16 matmul weights into the AMX buffer on CPUs that have it; the
     # mapped file stays. --no-repack turns the copies off.
-    from node_agent.memory.arch_models import ARCH_MODELS, write_arch_model
+    from tests.arch_models import ARCH_MODELS, write_arch_model
 
     model = next(m for m in ARCH_MODELS if m.arch == "qwen3")
     shape = read_shape(write_arch_model(tmp_path / model.file_name, model))
@@ -256,7 +256,7 @@ def test_amx_copies_count_unless_repacking_is_off(tmp_path: Path) -> None:
 
 
 def test_recurrent_state_and_mla_cache(tmp_path: Path) -> None:
-    from node_agent.memory.arch_models import ARCH_MODELS, write_arch_model
+    from tests.arch_models import ARCH_MODELS, write_arch_model
 
     by_arch = {m.arch: m for m in ARCH_MODELS}
     mamba = read_shape(write_arch_model(tmp_path / "m.gguf", by_arch["mamba2"]))

@@ -67,21 +67,12 @@ def test_reserve_and_release_on_every_transition() -> None:
     assert ledger.available("CUDA0") == 10 * GIB
     ledger.on_ready("a")  # woke: the earlier measurement still holds
     assert ledger.held("a") == {"CUDA0": 3 * GIB}
-    ledger.on_measured("a", {"CUDA0": int(3.5 * GIB)})
-    assert ledger.held("a") == {"CUDA0": int(3.5 * GIB)}
     ledger.on_unloaded("a")  # exit or crash: nothing held, measurement forgotten
     assert ledger.held("a") == {}
     assert ledger.figures("a").effective is None
     ledger.on_spawned("a")
     ledger.on_ready("a")  # ready without a measurement: min again
     assert ledger.held("a") == {"CUDA0": 2 * GIB}
-
-
-def test_measurement_of_an_untracked_model_is_kept_but_not_held() -> None:
-    ledger = ledger_with(("a", 2 * GIB))
-    ledger.on_measured("a", {"CUDA0": GIB})
-    assert ledger.held("a") == {}
-    assert ledger.figures("a").effective == {"CUDA0": GIB}
 
 
 def test_deficit_includes_the_margin() -> None:
@@ -129,12 +120,12 @@ def test_pick_victim_takes_the_first_candidate_that_frees_a_short_device() -> No
         ledger.on_spawned(name)
         ledger.on_ready(name)
     assert ledger.deficit("new") == {"CUDA0": 3 * GIB}
-    assert ledger.shortfall("new")
+    assert ledger.deficit("new")
     # The scheduler's idle candidates, best victim first (c is busy: not offered).
     assert ledger.pick_victim("new", ["host-only", "b", "a"]) == "b"  # host-only frees no GPU
     ledger.on_unloaded("b")
     assert ledger.pick_victim("new", ["host-only", "a"]) is None  # fits now
-    assert ledger.shortfall("new") is False
+    assert not ledger.deficit("new")
 
 
 def test_no_victim_when_only_busy_models_hold_the_memory() -> None:
@@ -143,7 +134,7 @@ def test_no_victim_when_only_busy_models_hold_the_memory() -> None:
     ledger.on_spawned("a")
     ledger.on_ready("a")
     ledger.on_spawned("loading")  # not offered as a candidate
-    assert ledger.shortfall("new")
+    assert ledger.deficit("new")
     assert ledger.pick_victim("new", []) is None  # the scheduler's queue waits
 
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-from node_agent.core.model_state import ModelState
+from node_agent.core.model_state import ModelState, Transition
 from node_agent.core.scheduler import Scheduler
 from node_agent.core.scheduler_events import (
     Catalog,
     Close,
     Drain,
     Effect,
+    Event,
     Exited,
     Grant,
     KeepAlive,
@@ -38,10 +39,15 @@ from node_agent.core.scheduler_events import (
 _WAITERS = itertools.count(1000)
 
 
+def handle(sched: Scheduler, event: Event, now: float) -> list[Effect]:
+    """``sched.handle`` less the state changes it reports (tests of those say so)."""
+    return [e for e in sched.handle(event, now) if not isinstance(e, Transition)]
+
+
 def make(models_max: int = 2, slots: int = 1, **configs: ModelConfig) -> Scheduler:
     sched = Scheduler(models_max)
     models = configs or {"a": ModelConfig(slots=slots, stop_timeout=5.0)}
-    assert sched.handle(Catalog(models), 0.0) == []
+    assert handle(sched, Catalog(models), 0.0) == []
     return sched
 
 
@@ -49,7 +55,7 @@ def request(
     sched: Scheduler, model: str = "a", now: float = 0.0, **how: object
 ) -> tuple[int, list[Effect]]:
     waiter = next(_WAITERS)
-    return waiter, sched.handle(Request(waiter, model, **how), now)  # type: ignore[arg-type]
+    return waiter, handle(sched, Request(waiter, model, **how), now)  # type: ignore[arg-type]
 
 
 def loaded(sched: Scheduler, model: str = "a", port: int = 7001, now: float = 0.0) -> None:
@@ -58,10 +64,10 @@ def loaded(sched: Scheduler, model: str = "a", port: int = 7001, now: float = 0.
     assert effects == [Spawn(model), Queued(waiter, model, f"{model} is loading", slot=False)] or (
         Spawn(model) in effects
     ), effects
-    assert sched.handle(Spawned(model, port), now) == []
-    (grant,) = sched.handle(Ready(model), now)
+    assert handle(sched, Spawned(model, port), now) == []
+    (grant,) = handle(sched, Ready(model), now)
     assert isinstance(grant, Grant) and grant.waiter == waiter
-    assert sched.handle(Release(grant.lease), now) == []
+    assert handle(sched, Release(grant.lease), now) == []
 
 
 def grants(effects: Sequence[Effect]) -> list[int]:
@@ -80,8 +86,8 @@ def test_cold_requests_cause_one_spawn_and_are_granted_at_ready_up_to_the_slots(
     first, effects = request(sched)
     assert effects == [Spawn("a"), Queued(first, "a", "a is loading", slot=False)]
     others = [request(sched)[0] for _ in range(3)]
-    assert sched.handle(Spawned("a", 7001), 0.1) == []
-    effects = sched.handle(Ready("a"), 0.5)
+    assert handle(sched, Spawned("a", 7001), 0.1) == []
+    effects = handle(sched, Ready("a"), 0.5)
     assert grants(effects) == [first, others[0]]  # two slots, in arrival order
     assert sched.view("a").queued == 2
 
@@ -94,7 +100,7 @@ def test_a_release_hands_the_slot_to_the_next_waiter_in_arrival_order() -> None:
     queued = [request(sched, now=1.0) for _ in range(3)]
     for waiter, effects in queued:
         assert effects == [Queued(waiter, "a", "all 1 slots of its server stayed busy", slot=True)]
-    effects = sched.handle(Release(lease), 2.0)
+    effects = handle(sched, Release(lease), 2.0)
     assert grants(effects) == [queued[0][0]]  # exactly one: no herd
 
 
@@ -106,11 +112,11 @@ def test_a_request_that_did_not_reach_the_child_when_its_model_stops_waits_for_t
     _, effects = request(sched, now=1.0)
     (lease,) = [e.lease for e in effects if isinstance(e, Grant)]
     waiters = [request(sched, now=1.0)[0] for _ in range(3)]
-    assert sched.handle(Unload("a", "manual"), 1.0) == [Drain("a", "manual", 6.0)]
-    assert sched.handle(Release(lease), 1.5) == [Stop("a", cut=False)]
-    assert sched.handle(Exited("a", 0), 1.6) == [Spawn("a")]
-    assert sched.handle(Spawned("a", 7002), 1.7) == []
-    effects = sched.handle(Ready("a"), 2.0)
+    assert handle(sched, Unload("a", "manual"), 1.0) == [Drain("a", "manual", 6.0)]
+    assert handle(sched, Release(lease), 1.5) == [Stop("a", cut=False)]
+    assert handle(sched, Exited("a", 0), 1.6) == [Spawn("a")]
+    assert handle(sched, Spawned("a", 7002), 1.7) == []
+    effects = handle(sched, Ready("a"), 2.0)
     assert grants(effects) == waiters[:1]
     assert all(isinstance(e, Grant) for e in effects)
     assert effects[0].lease.port == 7002  # type: ignore[union-attr]
@@ -120,11 +126,11 @@ def test_a_drain_past_its_bound_stops_the_child_with_a_cut() -> None:
     sched = make(slots=1)
     loaded(sched)
     request(sched, now=1.0)
-    assert sched.handle(Unload("a", "manual"), 1.0) == [Drain("a", "manual", 6.0)]
+    assert handle(sched, Unload("a", "manual"), 1.0) == [Drain("a", "manual", 6.0)]
     assert sched.next_wakeup(1.0) == 6.0
-    assert sched.handle(Tick(), 5.9) == []
-    assert sched.handle(Tick(), 6.0) == [Stop("a", cut=True)]
-    assert sched.handle(Tick(), 7.0) == []  # told once
+    assert handle(sched, Tick(), 5.9) == []
+    assert handle(sched, Tick(), 6.0) == [Stop("a", cut=True)]
+    assert handle(sched, Tick(), 7.0) == []  # told once
 
 
 def test_one_timeout_bounds_the_wait_for_a_slot_but_not_a_load_under_way() -> None:
@@ -132,14 +138,14 @@ def test_one_timeout_bounds_the_wait_for_a_slot_but_not_a_load_under_way() -> No
     waiter, effects = request(sched, deadline=1.0)
     assert Spawn("a") in effects
     assert sched.next_wakeup(0.0) is None  # loading: no deadline applies
-    assert sched.handle(Tick(), 5.0) == []
-    sched.handle(Spawned("a", 7001), 5.0)
-    (grant,) = sched.handle(Ready("a"), 6.0)
+    assert handle(sched, Tick(), 5.0) == []
+    handle(sched, Spawned("a", 7001), 5.0)
+    (grant,) = handle(sched, Ready("a"), 6.0)
     assert grant == Grant(waiter, grant.lease)  # type: ignore[union-attr]
     slow, effects = request(sched, now=6.0, deadline=8.0)
     assert effects == [Queued(slow, "a", "all 1 slots of its server stayed busy", slot=True)]
     assert sched.next_wakeup(6.0) == 8.0
-    assert sched.handle(Tick(), 8.0) == [
+    assert handle(sched, Tick(), 8.0) == [
         Refuse(slow, Refusal.TIMEOUT, "all 1 slots of its server stayed busy")
     ]
     assert sched.view("a").queued == 0
@@ -147,7 +153,7 @@ def test_one_timeout_bounds_the_wait_for_a_slot_but_not_a_load_under_way() -> No
 
 def test_max_queue_refuses_beyond_the_bound_counting_slot_waiters() -> None:
     sched = Scheduler(2, max_queue=2)
-    sched.handle(Catalog({"a": ModelConfig(slots=1)}), 0.0)
+    handle(sched, Catalog({"a": ModelConfig(slots=1)}), 0.0)
     loaded(sched)
     request(sched, now=1.0)  # takes the slot
     request(sched, now=1.0)
@@ -166,7 +172,7 @@ def test_a_direct_load_is_answered_once_the_child_exists_and_refused_when_it_run
     sched = make()
     waiter, effects = request(sched, direct=True)
     assert effects[0] == Spawn("a")
-    assert sched.handle(Spawned("a", 7001), 0.1) == [Started(waiter)]
+    assert handle(sched, Spawned("a", 7001), 0.1) == [Started(waiter)]
     again, effects = request(sched, direct=True, now=0.2)
     assert effects == [Refuse(again, Refusal.RUNNING)]
 
@@ -183,10 +189,10 @@ def test_keep_alive_sets_when_an_idle_model_is_unloaded() -> None:
     sched = make(slots=1)
     loaded(sched)  # last used at 0.0
     assert sched.next_wakeup(0.0) is None
-    assert sched.handle(KeepAlive("a", 30.0), 0.0) == []
+    assert handle(sched, KeepAlive("a", 30.0), 0.0) == []
     assert sched.next_wakeup(0.0) == 30.0
-    assert sched.handle(Tick(), 29.0) == []
-    assert sched.handle(Tick(), 30.0) == [Drain("a", "ttl", 35.0), Stop("a", cut=False)]
+    assert handle(sched, Tick(), 29.0) == []
+    assert handle(sched, Tick(), 30.0) == [Drain("a", "ttl", 35.0), Stop("a", cut=False)]
 
 
 def test_a_count_eviction_drains_the_idle_victim_for_the_head() -> None:
@@ -198,7 +204,7 @@ def test_a_count_eviction_drains_the_idle_victim_for_the_head() -> None:
         Stop("a", cut=False),
         Queued(waiter, "b", "all 1 instances busy: a (stopping)", slot=False),
     ]
-    assert sched.handle(Exited("a", 0), 1.1) == [Spawn("b")]
+    assert handle(sched, Exited("a", 0), 1.1) == [Spawn("b")]
 
 
 def test_closing_refuses_waiters_and_drains_everything_even_a_late_spawn() -> None:
@@ -206,19 +212,19 @@ def test_closing_refuses_waiters_and_drains_everything_even_a_late_spawn() -> No
     loaded(sched, "a")
     request(sched, "a", 1.0)  # in flight
     waiter, _ = request(sched, "b", 1.0)  # spawning
-    effects = sched.handle(Close(drain_until=3.0), 1.0)
+    effects = handle(sched, Close(drain_until=3.0), 1.0)
     assert Drain("a", "shutdown", 3.0) in effects
     assert Refuse(waiter, Refusal.CLOSING) in effects
     late, effects = request(sched, "a", 1.1)
     assert effects == [Refuse(late, Refusal.CLOSING)]
     # Spawned as the agent closed: stopped at once, within the shutdown's bound.
-    assert sched.handle(Spawned("b", 7002), 1.2) == [Drain("b", "shutdown", 3.0), Stop("b", False)]
+    assert handle(sched, Spawned("b", 7002), 1.2) == [Drain("b", "shutdown", 3.0), Stop("b", False)]
 
 
 def test_a_withdrawn_load_fails_its_waiters_without_counting_against_the_model() -> None:
     sched = make()
     waiter, _ = request(sched)
-    effects = sched.handle(SpawnFailed("a", "the agent is shutting down", count=False), 0.1)
+    effects = handle(sched, SpawnFailed("a", "the agent is shutting down", count=False), 0.1)
     assert effects == [Refuse(waiter, Refusal.FAILED, "the agent is shutting down")]
     assert sched.view("a").failures == 0
 
@@ -228,8 +234,8 @@ def test_a_crash_while_loading_fails_its_waiters_and_backs_off_after_the_second(
     for attempt, now in ((1, 0.0), (2, 1.0)):
         waiter, effects = request(sched, now=now)
         assert Spawn("a") in effects
-        sched.handle(Spawned("a", 7000 + attempt), now)
-        effects = sched.handle(Exited("a", 1, "bad file"), now + 0.1)
+        handle(sched, Spawned("a", 7000 + attempt), now)
+        effects = handle(sched, Exited("a", 1, "bad file"), now + 0.1)
         assert effects == [Refuse(waiter, Refusal.FAILED, "bad file")]
     waiter, effects = request(sched, now=1.2)
     (refuse,) = effects
@@ -241,7 +247,7 @@ def test_the_catalog_removes_gone_models_once_stopped_and_reloads_changed_ones()
     sched = make(2, a=ModelConfig(slots=1), b=ModelConfig(slots=1), c=ModelConfig(slots=1))
     loaded(sched, "a")
     loaded(sched, "b")
-    effects = sched.handle(Catalog({"b": ModelConfig(slots=2)}, frozenset({"b"})), 1.0)
+    effects = handle(sched, Catalog({"b": ModelConfig(slots=2)}, frozenset({"b"})), 1.0)
     assert effects == [
         Drain("a", "reload", 11.0),
         Removed("c"),
@@ -251,8 +257,8 @@ def test_the_catalog_removes_gone_models_once_stopped_and_reloads_changed_ones()
     ]
     waiter, effects = request(sched, "a", 1.0)
     assert effects == [Refuse(waiter, Refusal.GONE)]
-    assert sched.handle(Exited("a", 0), 1.1) == [Removed("a")]
-    assert sched.handle(Exited("b", 0), 1.1) == []
+    assert handle(sched, Exited("a", 0), 1.1) == [Removed("a")]
+    assert handle(sched, Exited("b", 0), 1.1) == []
     assert "b" in sched and sched.view("b").state is ModelState.UNLOADED
 
 
@@ -260,7 +266,17 @@ def test_a_waiter_that_leaves_is_forgotten_and_its_load_goes_on() -> None:
     sched = make()
     waiter, effects = request(sched)
     assert Spawn("a") in effects
-    assert sched.handle(Leave(waiter), 0.1) == []
-    assert sched.handle(Spawned("a", 7001), 0.2) == []
-    assert sched.handle(Ready("a"), 0.3) == []
+    assert handle(sched, Leave(waiter), 0.1) == []
+    assert handle(sched, Spawned("a", 7001), 0.2) == []
+    assert handle(sched, Ready("a"), 0.3) == []
     assert sched.view("a").state is ModelState.LOADED
+
+
+def test_each_state_change_is_an_effect_ahead_of_what_it_causes() -> None:
+    sched = make()
+    waiter, _ = request(sched)
+    effects = sched.handle(Spawned("a", 7001), 0.1)
+    assert effects == [Transition("a", ModelState.UNLOADED, ModelState.LOADING)]
+    effects = sched.handle(Ready("a", 7001), 0.2)
+    assert effects[0] == Transition("a", ModelState.LOADING, ModelState.LOADED)
+    assert grants(effects[1:]) == [waiter]
