@@ -277,12 +277,13 @@ class Proxy:
                     raise
                 await _drain(upstream, exchange)  # the client left while the model loaded
                 return response
+            watch = _ReadWatch(request, self._client_timeout)
             try:
                 try:
                     async for chunk in upstream.content.iter_any():
                         if exchange is not None:
                             exchange.chunk(chunk)
-                        await self._write(request, response, chunk)
+                        await watch.write(response, chunk)
                 except ConnectionResetError:
                     raise  # the client's side (below), though aiohttp's is a ClientError too
                 except aiohttp.ClientError as exc:
@@ -292,9 +293,7 @@ class Proxy:
                     log.warning("the child on port %d stopped mid-response: %s", port, exc)
                     if "text/event-stream" in upstream.headers.get("Content-Type", ""):
                         error = ApiError(500, message).body()
-                        await self._write(
-                            request, response, f"data: {json.dumps(error)}\n\n".encode()
-                        )
+                        await watch.write(response, f"data: {json.dumps(error)}\n\n".encode())
                 await response.write_eof()
             except ConnectionResetError:
                 # The client hung up mid-stream: aiohttp's next write raises (found by the
@@ -304,25 +303,56 @@ class Proxy:
                 log.debug("client went away mid-stream from port %d", port)
                 if detached:
                     await _drain(upstream, exchange)
+            finally:
+                watch.close()
             return response
 
-    async def _write(self, request: web.Request, response: web.StreamResponse, data: bytes) -> None:
-        """Write to the client, which must take it within the client timeout: one that stops
-        reading is cut off (ConnectionResetError, as if it had hung up), which closes the
-        stream from the child and frees its slot."""
+
+class _ReadWatch:
+    """Cuts off a client that takes no streamed data for the client timeout: one that stops
+    reading is treated as if it had hung up (ConnectionResetError), which closes the stream
+    from the child and frees its slot.
+
+    A write waits only while the client's socket is full, so instead of a timeout around
+    every chunk (a timer made and cancelled per token, issue 30) one timer per timeout period
+    looks at the write under way, if any."""
+
+    def __init__(self, request: web.Request, timeout: float) -> None:
+        self._request = request
+        self._timeout = timeout
+        self._loop = asyncio.get_running_loop()
+        self._since: float | None = None  # when the write under way began
+        self._cut = False
+        self._timer = self._loop.call_later(timeout, self._check)
+
+    async def write(self, response: web.StreamResponse, data: bytes) -> None:
+        self._since = self._loop.time()
         try:
-            async with asyncio.timeout(self._client_timeout):
-                await response.write(data)
-        except TimeoutError:
+            await response.write(data)
+        finally:
+            self._since = None
+        if self._cut:
+            raise ConnectionResetError("the client stopped reading")
+
+    def _check(self) -> None:
+        since, now = self._since, self._loop.time()
+        if since is not None and now - since >= self._timeout:
+            request = self._request
             log.warning(
                 "%s %s: the client took no data for %gs (--client-timeout): cutting it off",
                 request.method,
                 request.path,
-                self._client_timeout,
+                self._timeout,
             )
+            self._cut = True
             if request.transport is not None:
                 request.transport.abort()
-            raise ConnectionResetError("the client stopped reading") from None
+            return
+        wait = self._timeout if since is None else since + self._timeout - now
+        self._timer = self._loop.call_later(wait, self._check)
+
+    def close(self) -> None:
+        self._timer.cancel()
 
 
 async def _drain(upstream: aiohttp.ClientResponse, exchange: Exchange | None) -> None:

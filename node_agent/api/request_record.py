@@ -7,11 +7,13 @@ nothing of the API (a leaf of its import layers), so the routes and the proxy al
 
 Token figures come from the child's ``usage``/``timings`` objects: for a plain JSON body the
 whole body, for a stream only the last server-sent event that carries them. The stream is
-never held back: :class:`StreamScanner` keeps a copy of just the current event's bytes.
+never held back or parsed as it passes (issue 30): :class:`StreamScanner` keeps a bounded
+tail of it and reads the last report there once, when the metrics ask.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import time
 from collections.abc import Callable
@@ -20,12 +22,14 @@ from typing import Any
 
 from aiohttp import web
 
-# A usage event is a few hundred bytes; an event bigger than this is content, and copying it
-# would be the buffering we promise not to do, so it is skipped.
+# A usage event is a few hundred bytes; an event bigger than this is content. A stream's last
+# MAX_TAIL_BYTES are kept: room for the last report and the events after it.
 MAX_EVENT_BYTES = 64 * 1024
+MAX_TAIL_BYTES = 2 * MAX_EVENT_BYTES
 _USAGE, _TIMINGS = b'"usage"', b'"timings"'
 _COUNTS = (b'"tokens_evaluated"', b'"tokens_predicted"')  # /completion's own figures
 _MARKERS = (_USAGE, _TIMINGS, *_COUNTS)
+_LONGEST_MARKER = max(len(m) for m in _MARKERS)
 _DECODER = json.JSONDecoder()
 
 
@@ -100,36 +104,60 @@ def usage_in(blob: bytes) -> Usage | None:
 
 
 class StreamScanner:
-    """Finds the last usage report in a stream of server-sent events fed piece by piece."""
+    """The last usage report in a stream of server-sent events fed piece by piece.
+
+    Each piece is kept (the last :data:`MAX_TAIL_BYTES` of them) and only looked at for a
+    report's key (a search in C); the events are split and read once, from the end, when
+    :attr:`usage` is asked for. A report about to leave the tail with no later one in it is
+    read then (a report followed by that much output: rare), so the last one is never lost.
+    """
 
     def __init__(self) -> None:
-        self.usage: Usage | None = None
-        self._event = bytearray()  # the current event so far
-        self._skipping = False  # the current event outgrew MAX_EVENT_BYTES
+        self._tail: collections.deque[tuple[bytes, bool]] = collections.deque()
+        self._size = 0
+        self._marked = 0  # pieces in the tail that hold (or end) a report's key
+        self._edge = b""  # the last bytes fed: a key split between two pieces
+        self._usage: Usage | None = None  # as of the last read
+        self._read = True  # nothing fed since the tail was last read
 
     def feed(self, data: bytes) -> None:
-        # Search from one byte back: the blank line may be split between two pieces.
-        search_from = max(0, len(self._event) - 1)
-        if self._skipping:
-            self._event = bytearray(self._event[-1:])
-            search_from = 0
-        self._event += data
-        while True:
-            end = self._event.find(b"\n\n", search_from)
-            if end < 0:
-                break
-            if not self._skipping:
-                self._scan(bytes(self._event[:end]))
-            self._skipping = False
-            del self._event[: end + 2]
-            search_from = 0
-        if len(self._event) > MAX_EVENT_BYTES:
-            self._skipping = True
+        joint = self._edge + data[:_LONGEST_MARKER]
+        marked = any(m in data for m in _MARKERS) or any(m in joint for m in _MARKERS)
+        self._edge = (self._edge + data)[-_LONGEST_MARKER:]
+        self._tail.append((data, marked))
+        self._size += len(data)
+        self._marked += marked
+        self._read = False
+        while self._size - len(self._tail[0][0]) >= MAX_TAIL_BYTES:
+            if self._tail[0][1] and self._marked == 1:
+                self._keep_last_report()  # the tail's only report is leaving it
+            piece, was_marked = self._tail.popleft()
+            self._size -= len(piece)
+            self._marked -= was_marked
 
-    def _scan(self, event: bytes) -> None:
-        found = usage_in(event)
+    def _keep_last_report(self) -> None:
+        found = self._scan()
         if found is not None:
-            self.usage = found
+            self._usage = found
+
+    def _scan(self) -> Usage | None:
+        events = b"".join(piece for piece, _ in self._tail).split(b"\n\n")
+        for event in reversed(events):
+            if len(event) <= MAX_EVENT_BYTES and (found := usage_in(event)) is not None:
+                return found
+        return None
+
+    @property
+    def held_bytes(self) -> int:
+        return self._size
+
+    @property
+    def usage(self) -> Usage | None:
+        if not self._read:
+            self._read = True
+            if self._marked:
+                self._keep_last_report()
+        return self._usage
 
 
 class Exchange:

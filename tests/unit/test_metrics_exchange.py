@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import json
 
-from node_agent.api.request_record import MAX_EVENT_BYTES, Exchange, StreamScanner, Usage, usage_in
+from node_agent.api.request_record import (
+    MAX_EVENT_BYTES,
+    MAX_TAIL_BYTES,
+    Exchange,
+    StreamScanner,
+    Usage,
+    usage_in,
+)
 
 OPENAI = {
     "choices": [{"message": {"content": 'she said "usage": 1'}}],
@@ -47,13 +54,28 @@ def test_stream_usage_is_the_last_reported_even_split_anywhere() -> None:
         assert scanner.usage == Usage(5, 2), size
 
 
-def test_an_oversized_event_is_skipped_not_buffered() -> None:
+def test_an_oversized_event_is_skipped_and_the_stream_never_buffered() -> None:
     scanner = StreamScanner()
     scanner.feed(b"data: " + b'"usage"' + b"x" * MAX_EVENT_BYTES)
     scanner.feed(b"y" * 100 + b"\n\n")
     assert scanner.usage is None
     scanner.feed(sse({"usage": {"prompt_tokens": 1, "completion_tokens": 1}}))
     assert scanner.usage == Usage(1, 1)
+    for _ in range(10_000):  # a long stream after it: only its tail is held
+        scanner.feed(sse({"choices": [{"delta": {"content": "token"}}]}))
+    assert scanner.held_bytes <= MAX_TAIL_BYTES + 100
+    assert scanner.usage == Usage(1, 1)  # the last report, though it left the tail
+
+
+def test_a_report_that_leaves_the_tail_unread_is_still_the_last_one() -> None:
+    scanner = StreamScanner()
+    scanner.feed(sse({"usage": {"prompt_tokens": 3, "completion_tokens": 4}}))
+    for _ in range(10_000):  # never asked for the usage meanwhile
+        scanner.feed(sse({"choices": [{"delta": {"content": "token"}}]}))
+    assert scanner.held_bytes <= MAX_TAIL_BYTES + 100
+    assert scanner.usage == Usage(3, 4)
+    scanner.feed(sse({"usage": {"prompt_tokens": 3, "completion_tokens": 9}}))
+    assert scanner.usage == Usage(3, 9)
 
 
 def test_exchange_times_the_queue() -> None:
