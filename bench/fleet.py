@@ -44,6 +44,8 @@ class Sizes:
     s6_lists: int = 10
     s7_requests: int = 600
     s7_depth: int = 256
+    s8_streams: int = 64
+    s8_tokens: int = 256
 
 
 FULL = Sizes()
@@ -65,6 +67,8 @@ SMOKE = Sizes(
     s6_lists=3,
     s7_requests=40,
     s7_depth=16,
+    s8_streams=4,
+    s8_tokens=16,
 )
 
 
@@ -201,9 +205,11 @@ class Fleet:
         }
         await self.start(spawned)
 
-    async def start_direct(self, bench: Bench, label: str, model: str) -> None:
+    async def start_direct(
+        self, bench: Bench, label: str, model: str, extra: Sequence[str] = ()
+    ) -> None:
         if DIRECT in bench.targets:
-            server = bench.launcher.direct(label, bench.models.path(model), model)
+            server = bench.launcher.direct(label, bench.models.path(model), model, extra)
             await self.start({DIRECT: server})
 
     def mark(self) -> None:

@@ -266,11 +266,12 @@ class Launcher:
             )  # fmt: skip
         return server
 
-    def direct(self, label: str, model: Path, alias: str) -> Server:
-        """One child with the arguments llama.cpp's router gives its children."""
+    def direct(self, label: str, model: Path, alias: str, extra: Sequence[str] = ()) -> Server:
+        """One child with the arguments llama.cpp's router gives its children (``extra``:
+        the routers' own ``extra``, which they pass on)."""
         port = free_port()
         argv = [
             str(self.binary), "--host", "127.0.0.1", "--port", str(port),
-            "--alias", alias, "--ctx-size", str(self.ctx), "--model", str(model),
+            "--alias", alias, "--ctx-size", str(self.ctx), "--model", str(model), *extra,
         ]  # fmt: skip
         return self._spawn(DIRECT, label, argv, dict(os.environ))

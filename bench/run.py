@@ -31,6 +31,7 @@ from bench.results_model import ScenarioResult
 from bench.scenarios import s1_overhead, s2_real_model, s2_streaming, s3_cold_start
 from bench.scenarios_load import s4_churn, s5_concurrency, s6_scale
 from bench.scenarios_queue import s7_queue
+from bench.scenarios_streams import s8_streams
 
 Scenario = Callable[[Bench], Awaitable[ScenarioResult]]
 SCENARIOS: dict[str, Scenario] = {
@@ -42,6 +43,7 @@ SCENARIOS: dict[str, Scenario] = {
     "S5": s5_concurrency,
     "S6": s6_scale,
     "S7": s7_queue,
+    "S8": s8_streams,
 }
 
 

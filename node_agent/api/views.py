@@ -6,6 +6,7 @@ sends stays exactly as clients expect it.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
@@ -54,6 +55,22 @@ def child_args(binary: str, spec: _Listed, port: int | None) -> list[str]:
     )
 
 
+# A listing of 1,000 models redacted every model's command line and preset on every
+# GET /models (half its time, issue 30): both depend only on the spec, the binary and the port,
+# so each is worked out once. Specs are frozen, and a reload makes new ones.
+_LISTED_CACHE = 4096
+
+
+@functools.lru_cache(maxsize=_LISTED_CACHE)
+def _listed_args(binary: str, spec: _Listed, port: int | None) -> tuple[str, ...]:
+    return tuple(child_args(binary, spec, port))
+
+
+@functools.lru_cache(maxsize=_LISTED_CACHE)
+def _listed_preset(spec: _Listed) -> str:
+    return preset_text(spec)
+
+
 def preset_text(spec: _Listed) -> str:
     """The model's merged preset as an INI section (llama.cpp's ``status.preset``)."""
     lines = [f"[{spec.name}]"]
@@ -88,8 +105,8 @@ def model_entry(
         crash = {"failed": True}  # its file's download failed: the load did too
     status = ModelStatus(
         value="downloading" if downloading else view.state.value,
-        args=child_args(binary, spec, child.port if child is not None else None),
-        preset=preset_text(spec),
+        args=list(_listed_args(binary, spec, child.port if child is not None else None)),
+        preset=_listed_preset(spec),
         **crash,
     )
     # The child's ``ready`` payload is its whole model entry ({id, aliases, …, meta}); llama.cpp
