@@ -311,3 +311,31 @@ async def test_one_queue_timeout_bounds_a_download_and_then_a_slot(
             (await first).close()
     finally:
         await runner.cleanup()
+
+
+async def test_the_devices_are_read_a_bounded_number_of_times_however_many_wait() -> None:
+    """Issue 27, the thundering herd: every change woke every queued request, and each read
+    the devices (/proc, NVML) on the loop, so 256 requests waiting for one load read them
+    thousands of times. Now each event is handled once, and the devices are read only while
+    a load waits for room."""
+    from node_agent.memory.devices import CompositeProbe
+    from node_agent.runtime.memory_watch import MemoryWatch
+    from tests.unit.test_memory_watch import GIB, CountingProbe
+
+    probe = CountingProbe(free=8 * GIB)
+    memory = MemoryWatch(margin_mib=0, limits={}, probe=CompositeProbe([probe]))
+    plan = Plan(ready_after=0.3)
+    four_slots = spec("m", options=(("parallel", "4"),))
+    async with fake_agent(plan, [four_slots], memory=memory) as agent:
+        url = f"{agent.url}/v1/chat/completions"
+
+        async def chat_once() -> int:
+            async with agent.client.post(url, json=chat("m", 2)) as response:
+                await response.read()
+                return response.status
+
+        reads = probe.reads
+        statuses = await asyncio.gather(*(chat_once() for _ in range(256)))
+        assert statuses == [200] * 256
+        assert plan.spawned == ["m"]
+        assert probe.reads - reads <= 10, probe.reads - reads  # 301 before
