@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Protocol
@@ -209,6 +210,11 @@ class _Entry:
     waiters: dict[int, _Waiter] = field(default_factory=dict)
     claimed: bool = False  # a waiter was told to load; the load is the registry's from then on
     spawned: bool = False  # the claimed load has a child process now
+    # What lets a queue of slot waiters be passed over in one step (Scheduler._quiet): how
+    # many waiters are not plain slot waiters, and no waiter's deadline is before this (exact
+    # after each look at every waiter; a waiter that left may leave it early, never late).
+    unslotted: int = 0
+    earliest: float = math.inf
 
 
 @dataclass(frozen=True)
@@ -429,6 +435,8 @@ class Scheduler:
                         continue
                 if entry.model not in self._queue:
                     break  # its last waiter went, or its load failed
+            deadlines = [w.deadline for w in entry.waiters.values() if w.deadline is not None]
+            entry.earliest = min(deadlines, default=math.inf)
 
     def _quiet(self, entry: _Entry, now: float) -> bool:
         """Nothing can change for ``entry``'s waiters now, so they need no look (a queue of
@@ -438,9 +446,7 @@ class Scheduler:
             return False
         if model.state not in USABLE or model.stopping or model.slot_free():
             return False
-        return all(w.slot and not w.direct for w in entry.waiters.values()) and not any(
-            w.deadline is not None and w.deadline <= now for w in entry.waiters.values()
-        )
+        return entry.unslotted == 0 and entry.earliest > now
 
     def _answer(self, waiter: int, info: _Waiter, entry: _Entry, now: float) -> Effect | None:
         """The answer to one waiter now, or None while it waits."""
@@ -468,10 +474,9 @@ class Scheduler:
         event."""
         times: list[float] = []
         for entry in self._queue.values():
-            loading = self._loading(entry)
-            for info in entry.waiters.values():
-                if info.deadline is not None and not loading and info.deadline > now:
-                    times.append(info.deadline)
+            finite = not math.isinf(entry.earliest)
+            if finite and entry.earliest > now and not self._loading(entry):
+                times.append(entry.earliest)
         for name in self._stopping:
             model = self._models[name]
             if not model.stop_sent and model.drain_until is not None and model.in_flight:
@@ -571,7 +576,12 @@ class Scheduler:
             entry = self._queue[name] = _Entry(name)
         if waiter is None:
             waiter = next(self._ids)
-        entry.waiters[waiter] = info or _Waiter()
+        info = info or _Waiter()
+        entry.waiters[waiter] = info
+        if info.direct or not info.slot:
+            entry.unslotted += 1
+        if info.deadline is not None:
+            entry.earliest = min(entry.earliest, info.deadline)
         self._waiting[waiter] = name
         return waiter
 
@@ -586,7 +596,9 @@ class Scheduler:
         entry = self._queue.get(name) if name is not None else None
         if entry is None:
             return
-        entry.waiters.pop(waiter, None)
+        info = entry.waiters.pop(waiter, None)
+        if info is not None and (info.direct or not info.slot):
+            entry.unslotted -= 1
         self._drop_if_done(entry)
 
     def _drop_if_done(self, entry: _Entry) -> None:
