@@ -18,32 +18,36 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
 from typing import Any
 
 from aiohttp import web
 
-from node_agent.api.bodies import CLIENT_TIMEOUT, json_document, read_body, read_json
+from node_agent.api.bodies import (
+    CLIENT_TIMEOUT,
+    MODEL_MISSING,
+    body_model,
+    json_document,
+    read_body,
+)
 from node_agent.api.bodies import parse_json_body as parse_json_body  # routes elsewhere use it
 from node_agent.api.browser_guard import cors_headers, guard_middleware
 from node_agent.api.chat_ui import serve_chat_ui, setup_chat_ui
 from node_agent.api.conversations import CONVERSATIONS, conversation_id, setup_conversations
 from node_agent.api.form_fields import MULTIPART, multipart_fields
-from node_agent.api.logs_api import setup_logs
-from node_agent.api.long_lived import setup_long_lived, until_shutdown
+from node_agent.api.long_lived import setup_long_lived
 from node_agent.api.metrics import setup_metrics
 from node_agent.api.missing_endpoint import NOT_FOUND, endpoint_missing, route_of
-from node_agent.api.models_api import download_entries, setup_models_api
+from node_agent.api.models_routes import setup_models_routes
+from node_agent.api.replies import error_response, json_reply
 from node_agent.api.request_record import Exchange, begin_exchange
 from node_agent.api.state import PROXIED_GET, PROXIED_POST, STATE, AgentState, RouterSettings
 from node_agent.api.tools_api import setup_tools
 from node_agent.api.ui import setup_ui
 from node_agent.api.vertex import setup_vertex
-from node_agent.api.views import model_entry, router_props
+from node_agent.api.views import router_props
 from node_agent.clip import clip
 from node_agent.core.scheduler_events import Lease
 from node_agent.errors import ApiError
@@ -56,34 +60,9 @@ log = logging.getLogger("corral.http")
 # The status page is static and holds no data (it asks for the key itself).
 PUBLIC = frozenset({"/health", "/v1/health", "/", "/ui"})
 
-MODEL_MISSING = "model name is missing from the request"
 # llama.cpp reads request lines and headers of up to ~32 KiB (a long ``?model=`` name gets its
 # JSON "not found"); aiohttp's default of 8 KiB would answer those with a plain-text 400.
 MAX_LINE_BYTES = 32 * 1024
-# How long GET /models waits for the estimates it lacks (GGUF headers read, figures made); a
-# model whose estimate takes longer is listed without figures this time (the work goes on,
-# bounded, off the loop).
-LIST_HEADER_WAIT = 1.0
-
-
-def _json(data: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
-    try:
-        body = json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
-    except UnicodeEncodeError:
-        # A lone surrogate (``"\ud800"`` is valid JSON) echoed back in an error message cannot
-        # be UTF-8: escape it rather than fail the request with a 500.
-        body = json.dumps(data, separators=(",", ":")).encode()
-    return web.Response(
-        status=status,
-        body=body,
-        content_type="application/json",
-        charset="utf-8",
-        headers=headers,
-    )
-
-
-def error_response(error: ApiError) -> web.Response:
-    return _json(error.body(), error.status, error.headers)
 
 
 @web.middleware
@@ -95,9 +74,9 @@ async def errors_middleware(
     except ApiError as exc:
         return error_response(exc)
     except web.HTTPNotFound:
-        return _json(NOT_FOUND, 404)
+        return json_reply(NOT_FOUND, 404)
     except web.HTTPMethodNotAllowed:
-        return _json(NOT_FOUND, 404)
+        return json_reply(NOT_FOUND, 404)
     except web.HTTPRequestEntityTooLarge as exc:
         return error_response(ApiError(413, f"request body too large: {exc.text}"))
     except (asyncio.CancelledError, web.HTTPException):
@@ -145,13 +124,6 @@ def _autoload(request: web.Request, settings: RouterSettings) -> bool:
     if not value:
         return settings.models_autoload
     return value in ("true", "1")
-
-
-def body_model(data: Any) -> str | None:
-    """The ``model`` a JSON body names, or None when it names none (absent, empty, not a
-    string, or the body is not an object: llama.cpp treats them all as missing)."""
-    model = data.get("model") if isinstance(data, dict) else None
-    return model if isinstance(model, str) and model else None
 
 
 def _canonical(registry: Registry, name: str | None) -> str:
@@ -254,79 +226,11 @@ async def props(request: web.Request) -> web.StreamResponse:
     if request.query.get("model"):
         return await proxy_get(request)
     state = request.app[STATE]
-    return _json(router_props(state.settings))
+    return json_reply(router_props(state.settings))
 
 
 async def health(request: web.Request) -> web.StreamResponse:
-    return _json({"status": "ok"})
-
-
-async def list_models(request: web.Request) -> web.StreamResponse:
-    state = request.app[STATE]
-    if request.query.get("reload", "").lower() in ("1", "true", "yes", "on"):
-        await state.reload()
-    registry = state.registry
-    if registry.memory is not None:
-        # The memory figures: each model's GGUF header read and its estimate made off the
-        # loop, once per file version, waited for a bounded time (a crafted header froze
-        # GET /models: issue 26, row 6).
-        listed = [spec for spec in registry.specs().values() if not spec.hidden]
-        await registry.memory.prepare_off_loop(listed, wait=LIST_HEADER_WAIT)
-    now = int(time.time())
-    streams = request.app[CONVERSATIONS].supported
-    data = [
-        model_entry(registry, name, state.binary, now, streams)
-        for name, spec in registry.specs().items()
-        if not spec.hidden  # a cache entry a preset's dedup-cache-models hides
-    ]
-    data += download_entries(state, now)
-    body: dict[str, Any] = {"data": data, "object": "list"}
-    refused = state.refused() if state.refused is not None else []
-    if refused:  # Corral: restricted presets refused alone (absent when none)
-        from node_agent.models_schema import dump  # lazily, as views does (start-up time)
-
-        body["refused"] = [dump(r) for r in refused]
-    return _json(body)
-
-
-async def load_model(request: web.Request) -> web.StreamResponse:
-    """llama.cpp answers 404 for a missing or unknown model here; we keep the status and say
-    which (a listed difference: its body is only "File Not Found")."""
-    registry = request.app[STATE].registry
-    model = body_model((await read_json(request))[1])
-    if model is None:
-        raise ApiError(404, MODEL_MISSING)
-    canonical = registry.resolve(model)
-    if canonical is None:
-        raise ApiError(404, f"model '{clip(model)}' not found")
-    await registry.load(canonical)
-    return _json({"success": True})
-
-
-async def unload_model(request: web.Request) -> web.StreamResponse:
-    """llama.cpp answers a missing or unknown model here with 400 ``model is not found``."""
-    registry = request.app[STATE].registry
-    model = body_model((await read_json(request))[1])
-    canonical = registry.resolve(model) if model is not None else None
-    if canonical is None:
-        raise ApiError(400, "model is not found")
-    registry.unload(canonical)
-    return _json({"success": True})
-
-
-async def models_sse(request: web.Request) -> web.StreamResponse:
-    registry = request.app[STATE].registry
-    response = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-    )
-    await response.prepare(request)
-    async for event in until_shutdown(request.app, registry.events()):
-        message: dict[str, Any] = {"model": event.model, "event": event.event}
-        if event.data is not None:
-            message["data"] = event.data
-        await response.write(f"data: {json.dumps(message, separators=(',', ':'))}\n\n".encode())
-    await response.write_eof()
-    return response
+    return json_reply({"status": "ok"})
 
 
 async def ledger(request: web.Request) -> web.StreamResponse:
@@ -343,7 +247,7 @@ async def ledger(request: web.Request) -> web.StreamResponse:
     if request.query.get("probe") != "0" or any(d["total"] is None for d in stats["devices"]):
         memory.refresh()
         stats = memory.statistics()
-    return _json(stats)
+    return json_reply(stats)
 
 
 def build_app(state: AgentState) -> web.Application:
@@ -364,11 +268,6 @@ def build_app(state: AgentState) -> web.Application:
     routes = [
         web.get("/health", health),
         web.get("/v1/health", health),
-        web.get("/models", list_models),
-        web.get("/v1/models", list_models),
-        web.post("/models/load", load_model),
-        web.post("/models/unload", unload_model),
-        web.get("/models/sse", models_sse),
         web.get("/ledger", ledger),
         web.get("/props", props),
         *(web.post(path, proxy_post) for path in PROXIED_POST),
@@ -383,10 +282,8 @@ def build_app(state: AgentState) -> web.Application:
         )
     setup_metrics(app)
     setup_conversations(app)
-    setup_models_api(app)
+    setup_models_routes(app, state.logs_for)
     setup_ui(app)
     setup_chat_ui(app, state.binary)
     setup_tools(app, state.mcp_servers, state.settings.cors_proxy, state.builtin_tools)
-    if state.logs_for is not None:
-        setup_logs(app, state.logs_for)
     return app

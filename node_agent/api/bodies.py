@@ -140,3 +140,13 @@ def parse_json_body(body: bytes) -> Any:
     if error is not None:
         raise ApiError(400, error)
     return data
+
+
+MODEL_MISSING = "model name is missing from the request"
+
+
+def body_model(data: Any) -> str | None:
+    """The ``model`` a JSON body names, or None when it names none (absent, empty, not a
+    string, or the body is not an object: llama.cpp treats them all as missing)."""
+    model = data.get("model") if isinstance(data, dict) else None
+    return model if isinstance(model, str) and model else None

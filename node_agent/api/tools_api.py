@@ -23,6 +23,7 @@ from yarl import URL
 
 from node_agent.api.bodies import read_body, read_control_body
 from node_agent.api.body_fields import loads
+from node_agent.api.replies import json_reply
 from node_agent.clip import clip
 from node_agent.errors import ApiError
 from node_agent.mcp.servers import McpServers
@@ -55,11 +56,8 @@ PROXY_SESSION: web.AppKey[aiohttp.ClientSession] = web.AppKey(
 )
 
 
-def _json(data: Any, status: int = 200) -> web.Response:
-    return web.json_response(data, status=status, dumps=_compact)
-
-
 def _compact(data: Any) -> str:
+    """An event's JSON, compact (as llama.cpp writes its own)."""
     return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
 
 
@@ -104,7 +102,7 @@ def setup_tools(
 
 
 async def disabled(request: web.Request) -> web.StreamResponse:
-    return _json(DISABLED, 403)
+    return json_reply(DISABLED, 403)
 
 
 def tool_name(tool: ToolDef) -> str:
@@ -144,17 +142,17 @@ def _tools(request: web.Request) -> dict[str, ToolDef]:
 async def list_tools(request: web.Request) -> web.StreamResponse:
     builtin = request.app[BUILTIN]
     entries = builtin.entries() if builtin is not None else []
-    return _json(entries + [tool_entry(t) for t in _tools(request).values()])
+    return json_reply(entries + [tool_entry(t) for t in _tools(request).values()])
 
 
 def _invalid(message: str) -> web.Response:
     # llama.cpp answers these without the ``{"error": …}`` wrapper of its other 400s.
     body = {"code": 400, "message": message, "type": "invalid_request_error"}
-    return _json(body, 400)
+    return json_reply(body, 400)
 
 
 def _failed(message: str) -> web.Response:
-    return _json({"code": 500, "message": message, "type": "server_error"}, 500)
+    return json_reply({"code": 500, "message": message, "type": "server_error"}, 500)
 
 
 async def call_tool(request: web.Request) -> web.StreamResponse:
@@ -185,10 +183,10 @@ async def call_tool(request: web.Request) -> web.StreamResponse:
         stream = as_bool(body["stream"]) if "stream" in body else False
         params = await _runtime_params(request, params)
     except ToolboxClosed:
-        return _json(CANCELLED)
+        return json_reply(CANCELLED)
     except RuntimeNotAllowed as exc:
         body = {"code": 403, "message": str(exc), "type": "permission_error"}
-        return _json(body, 403)
+        return json_reply(body, 403)
     except ParamError as exc:
         return _invalid(str(exc))
     except RuntimeError as exc:  # the --tools-runtime container could not be started again
@@ -199,7 +197,7 @@ async def call_tool(request: web.Request) -> web.StreamResponse:
         if stream:
             return await _stream_tool(request, builtin, tool, params)
         try:
-            return _json(await builtin.invoke(tool, params, None))
+            return json_reply(await builtin.invoke(tool, params, None))
         except ParamError as exc:
             return _invalid(str(exc))
         except Exception as exc:  # llama.cpp: any other failure of a tool is a 500
@@ -207,12 +205,12 @@ async def call_tool(request: web.Request) -> web.StreamResponse:
             return _failed(str(exc))
     mcp_tool = _tools(request).get(name)
     if mcp_tool is None or stream:  # no MCP tool streams its output
-        return _json(NOT_FOUND, 404)
+        return json_reply(NOT_FOUND, 404)
     servers = request.app[MCP_SERVERS]
     assert servers is not None  # it has a tool
     arguments = params if isinstance(params, dict) else {}
     result = await servers.call_tool(mcp_tool.server, mcp_tool.name, arguments)
-    return _json(result)
+    return json_reply(result)
 
 
 async def _runtime_params(request: web.Request, params: Any) -> Any:

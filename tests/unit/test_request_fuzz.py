@@ -17,13 +17,9 @@ from typing import Any
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from node_agent.api.app import (
-    body_model,
-    error_response,
-    given_api_key,
-    key_matches,
-    parse_json_body,
-)
+from node_agent.api.app import given_api_key, key_matches
+from node_agent.api.bodies import body_model, parse_json_body
+from node_agent.api.replies import error_response
 from node_agent.errors import ApiError, ConfigError
 from node_agent.sources.options import llama_options
 from node_agent.sources.preset_ini import AGENT_KEYS, PRESET_ONLY, ROUTER_KEYS, parse_preset_text
