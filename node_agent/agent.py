@@ -118,6 +118,9 @@ Corral's own:
   --models-ttl SECONDS        unload a model idle this long (a preset's ttl wins; 0: never)
   --queue-timeout SECONDS     a request waiting longer for its model gets 503 + Retry-After
   --max-queue N               at most N requests wait per model; more get 503 + Retry-After
+  --max-child-errors N        a child that fails N requests in a row with its own 5xx, or
+                              stalls one for --timeout, is killed as wedged and loads again
+                              when asked (default 5; 0: only stalls)
   --shutdown-timeout SECONDS  on SIGTERM: drain and stop within this long, then kill (default
                               30; a second SIGTERM/SIGINT kills at once)
   --client-timeout SECONDS    a client must send its request head or body, or take streamed
@@ -205,6 +208,7 @@ class Agent:
             ttl=options.models_ttl,
             queue_timeout=options.queue_timeout,
             max_queue=options.max_queue,
+            child_errors=options.max_child_errors,
             release_port=self.proxy.release_port,
             shutdown_timeout=options.shutdown_timeout,
             downloads=download_settings(options, self.env),

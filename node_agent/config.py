@@ -89,6 +89,8 @@ class AgentOptions:
     """Fail a request that waited this long for its model; None = wait as long as it takes."""
     max_queue: int | None = None
     """Refuse requests beyond this many waiting; None = no limit."""
+    max_child_errors: int = 5
+    """5xx answers in a row after which a child is restarted as wedged; 0: never."""
     client_timeout: float = 30.0
     """A client must send its request head, its body, or take streamed data within this long,
     and an idle keep-alive connection closes after it (api/connections.py)."""
@@ -506,6 +508,7 @@ _OWN_FLAGS: dict[str, tuple[str, str, Callable[[str], object]]] = {
     "--download-redirect-hosts": ("download_redirect_hosts", "host names, comma-separated", _hosts),
     "--queue-timeout": ("queue_timeout", "seconds (0: wait forever)", _seconds),
     "--max-queue": ("max_queue", "a count (0: no limit)", _count_or_unlimited),
+    "--max-child-errors": ("max_child_errors", "a count (0: never)", _int_at_least(0)),
     "--shutdown-timeout": ("shutdown_timeout", "seconds (> 0)", _positive_seconds),
     "--client-timeout": ("client_timeout", "seconds (> 0)", _positive_seconds),
     "--max-connections": ("max_connections", "a count (>= 1)", _int_at_least(1)),

@@ -212,7 +212,7 @@ async def _send(
             request, lease.port, body, exchange, buffered=buffered, detached=detached
         )
     finally:
-        state.registry.release(lease)
+        state.registry.release(lease, exchange.child_fault)
     missing = endpoint_missing(
         response, request.method, route_of(request), state.settings.build_info, state.binary
     )

@@ -35,9 +35,6 @@ WAIT_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 RATE_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
 
-# Why a loaded model went away, as the registry's unload event says (``data.reason``).
-EVICTION_REASONS = frozenset({"count", "memory", "ttl", "manual", "reload"})
-
 
 @lru_cache(maxsize=4096)
 def model_label(name: str) -> str:
@@ -88,7 +85,8 @@ class Families:
         self.evictions = Counter(
             "corral_evictions",
             "Models unloaded, by reason: count (--models-max), memory (the ledger), ttl "
-            "(idle), manual (POST /models/unload), reload (its arguments changed).",
+            "(idle), manual (POST /models/unload), reload (its arguments changed), wedged (its "
+            "child stalled a request or kept failing: killed, and loaded again when asked).",
             ["model", "reason"],
             registry=r,
         )
@@ -201,7 +199,7 @@ class LifecycleTracker:
         extra = data.get("corral")
         reason = extra.get("reason") if isinstance(extra, Mapping) else None
         # count, memory (evictions by --models-max or by the ledger), manual, ttl, reload,
-        # shutdown, crash
+        # wedged, shutdown, crash
         return reason if isinstance(reason, str) else "unknown"
 
     def _unloaded(self, model: str, life: _Lifecycle, reason: str) -> None:

@@ -26,11 +26,14 @@ from node_agent.api.request_record import Exchange
 from node_agent.child.keys import child_key
 from node_agent.child.ports import CHILD_HOST
 from node_agent.core.links import LinkBook
+from node_agent.core.scheduler_events import ChildFault
 from node_agent.errors import ApiError
 
 log = logging.getLogger("corral.proxy")
 
 MAX_LINKS = 64
+# A child's own failures (501 is an endpoint it does not have: not a failure of the child).
+_CHILD_ERRORS = frozenset({500, 502, 503, 504})
 # llama-server closes a keep-alive connection idle for 5 s (measured with the pinned binary).
 # A pooled connection reused just as the child closes it fails with "Server disconnected"
 # (aiohttp#2682; the soak hit it: a 502 for a healthy model), so ours never idle that long.
@@ -161,6 +164,7 @@ class Proxy:
         headers: CIMultiDict[str],
         body: bytes | None,
         port: int,
+        exchange: Exchange | None,
     ) -> aiohttp.ClientResponse:
         for attempt in (1, 2):
             try:
@@ -174,6 +178,9 @@ class Proxy:
                 if attempt == 1:
                     continue
                 exc_text = "Server disconnected"
+            except aiohttp.ServerTimeoutError as exc:  # it took the request, then said nothing
+                _fault(exchange, ChildFault.STALLED)
+                exc_text = str(exc) or "no answer within --timeout"
             except aiohttp.ClientError as exc:
                 exc_text = str(exc)
             # Logged: a lease should make this impossible for a healthy child, so each one is
@@ -248,7 +255,9 @@ class Proxy:
             headers.popall("X-Api-Key", None)
             headers["Authorization"] = f"Bearer {child_key(port)}"
         headers.update(extra or {})
-        upstream = await self._send(session, request, url, headers, body, port)
+        upstream = await self._send(session, request, url, headers, body, port, exchange)
+        if upstream.status in _CHILD_ERRORS:
+            _fault(exchange, ChildFault.SERVER_ERROR)
         async with upstream:
             out_headers = forward_headers(upstream.headers)
             if buffered or (
@@ -258,6 +267,8 @@ class Proxy:
                 try:
                     payload = await upstream.read()
                 except aiohttp.ClientError as exc:  # it died between its headers and body
+                    if isinstance(exc, aiohttp.ServerTimeoutError):
+                        _fault(exchange, ChildFault.STALLED)
                     log.warning("the child on port %d stopped mid-response: %s", port, exc)
                     raise ApiError(502, f"the model's server stopped mid-response: {exc}") from exc
                 if exchange is not None:
@@ -287,8 +298,10 @@ class Proxy:
                 except ConnectionResetError:
                     raise  # the client's side (below), though aiohttp's is a ClientError too
                 except aiohttp.ClientError as exc:
-                    # The child died mid-stream: end the stream with an error event the client
-                    # can read, instead of a silently truncated body.
+                    # The child died (or stalled) mid-stream: end the stream with an error
+                    # event the client can read, instead of a silently truncated body.
+                    if isinstance(exc, aiohttp.ServerTimeoutError):
+                        _fault(exchange, ChildFault.STALLED)
                     message = f"the model's server stopped mid-response: {exc}"
                     log.warning("the child on port %d stopped mid-response: %s", port, exc)
                     if "text/event-stream" in upstream.headers.get("Content-Type", ""):
@@ -353,6 +366,11 @@ class _ReadWatch:
 
     def close(self) -> None:
         self._timer.cancel()
+
+
+def _fault(exchange: Exchange | None, fault: ChildFault) -> None:
+    if exchange is not None:
+        exchange.child_fault = fault
 
 
 async def _drain(upstream: aiohttp.ClientResponse, exchange: Exchange | None) -> None:

@@ -22,6 +22,8 @@ from typing import Any
 
 from aiohttp import web
 
+from node_agent.core.scheduler_events import ChildFault
+
 # A usage event is a few hundred bytes; an event bigger than this is content. A stream's last
 # MAX_TAIL_BYTES are kept: room for the last report and the events after it.
 MAX_EVENT_BYTES = 64 * 1024
@@ -171,6 +173,9 @@ class Exchange:
         self.leased_at: float | None = None
         self._stream = StreamScanner()
         self._usage: Usage | None = None
+        # How the child failed this request, if it did (the proxy says; the lease's release
+        # tells the scheduler, which restarts a child that stalls or keeps failing).
+        self.child_fault: ChildFault | None = None
 
     def queued(self, model: str) -> None:
         """The handler knows the canonical model and is about to ask for a lease."""

@@ -63,6 +63,7 @@ from node_agent.core.model_state import (
 )
 from node_agent.core.scheduler_events import (
     Catalog,
+    ChildFault,
     Close,
     Drain,
     Effect,
@@ -157,6 +158,8 @@ class _Model:
     load_seconds: float | None = None  # the last measured load: spawn to ready
     swapped_in: bool = False  # its load evicted another model (anti-thrash, core.victims)
     uses: int = 0  # inference requests since it was last ready
+    errors: int = 0  # requests in a row its child failed with a 5xx of its own
+    wedged: str | None = None  # why its child is being killed as wedged
 
     @property
     def pin(self) -> bool:
@@ -236,6 +239,7 @@ class Scheduler:
         *,
         residency_factor: float = 0.0,
         max_queue: int | None = None,
+        child_errors: int = 0,
     ) -> None:
         # llama.cpp: --models-max <= 0 means unlimited instances.
         self.models_max = models_max
@@ -243,6 +247,8 @@ class Scheduler:
         # Anti-thrash (core.victims): no eviction before factor x a model's load time.
         self.residency_factor = residency_factor
         self.max_queue = max_queue  # --max-queue: waiters per model beyond which one is refused
+        # --max-child-errors: 5xx answers in a row after which a child is wedged (0: never)
+        self.child_errors = child_errors
         self._models: dict[str, _Model] = {}
         # Models with a child (any state but unloaded), and those stopping: in the order they
         # came to be (dicts as ordered sets: views and wait reasons list them in that order).
@@ -272,8 +278,9 @@ class Scheduler:
                     return out  # granted or refused at once: nothing else changed
             case Leave(waiter=waiter):
                 self.leave(waiter)
-            case Release(lease=lease):
+            case Release(lease=lease, fault=fault):
                 self.release(lease, now)
+                self._judge(lease, fault, now, out)
             case Spawned(model=name, port=port):
                 self.claim_done(name, spawned=True, now=now, port=port)
                 if self.closing:  # spawned as the agent began to close: it stops too
@@ -359,6 +366,34 @@ class Scheduler:
             usable = model.state in USABLE and not model.stopping
             out.append(Queued(waiter, name, self.wait_reason(name), slot=usable))
         return False
+
+    def _judge(self, lease: Lease, fault: ChildFault | None, now: float, out: list[Effect]) -> None:
+        """A request's end, as evidence about its child: one it stalled, or ``child_errors``
+        answered in a row with its own 5xx, and the child is wedged (its ``/health`` may
+        still say ok): it takes no new request, is killed at once (its requests in flight
+        end with an error event) and loads again on the next request, with the backoff of
+        a crash. A lease of an earlier child of the model says nothing of this one."""
+        model = self._models.get(lease.model)
+        if model is None or model.port is None or model.port != lease.port:
+            return
+        if fault is None:
+            model.errors = 0
+            return
+        if fault is ChildFault.STALLED:
+            why = "a request it accepted got no byte from it within --timeout"
+        else:
+            model.errors += 1
+            if self.child_errors <= 0 or model.errors < self.child_errors:
+                return
+            why = f"{model.errors} requests in a row failed with its own 5xx"
+        if model.wedged is not None:
+            return
+        model.wedged = why
+        if not self.request_stop(lease.model):
+            self.begin_drain(lease.model, now)  # stopping already: cut it now
+            return
+        self.begin_drain(lease.model, now)
+        out.append(Drain(lease.model, "wedged", now))
 
     def _apply_catalog(self, catalog: Catalog, now: float, out: list[Effect]) -> None:
         for name, config in catalog.models.items():
@@ -522,6 +557,13 @@ class Scheduler:
 
     def names(self) -> list[str]:
         return list(self._models)
+
+    def wedged_why(self, name: str) -> str:
+        """Why ``name``'s child is being killed as wedged ("" when it is not)."""
+        model = self._models.get(name)
+        if model is None or model.wedged is None:
+            return ""
+        return model.wedged
 
     def needs_room(self) -> bool:
         """Some queued model waits for a load (the owner reads the devices only then)."""
@@ -775,7 +817,10 @@ class Scheduler:
         """
         model = self._models[name]
         died_loading = model.state is ModelState.LOADING and not model.stopping
-        if model.stopping:
+        if model.wedged is not None:
+            self._record_failure(model, now, f"killed as wedged: {model.wedged}")
+            model.wedged = None
+        elif model.stopping:
             model.failed = False
             model.failures, model.retry_at = 0, 0.0
         else:
@@ -790,7 +835,7 @@ class Scheduler:
         )
         model.swapped_in = False
         model.exit_code = exit_code
-        model.in_flight = model.busy = 0
+        model.in_flight = model.busy = model.errors = 0
         model.port = None
         for lease_id in [i for i, lease in self._leases.items() if lease.model == name]:
             del self._leases[lease_id]

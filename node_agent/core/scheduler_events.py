@@ -70,11 +70,19 @@ class Leave:
     waiter: int
 
 
+class ChildFault(enum.Enum):
+    """How a request found its child failing (issue 28: a wedged child)."""
+
+    STALLED = "stalled"  # it accepted the request, then sent no byte within --timeout
+    SERVER_ERROR = "server_error"  # it answered with a 5xx of its own
+
+
 @dataclass(frozen=True)
 class Release:
-    """A leased request's response ended (or failed)."""
+    """A leased request's response ended (or failed); ``fault``: the child's doing."""
 
     lease: Lease
+    fault: ChildFault | None = None
 
 
 @dataclass(frozen=True)

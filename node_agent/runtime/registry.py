@@ -32,6 +32,7 @@ from node_agent.core.scheduler_events import (
     Catalog as CatalogEvent,
 )
 from node_agent.core.scheduler_events import (
+    ChildFault,
     Close,
     Drain,
     Effect,
@@ -91,6 +92,9 @@ SHUTDOWN_EXIT_SECONDS = 2.0
 # While a load waits for memory, the devices are read this often (memory freed by another
 # process shows up this late at most); never more often, however many events come.
 ROOM_READ_SECONDS = 0.25
+# A child that answers this many requests in a row with a 5xx of its own is restarted as
+# wedged (the agent's --max-child-errors; 0: never).
+DEFAULT_CHILD_ERRORS = 5
 
 
 @dataclass(frozen=True)
@@ -133,9 +137,14 @@ class Registry:
         shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
         residency_factor: float = RESIDENCY_FACTOR,
         downloads: DownloadSettings | None = None,
+        child_errors: int = DEFAULT_CHILD_ERRORS,
     ) -> None:
         self._sched = Scheduler(
-            models_max, memory, residency_factor=residency_factor, max_queue=max_queue
+            models_max,
+            memory,
+            residency_factor=residency_factor,
+            max_queue=max_queue,
+            child_errors=child_errors,
         )
         self.memory = memory
         self.ttl = ttl  # seconds idle before unload, for models without their own ``ttl``
@@ -343,8 +352,10 @@ class Registry:
         if self._sched.closing:
             raise closing_error()
 
-    def release(self, lease: Lease) -> None:
-        self._submit(Release(lease))
+    def release(self, lease: Lease, fault: ChildFault | None = None) -> None:
+        """A leased request ended; ``fault``: how its child failed it, if it did (a child
+        that stalls or keeps failing is restarted: ``Scheduler._judge``)."""
+        self._submit(Release(lease, fault))
 
     async def stop_and_wait(self, name: str) -> None:
         """Stop ``name`` if it runs (``DELETE /models``); return once its child has exited."""
@@ -599,6 +610,10 @@ class Registry:
                 self.memory.explain_eviction(drain.evicted_for, name)
         if drain.evicted_for is not None:
             log.info("evicting model=%s to make room (%s)", name, drain.reason)
+        if drain.reason == "wedged":
+            why = self._sched.wedged_why(name)
+            log.warning("model=%s is wedged (%s): killing it; it loads again when asked", name, why)
+            self._publish(name, "model_wedged", {"reason": why})
         log.info("stopping model=%s (%s)", name, drain.reason)
 
     async def _stop(self, run: ModelRun, cut: bool) -> None:

@@ -47,6 +47,9 @@ class Plan:
     spawn_after: float = 0.0  # seconds before the "process" exists (a slow fork/exec)
     fail_start: str | None = None  # start() raises this once spawned (a failed load)
     spawn_fails: str | None = None  # start() raises this before any process exists
+    stall: bool = False  # takes chat requests and never answers them (/health stays ok)
+    status: int | None = None  # answers every chat with this error status
+    token_every: float = TOKEN_EVERY  # seconds between two streamed chunks
     spawned: list[str] = field(default_factory=list)  # model names, in spawn order
     exited: dict[str, float] = field(default_factory=dict)  # model -> monotonic exit time
     children: list[FakeChild] = field(default_factory=list)
@@ -130,6 +133,11 @@ class FakeChild:
             error = {"code": 401, "message": "Invalid API Key", "type": "authentication_error"}
             return web.json_response({"error": error}, status=401)
         body = await request.json()
+        if self.plan.stall:
+            await asyncio.Event().wait()  # a wedged child: alive, healthy, silent
+        if self.plan.status is not None:
+            error = {"code": self.plan.status, "message": "it broke", "type": "server_error"}
+            return web.json_response({"error": error}, status=self.plan.status)
         tokens = int(body.get("max_tokens", 4))
         if not body.get("stream"):
             return web.json_response({"choices": [{"message": {"content": "x" * tokens}}]})
@@ -141,7 +149,7 @@ class FakeChild:
             for _ in range(tokens):
                 chunk = {"choices": [{"delta": {"content": "x"}}]}
                 await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
-                await asyncio.sleep(TOKEN_EVERY)
+                await asyncio.sleep(self.plan.token_every)
             await response.write(b"data: [DONE]\n\n")
             await response.write_eof()
         finally:
@@ -206,11 +214,15 @@ class Agent:
 
 @asynccontextmanager
 async def fake_agent(
-    plan: Plan, specs: Iterator[ModelSpec] | list[ModelSpec], **registry_args: Any
+    plan: Plan,
+    specs: Iterator[ModelSpec] | list[ModelSpec],
+    *,
+    proxy_timeout: float = 30.0,
+    **registry_args: Any,
 ) -> AsyncIterator[Agent]:
     catalog = Catalog({s.name: s for s in specs})
     registry_args.setdefault("models_max", 4)
-    proxy = Proxy(timeout=30)
+    proxy = Proxy(timeout=proxy_timeout)
     registry = Registry(
         catalog,
         child_factory=plan.factory,

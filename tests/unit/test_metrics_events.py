@@ -58,13 +58,13 @@ def test_a_load_counts_once_with_its_seconds_and_a_wake_does_not() -> None:
 def test_evictions_by_reason() -> None:
     families = Families()
     tracker = LifecycleTracker(families)
-    for reason in ("count", "memory", "manual", "ttl", "reload", "shutdown"):
+    for reason in ("count", "memory", "manual", "ttl", "reload", "wedged", "shutdown"):
         feed(tracker, "m", (0, loading()), (1, status("loaded")))
         feed(tracker, "m", (2, status("unloaded", exit_code=0, reason=reason)))
-    for reason in ("count", "memory", "manual", "ttl", "reload"):
+    for reason in ("count", "memory", "manual", "ttl", "reload", "wedged"):
         assert value(families, "corral_evictions_total", model="m", reason=reason) == 1
     assert value(families, "corral_evictions_total", model="m", reason="shutdown") == 0
-    assert value(families, "corral_model_loads_total", model="m", result="loaded") == 6
+    assert value(families, "corral_model_loads_total", model="m", result="loaded") == 7
 
 
 def test_crashes_and_failed_or_cancelled_loads() -> None:

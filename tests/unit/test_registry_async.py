@@ -12,6 +12,7 @@ import hashlib
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -339,3 +340,70 @@ async def test_the_devices_are_read_a_bounded_number_of_times_however_many_wait(
         assert statuses == [200] * 256
         assert plan.spawned == ["m"]
         assert probe.reads - reads <= 10, probe.reads - reads  # 301 before
+
+
+async def _listed(agent: Agent, model: str) -> dict[str, Any]:
+    async with agent.client.get(f"{agent.url}/models") as response:
+        entries = (await response.json())["data"]
+    entry: dict[str, Any] = next(e for e in entries if e["id"] == model)
+    return entry
+
+
+async def _error_says(agent: Agent, model: str, text: str) -> str:
+    """``GET /models``'s ``corral.error`` for ``model`` once it says ``text`` (fails in 5 s)."""
+    error = ""
+    for _ in range(100):
+        error = str((await _listed(agent, model))["corral"]["error"])
+        if text in error:
+            return error
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"corral.error never said {text!r}: {error!r}")
+
+
+async def test_a_child_that_stalls_requests_is_killed_as_wedged_and_replaced() -> None:
+    """Issue 28: its /health says ok, every request hangs: it is found within --timeout,
+    killed, reported with its reason, and the next request loads a fresh child."""
+    plan = Plan(stall=True)
+    async with fake_agent(plan, [spec("m")], proxy_timeout=1.0) as agent:
+        sse = await agent.client.get(f"{agent.url}/models/sse")
+        url = f"{agent.url}/v1/chat/completions"
+        started = time.monotonic()
+        async with agent.client.post(url, json=chat("m")) as response:
+            assert response.status == 502, await response.text()
+        assert time.monotonic() - started < 5.0
+        async with asyncio.timeout(5):
+            async for line in sse.content:
+                if b'"model_wedged"' in line:
+                    assert b"no byte from it within --timeout" in line
+                    break
+        sse.close()
+        await _error_says(agent, "m", "killed as wedged: a request it accepted got no byte")
+        plan.stall = False
+        async with agent.client.post(url, json=chat("m")) as response:
+            assert response.status == 200
+        assert plan.spawned == ["m", "m"]
+
+
+async def test_a_child_failing_every_request_with_500_is_replaced() -> None:
+    plan = Plan(status=500)
+    async with fake_agent(plan, [spec("m")], child_errors=3) as agent:
+        url = f"{agent.url}/v1/chat/completions"
+        for _ in range(3):
+            async with agent.client.post(url, json=chat("m")) as response:
+                assert response.status == 500
+        await _error_says(agent, "m", "killed as wedged: 3 requests in a row failed")
+        plan.status = None
+        async with agent.client.post(url, json=chat("m")) as response:
+            assert response.status == 200
+        assert plan.spawned == ["m", "m"]
+
+
+async def test_a_slow_but_progressing_stream_is_never_cut() -> None:
+    plan = Plan(token_every=0.4)  # each chunk within --timeout, the whole stream well past it
+    async with fake_agent(plan, [spec("m")], proxy_timeout=1.0) as agent:
+        url = f"{agent.url}/v1/chat/completions"
+        async with agent.client.post(url, json=chat("m", 6, stream=True)) as response:
+            body = await response.read()
+        assert body.rstrip().endswith(b"data: [DONE]"), body[-200:]
+        assert plan.spawned == ["m"]
+        assert (await _listed(agent, "m"))["corral"]["error"] is None

@@ -10,6 +10,7 @@ from node_agent.core.model_state import ModelState, Transition
 from node_agent.core.scheduler import Scheduler
 from node_agent.core.scheduler_events import (
     Catalog,
+    ChildFault,
     Close,
     Drain,
     Effect,
@@ -280,3 +281,47 @@ def test_each_state_change_is_an_effect_ahead_of_what_it_causes() -> None:
     effects = sched.handle(Ready("a", 7001), 0.2)
     assert effects[0] == Transition("a", ModelState.LOADING, ModelState.LOADED)
     assert grants(effects[1:]) == [waiter]
+
+
+def test_a_stalled_request_kills_its_child_as_wedged_and_the_model_loads_again() -> None:
+    """Issue 28: a child whose /health is fine but that stalls a request is replaced."""
+    sched = make(slots=2)
+    loaded(sched)
+    _, effects = request(sched, now=1.0)
+    (stalled,) = [e.lease for e in effects if isinstance(e, Grant)]
+    _, effects = request(sched, now=1.0)
+    (other,) = [e.lease for e in effects if isinstance(e, Grant)]  # in flight: it is cut
+    effects = handle(sched, Release(stalled, ChildFault.STALLED), 5.0)
+    assert effects == [Drain("a", "wedged", 5.0), Stop("a", cut=True)]
+    waiter, effects = request(sched, now=5.1)  # takes no new request meanwhile
+    assert not grants(effects)
+    assert handle(sched, Exited("a", -9), 5.2) == [Spawn("a")]
+    view = sched.view("a")
+    assert view.failed and view.error == (
+        "killed as wedged: a request it accepted got no byte from it within --timeout"
+    )
+    handle(sched, Spawned("a", 7002), 5.3)
+    assert grants(handle(sched, Ready("a", 7002), 5.4)) == [waiter]
+    assert handle(sched, Release(other, ChildFault.STALLED), 5.5) == []  # the old child's
+
+
+def test_errors_in_a_row_wedge_a_child_and_a_success_resets_the_count() -> None:
+    sched = Scheduler(2, child_errors=3)
+    sched.handle(Catalog({"a": ModelConfig(slots=1, stop_timeout=5.0)}), 0.0)
+    loaded(sched)
+
+    def answered(fault: ChildFault | None, now: float) -> list[Effect]:
+        _, effects = request(sched, now=now)
+        (lease,) = [e.lease for e in effects if isinstance(e, Grant)]
+        return handle(sched, Release(lease, fault), now)
+
+    assert answered(ChildFault.SERVER_ERROR, 1.0) == []
+    assert answered(ChildFault.SERVER_ERROR, 1.1) == []
+    assert answered(None, 1.2) == []  # one good answer: not wedged
+    assert answered(ChildFault.SERVER_ERROR, 1.3) == []
+    assert answered(ChildFault.SERVER_ERROR, 1.4) == []
+    assert answered(ChildFault.SERVER_ERROR, 1.5) == [
+        Drain("a", "wedged", 1.5),
+        Stop("a", cut=False),
+    ]
+    assert sched.wedged_why("a") == "3 requests in a row failed with its own 5xx"
