@@ -48,6 +48,7 @@ from node_agent.mcp.servers import McpServers
 from node_agent.redact import RedactingFilter, add_secret, add_secrets
 from node_agent.runtime.model_downloads import DownloadSettings
 from node_agent.runtime.registry import Registry
+from node_agent.runtime.warm_swaps import WarmSwaps, warm_folder
 from node_agent.sources.catalog import Catalog, diff_catalogs, keep_refused, load_catalog
 from node_agent.sources.download import Limits, cache_dir
 from node_agent.sources.hf_cache import hub_dir
@@ -118,6 +119,9 @@ Corral's own:
   --models-ttl SECONDS        unload a model idle this long (a preset's ttl wins; 0: never)
   --queue-timeout SECONDS     a request waiting longer for its model gets 503 + Retry-After
   --max-queue N               at most N requests wait per model; more get 503 + Retry-After
+  --warm-cache-size SIZE      prompt caches saved at an unload and restored at the next load
+                              of the same model (warm swaps) use at most this much disk
+                              (default 2GiB; 0: off)
   --max-child-errors N        a child that fails N requests in a row with its own 5xx, or
                               stalls one for --timeout, is killed as wedged and loads again
                               when asked (default 5; 0: only stalls)
@@ -212,6 +216,7 @@ class Agent:
             release_port=self.proxy.release_port,
             shutdown_timeout=options.shutdown_timeout,
             downloads=download_settings(options, self.env),
+            warm=self._warm_swaps(options),
         )
         self.registry.downloads.on_finished = self.reload  # a download becomes a cache model
         self.peers = (
@@ -286,6 +291,12 @@ class Agent:
             SliceView(me, scheme),
             self.peers.use_discovered,
         )
+
+    def _warm_swaps(self, options: AgentOptions) -> WarmSwaps | None:
+        """The warm folder, unless --warm-cache-size 0 turned warm swaps off."""
+        if options.warm_cache_size <= 0:
+            return None
+        return WarmSwaps(warm_folder(dict(self.env)), options.warm_cache_size, self.binary)
 
     @staticmethod
     def _memory_watch(options: AgentOptions) -> MemoryWatch | None:

@@ -91,6 +91,8 @@ class AgentOptions:
     """Refuse requests beyond this many waiting; None = no limit."""
     max_child_errors: int = 5
     """5xx answers in a row after which a child is restarted as wedged; 0: never."""
+    warm_cache_size: int = 2 << 30
+    """Bytes of saved prompt caches (warm swaps) the agent keeps; 0: no warm swaps."""
     client_timeout: float = 30.0
     """A client must send its request head, its body, or take streamed data within this long,
     and an idle keep-alive connection closes after it (api/connections.py)."""
@@ -509,6 +511,7 @@ _OWN_FLAGS: dict[str, tuple[str, str, Callable[[str], object]]] = {
     "--queue-timeout": ("queue_timeout", "seconds (0: wait forever)", _seconds),
     "--max-queue": ("max_queue", "a count (0: no limit)", _count_or_unlimited),
     "--max-child-errors": ("max_child_errors", "a count (0: never)", _int_at_least(0)),
+    "--warm-cache-size": ("warm_cache_size", "a size like 2GiB (0: off)", parse_size),
     "--shutdown-timeout": ("shutdown_timeout", "seconds (> 0)", _positive_seconds),
     "--client-timeout": ("client_timeout", "seconds (> 0)", _positive_seconds),
     "--max-connections": ("max_connections", "a count (>= 1)", _int_at_least(1)),

@@ -45,6 +45,13 @@ class Memory(_Schema):
     placement: dict[str, Any] | None = None
 
 
+class WarmCache(_Schema):
+    """A model's prompt caches saved for its next load (warm swaps)."""
+
+    files: int
+    bytes: int
+
+
 class CorralInfo(_Schema):
     """Corral's own per-model figures (absent from llama.cpp's router)."""
 
@@ -61,6 +68,8 @@ class CorralInfo(_Schema):
     # Whether the binary's children keep conversation sessions (``/v1/stream``); None until a
     # child of it answered a stream route.
     conversation_streams: bool | None = None
+    # Warm swaps: its saved prompt caches (absent when warm swaps are off, or do not apply).
+    warm: WarmCache | None = None
 
 
 class ModelEntry(_Schema):

@@ -91,7 +91,14 @@ def model_entry(
     """One entry of ``GET /models``, built from the schema the operator parses with."""
     # Imported at first use: pydantic is a third of the agent's import time, and start-up
     # does not need it (the agent imports it in the background once it listens).
-    from node_agent.models_schema import CorralInfo, Memory, ModelEntry, ModelStatus, dump
+    from node_agent.models_schema import (
+        CorralInfo,
+        Memory,
+        ModelEntry,
+        ModelStatus,
+        WarmCache,
+        dump,
+    )
 
     spec: Any = registry.spec(name)
     view = registry.scheduler.view(name)
@@ -127,6 +134,9 @@ def model_entry(
     error = view.error if view.failed else registry.downloads.failed(name)
     if error is None and unestimated is not None:
         error = f"cannot estimate its memory: {unestimated}"
+    warm = registry.warm_held(name)
+    if warm is not None:
+        memory["warm"] = WarmCache(files=warm[0], bytes=warm[1])
     corral = CorralInfo(
         stopping=view.stopping,
         in_flight=view.in_flight,

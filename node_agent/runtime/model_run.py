@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -94,6 +94,7 @@ class ModelRun:
         publish: Publish,
         may_spawn: Callable[[], bool],
         fake_timing: bool = False,
+        after_start: Callable[[Child], Awaitable[None]] | None = None,
     ) -> None:
         self.name = spec.name
         self.spec = spec
@@ -101,6 +102,8 @@ class ModelRun:
         self._publish = publish
         self._may_spawn = may_spawn
         self._fake_timing = fake_timing
+        # Work on the started child before it takes its first request (warm swaps' restore).
+        self._after_start = after_start
         self.child = factory(spec, self._on_child_event)
         logs = self.child.logs
         self._log_seq = logs.statistics().appended if logs is not None else 0
@@ -136,6 +139,8 @@ class ModelRun:
         reason = ""
         try:
             await self.child.start()
+            if self._after_start is not None:
+                await self._after_start(self.child)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a failed start is reported as the child's exit below

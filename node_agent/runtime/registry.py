@@ -74,6 +74,7 @@ from node_agent.runtime.refusals import (
     queue_timeout_error,
 )
 from node_agent.runtime.ttl import parse_keep_alive
+from node_agent.runtime.warm_swaps import WarmSwaps
 from node_agent.sources.catalog import Catalog
 from node_agent.sources.download import DownloadPlan, needs_download
 from node_agent.sources.spec import ModelSpec
@@ -92,6 +93,8 @@ SHUTDOWN_EXIT_SECONDS = 2.0
 # While a load waits for memory, the devices are read this often (memory freed by another
 # process shows up this late at most); never more often, however many events come.
 ROOM_READ_SECONDS = 0.25
+# The stops after which a model's prompt caches are saved (warm swaps).
+WARM_REASONS = frozenset({"manual", "ttl", "count", "memory"})
 # A child that answers this many requests in a row with a 5xx of its own is restarted as
 # wedged (the agent's --max-child-errors; 0: never).
 DEFAULT_CHILD_ERRORS = 5
@@ -138,6 +141,7 @@ class Registry:
         residency_factor: float = RESIDENCY_FACTOR,
         downloads: DownloadSettings | None = None,
         child_errors: int = DEFAULT_CHILD_ERRORS,
+        warm: WarmSwaps | None = None,
     ) -> None:
         self._sched = Scheduler(
             models_max,
@@ -161,6 +165,10 @@ class Registry:
         # the run's end waits until that memory shows free again (GPUs report it late).
         self._freed_checks: dict[str, tuple[dict[str, int], dict[str, int]]] = {}
         self._factory = child_factory
+        # Warm swaps: the prompt caches saved at a stop and restored at the next load, by the
+        # identity each model's child last started with.
+        self.warm = warm
+        self._warm_keys: dict[str, str] = {}
         self._clock = clock
         self._tasks = TaskSet("registry")
         self._hub = EventHub()
@@ -223,6 +231,18 @@ class Registry:
     def now(self) -> float:
         """The registry's clock (monotonic seconds), for views of scheduler times."""
         return self._clock()
+
+    def warm_owns(self, name: str) -> bool:
+        """Whether ``name``'s slot files are the agent's (warm swaps apply to it)."""
+        return self.warm is not None and self.warm.applies(self._specs[name])
+
+    def warm_held(self, name: str) -> tuple[int, int] | None:
+        """(files, bytes) of ``name``'s saved prompt caches; None when warm swaps do not
+        apply to it or it never ran."""
+        key = self._warm_keys.get(name)
+        if self.warm is None or key is None:
+            return None
+        return self.warm.held(key)
 
     def child(self, name: str) -> Child | None:
         run = self._runs.get(name)
@@ -538,6 +558,11 @@ class Registry:
             # no second load is granted into the same memory before this one has spawned.
             self.memory.warn_if_short(name)
             self.memory.spawned(name)
+        restore = None
+        if self.warm is not None and (key := self.warm.key(spec)) is not None:
+            spec = self.warm.child_spec(spec)
+            self._warm_keys[name] = key
+            restore = functools.partial(self._restore, name, key, spec.slots)
         run = self._runs[name] = ModelRun(
             spec,
             self._factory,
@@ -545,6 +570,7 @@ class Registry:
             publish=self._publish,
             may_spawn=lambda: not self._sched.closing,
             fake_timing=self.fake_timing,
+            after_start=restore,
         )
         self._run_tasks[name] = self._tasks.spawn(self._own(run), f"run:{name}")
 
@@ -616,7 +642,30 @@ class Registry:
             self._publish(name, "model_wedged", {"reason": why})
         log.info("stopping model=%s (%s)", name, drain.reason)
 
+    async def _restore(self, name: str, key: str, slots: int, child: Child) -> None:
+        assert self.warm is not None
+        if child.port is None:
+            return
+        restored = await self.warm.restore(child.port, key, slots)
+        if restored:
+            log.info("model=%s: %d saved prompt caches restored (warm swap)", name, restored)
+
+    async def _save(self, run: ModelRun) -> None:
+        """Before a stop by choice (an unload, a TTL, an eviction), the child's prompt caches
+        go to the warm folder: never after a crash, a wedge, a cut drain, or for a model
+        whose arguments changed or that leaves (its cache would never be asked for)."""
+        key = self._warm_keys.get(run.name)
+        reason = self._stop_reasons.get(run.name)
+        port = run.child.port
+        if self.warm is None or key is None or port is None or reason not in WARM_REASONS:
+            return
+        written = await self.warm.save(port, key, run.spec.slots)
+        if written:
+            log.info("model=%s: %d bytes of prompt caches saved (warm swap)", run.name, written)
+
     async def _stop(self, run: ModelRun, cut: bool) -> None:
+        if not cut:
+            await self._save(run)
         port = run.child.port
         if self._release_port is not None and port is not None:
             # A child with an idle keep-alive connection open exits 10 ms slower.

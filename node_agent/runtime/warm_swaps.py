@@ -1,0 +1,188 @@
+"""Warm swaps (issue 28): a model's prompt caches survive its unload.
+
+Every child that warm swaps apply to is started with ``--slot-save-path`` set to the agent's
+warm folder (0700, never a client's choice). Before the owner stops a child by choice, this
+asks it to save each slot's prompt cache there (llama-server's ``POST /slots/N?action=save``);
+after a child of the same model identity is ready, and before its first request, it asks
+the new child to restore them (``action=restore``). Names and budget: ``core.warm_book``.
+A file that fails to restore is deleted with a log line; the folder never holds more than its
+budget (least recently used files go first).
+
+Clients cannot reach these files: the agent answers their own ``/slots`` save, restore and
+erase actions as a child without ``--slot-save-path`` does (a preset that sets its own
+``slot-save-path`` turns warm swaps off for that model and gets llama.cpp's behaviour).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from node_agent.child.keys import child_key
+from node_agent.child.ports import CHILD_HOST
+from node_agent.core.warm_book import SavedSlot, identity, over_budget, parse_file, slot_file
+from node_agent.sources.spec import ModelSpec, merge_options
+
+log = logging.getLogger("corral.warm")
+
+GIB = 1 << 30
+DEFAULT_BUDGET = 2 * GIB  # a laptop's disk takes it; --warm-cache-size changes it (0: off)
+SLOT_SECONDS = 30.0  # one save or restore (a 2,000-token cache of a small model: ~50 MB)
+OPTION = "slot-save-path"
+
+
+def warm_folder(env: dict[str, str]) -> Path:
+    """``$XDG_STATE_HOME/corral/warm``, else ``~/.local/state/corral/warm``."""
+    state = env.get("XDG_STATE_HOME") or str(Path(env.get("HOME") or Path.home(), ".local/state"))
+    return Path(state, "corral", "warm")
+
+
+@dataclasses.dataclass
+class WarmStatistics:
+    saved: int = 0  # slots saved
+    restored: int = 0  # slots restored (hits)
+    missed: int = 0  # loads of a model with warm swaps and no saved cache
+    dropped: int = 0  # files that failed to restore, deleted
+
+
+def _stat_id(path: str | Path) -> tuple[str, int, int]:
+    stat = os.stat(path)
+    return (str(path), stat.st_size, stat.st_mtime_ns)
+
+
+class WarmSwaps:
+    """The agent's warm folder and the requests that fill and read it."""
+
+    def __init__(self, folder: Path, budget: int, binary: Path) -> None:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        folder.chmod(0o700)  # the caches hold what users said: nobody else reads them
+        self.folder = folder
+        self.budget = budget
+        self._binary = _stat_id(binary)
+        self.statistics = WarmStatistics()
+
+    def applies(self, spec: ModelSpec) -> bool:
+        """A model whose preset sets its own slot-save-path keeps llama.cpp's behaviour."""
+        return spec.get(OPTION) is None and spec.model_path is not None
+
+    def key(self, spec: ModelSpec) -> str | None:
+        """``spec``'s identity, as its child will start (None: warm swaps do not apply)."""
+        if not self.applies(spec):
+            return None
+        assert spec.model_path is not None
+        try:
+            model = _stat_id(spec.model_path)
+        except OSError:
+            return None
+        return identity(model, self._binary, spec.options)
+
+    def child_spec(self, spec: ModelSpec) -> ModelSpec:
+        """``spec`` with the warm folder as its slot-save-path."""
+        if not self.applies(spec):
+            return spec
+        return dataclasses.replace(
+            spec, options=merge_options(spec.options, [(OPTION, str(self.folder))])
+        )
+
+    # -- the child's side ----------------------------------------------------------------
+
+    async def save(self, port: int, key: str, slots: int) -> int:
+        """Save each of the child's slots that holds a prompt cache; bytes written."""
+        written: list[str] = []
+        total = 0
+        async with self._session() as session:
+            for slot in range(slots):
+                name = slot_file(key, slot)
+                answer = await self._action(session, port, slot, "save", name)
+                if answer is None:
+                    continue
+                if not answer.get("n_saved"):  # an empty slot: nothing worth keeping
+                    await asyncio.to_thread(self._delete, name)
+                    continue
+                written.append(name)
+                total += int(answer.get("n_written") or 0)
+                self.statistics.saved += 1
+        await asyncio.to_thread(self._trim, written)
+        return total
+
+    async def restore(self, port: int, key: str, slots: int) -> int:
+        """Restore ``key``'s saved slots into the new child; how many were restored."""
+        saved = {s.slot: s for s in await asyncio.to_thread(self.saved, key)}
+        if not saved:
+            self.statistics.missed += 1
+            return 0
+        restored = 0
+        async with self._session() as session:
+            for slot, file in sorted(saved.items()):
+                if slot >= slots:
+                    continue
+                answer = await self._action(session, port, slot, "restore", file.name)
+                if answer is None:
+                    log.warning("warm swaps: %s did not restore; deleted", file.name)
+                    await asyncio.to_thread(self._delete, file.name)
+                    self.statistics.dropped += 1
+                    continue
+                await asyncio.to_thread(os.utime, self.folder / file.name)  # recently used
+                restored += 1
+                self.statistics.restored += 1
+        return restored
+
+    def _session(self) -> aiohttp.ClientSession:
+        timeout = aiohttp.ClientTimeout(total=SLOT_SECONDS)
+        return aiohttp.ClientSession(timeout=timeout)
+
+    async def _action(
+        self, session: aiohttp.ClientSession, port: int, slot: int, action: str, name: str
+    ) -> dict[str, Any] | None:
+        url = f"http://{CHILD_HOST}:{port}/slots/{slot}?action={action}"
+        headers = {"Authorization": f"Bearer {child_key(port)}"}
+        try:
+            async with session.post(url, json={"filename": name}, headers=headers) as answer:
+                body = await answer.json(content_type=None)
+                if answer.status != 200 or not isinstance(body, dict):
+                    log.debug(
+                        "warm swaps: slot %d %s: HTTP %d %s", slot, action, answer.status, body
+                    )
+                    return None
+                return body
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            log.warning("warm swaps: slot %d %s on port %d failed: %s", slot, action, port, exc)
+            return None
+
+    # -- the folder ----------------------------------------------------------------------
+
+    def saved(self, key: str | None = None) -> list[SavedSlot]:
+        """The saved slots in the folder (``key``'s only, when given)."""
+        found = []
+        try:
+            entries = list(os.scandir(self.folder))
+        except OSError:
+            return []
+        for entry in entries:
+            try:
+                stat = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            saved = parse_file(entry.name, stat.st_size, stat.st_mtime)
+            if saved is not None and (key is None or saved.key == key):
+                found.append(saved)
+        return found
+
+    def held(self, key: str) -> tuple[int, int]:
+        """(files, bytes) saved for ``key``."""
+        saved = self.saved(key)
+        return len(saved), sum(s.size for s in saved)
+
+    def _trim(self, keep: list[str]) -> None:
+        for name in over_budget(self.saved(), self.budget, keep):
+            log.info("warm swaps: %s goes (the folder is over its %d bytes)", name, self.budget)
+            self._delete(name)
+
+    def _delete(self, name: str) -> None:
+        (self.folder / name).unlink(missing_ok=True)
