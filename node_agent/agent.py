@@ -37,6 +37,7 @@ from node_agent.extras import install_hint
 from node_agent.llama_server.binary import build_info
 from node_agent.mcp.config import load_servers
 from node_agent.mcp.servers import McpServers
+from node_agent.model_files import log_model_file_problems
 from node_agent.redact import RedactingFilter, add_secret, add_secrets
 from node_agent.router.app import build_app
 from node_agent.router.browser_guard import start_warnings
@@ -437,6 +438,8 @@ class Agent:
         self._tasks.spawn(asyncio.to_thread(_import_all, later), "imports")
         for warning in startup.source_warnings(self.options, self.env, self.catalog):
             log.warning("%s", warning)
+        specs = list(self.catalog.values())
+        self._tasks.spawn(asyncio.to_thread(log_model_file_problems, specs), "model-files")
         tools_default = self._tools_enabled and self.options.cors_origins is None
         for warning in start_warnings(
             settings.browser, settings.api_keys, tools_default=tools_default

@@ -166,7 +166,7 @@ def test_a_child_that_hangs_while_loading(
     assert bound <= took < bound + 6, took
     assert [status for status, _ in results] == [500, 500], results
     for _, body in results:
-        assert body["error"]["message"] == f"model name={TINY} failed to load"
+        assert body["error"]["message"].startswith(f"model name={TINY} failed to load: ")
     entry = agent.models()[TINY]
     assert entry["status"]["value"] == "unloaded" and entry["status"]["failed"] is True
     assert entry["status"]["exit_code"] == -signal.SIGKILL
@@ -317,11 +317,31 @@ def test_a_corrupt_gguf_fails_with_the_childs_own_error_line(
     assert complete(agent, TINY)[0] == 200
 
 
+def test_a_broken_model_file_is_a_warning_at_start(
+    start_agent: StartAgent, broken_models: Path
+) -> None:
+    """Issue 29: a broken file is said at start, not first at a request minutes later."""
+    agent = start_agent("--models-dir", str(broken_models), "-c", "512")
+    deadline = time.monotonic() + 10
+    while "model not-gguf: its model file" not in agent.log() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    log = agent.log()
+    truncated = broken_models / "truncated.gguf"
+    assert f"model truncated: its model file {truncated} cannot be loaded" in log, log
+    assert "data is not within the file bounds" in log
+    assert "model not-gguf: its model file" in log and "bad magic" in log
+    assert f"model {TINY}: its model file" not in log  # a good file is not mentioned
+
+
 def test_a_failed_load_tells_its_waiters_why(start_agent: StartAgent, broken_models: Path) -> None:
     agent = start_agent("--models-dir", str(broken_models), "-c", "512")
     status, body = complete(agent, "truncated")
-    # llama.cpp's message, and why under Corral's own key (its clients see what they expect).
-    assert (status, body["error"]["message"]) == (500, "model name=truncated failed to load")
+    # llama.cpp's message first (clients that match on it), then why and what to do, in the
+    # message itself: all the openai SDK and chat front ends show (issue 29).
+    message = body["error"]["message"]
+    assert status == 500 and message.startswith("model name=truncated failed to load: "), body
+    assert CORRUPT["truncated"] in message and "\n" not in message, message
+    assert "check the model file" in message and "corral logs truncated" in message, message
     assert CORRUPT["truncated"] in body["error"]["corral"]["reason"], body
 
 
@@ -393,7 +413,8 @@ def test_a_crash_loop_backs_off_and_says_so(
     # The first failure is retried at once; the second starts the backoff.
     for _ in range(2):
         status, body = complete(agent, TINY)
-        assert (status, body["error"]["message"]) == (500, f"model name={TINY} failed to load")
+        assert status == 500, body
+        assert body["error"]["message"].startswith(f"model name={TINY} failed to load: ")
     corral = agent.models()[TINY]["corral"]
     assert corral["failures"] == 2
     assert 0 < corral["retry_in"] <= 1.0
