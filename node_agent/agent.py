@@ -38,6 +38,7 @@ from node_agent.llama_server.binary import build_info
 from node_agent.mcp.config import load_servers
 from node_agent.mcp.servers import McpServers
 from node_agent.model_files import log_model_file_problems
+from node_agent.ollama.routes import setup_ollama
 from node_agent.redact import RedactingFilter, add_secret, add_secrets
 from node_agent.router.app import build_app
 from node_agent.router.browser_guard import start_warnings
@@ -405,6 +406,7 @@ class Agent:
             refused=self.refused_presets,
         )
         app = build_app(state)
+        setup_ollama(app)  # Ollama's /api/* on the same registry (node_agent/ollama/)
         app.cleanup_ctx.append(self._lifetime)
         # handler_cancellation: a client that goes away cancels its handler, so a queued
         # request leaves the queue and a proxied one closes its connection to the child.
