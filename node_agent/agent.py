@@ -117,7 +117,8 @@ Corral's own:
   --download-redirect-hosts H[,H]
                               hosts a download may be redirected to (.example.com: a domain);
                               its own host and Hugging Face's CDN always are
-  --models-ttl DURATION       unload a model idle this long: 600, 10m, 1h (a preset's ttl wins; 0, -1: never)
+  --models-ttl DURATION       unload a model idle this long: 600, 10m, 1h (0, -1: never;
+                              a preset's ttl wins)
   --queue-timeout SECONDS     a request waiting longer for its model gets 503 + Retry-After
   --max-queue N               at most N requests wait per model; more get 503 + Retry-After
   --shutdown-timeout SECONDS  on SIGTERM: drain and stop within this long, then kill (default

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Sequence
+from functools import partial
 
 USAGE = """\
 usage: corral COMMAND [ARGS...]
@@ -24,9 +25,14 @@ commands:
   load NAME    load a model on a running agent, with progress
   unload NAME  unload a model on a running agent
   status       show a running agent's models, queue and memory
+  ps           the running models: memory, device, time until unload, pin, requests
+  logs NAME    a model's llama-server output (-f follows it)
+  pull REPO[:QUANT]  download a model from Hugging Face, with a progress bar
+  rm NAME      remove a downloaded model and its files
+  reload       re-read the models folder, the presets and the Hugging Face cache
 
-models, load, unload and status take --url (default http://127.0.0.1:8080), --api-key and
---json; `corral COMMAND --help` says more.
+The client commands take --url (default http://127.0.0.1:8080) and --api-key, most --json;
+`corral COMMAND --help` says more.
 """
 
 
@@ -69,6 +75,12 @@ def _client(argv: Sequence[str]) -> int:
     return main(list(argv))
 
 
+def _client_ops(command: str, argv: Sequence[str]) -> int:
+    from node_agent.client_ops import main
+
+    return main([command, *argv])
+
+
 COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "agent": _agent,
     "operator": _operator,
@@ -78,6 +90,7 @@ COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "load": lambda argv: _client(["load", *argv]),
     "unload": lambda argv: _client(["unload", *argv]),
     "status": lambda argv: _client(["status", *argv]),
+    **{name: partial(_client_ops, name) for name in ("ps", "logs", "pull", "rm", "reload")},
 }
 
 

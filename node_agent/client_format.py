@@ -132,8 +132,8 @@ def unknown_model(name: str, known: Sequence[str]) -> str:
     return f"the agent has no model named {name!r}; its models: {shown}{rest}"
 
 
-def progress_line(name: str, value: float | None, width: int = 30) -> str:
+def progress_line(name: str, value: float | None, width: int = 30, verb: str = "loading") -> str:
     if value is None:
-        return f"loading {name} …"
+        return f"{verb} {name} …"
     filled = round(max(0.0, min(1.0, value)) * width)
-    return f"loading {name} [{'#' * filled}{'.' * (width - filled)}] {value * 100:3.0f}%"
+    return f"{verb} {name} [{'#' * filled}{'.' * (width - filled)}] {value * 100:3.0f}%"
