@@ -50,6 +50,7 @@ from node_agent.router.registry import Registry
 from node_agent.router.state import AgentState, RouterSettings
 from node_agent.router.tools_api import security_warning
 from node_agent.router.vertex import vertex_from_env
+from node_agent.source_watch import SourceWatch, watched_paths
 from node_agent.sources.catalog import Catalog, diff_catalogs, keep_refused, load_catalog
 from node_agent.sources.download import Limits, cache_dir
 from node_agent.sources.hf_cache import hub_dir
@@ -247,6 +248,9 @@ class Agent:
         # A directory is the operator's ConfigMap: watched, and reloaded when it changes.
         self._preset_dir = Path(preset) if preset and Path(preset).is_dir() else None
         self.port: int | None = None
+        # Hot reload of the models folder, a preset file and the HF cache (source_watch.py).
+        watched = watched_paths(options.models_dir, preset, hub_dir(self.env))
+        self.source_watch = SourceWatch(watched, self.reload)
 
     def _read_catalog(self) -> Catalog:
         hub = hub_dir(self.env)
@@ -455,6 +459,7 @@ class Agent:
         self.registry.start()
         if self._preset_dir is not None:
             self._tasks.spawn(self.watch_presets(self._preset_dir), "preset-watch", forever=True)
+        self._tasks.spawn(self.source_watch.run(), "source-watch", forever=True)
         if self.peers is not None:
             self._tasks.spawn(self.peers.run(), "peer-poll", forever=True)
         if self.discovery is not None:
@@ -528,6 +533,8 @@ async def serve(
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
+    # SIGHUP: re-read the sources, as daemons do (it used to end the agent without a word).
+    loop.add_signal_handler(signal.SIGHUP, agent.source_watch.request, "SIGHUP")
     await agent.start()
     await first.wait()
     stopping = asyncio.create_task(agent.stop(), name="shutdown")
