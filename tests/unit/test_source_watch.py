@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from node_agent.source_watch import SourceWatch, signature, watched_paths
+from node_agent.source_watch import SourceWatch, inotify_available, signature, watched_paths
 
 
 @pytest.mark.parametrize("use_inotify", [True, False], ids=["inotify", "polling"])
@@ -21,6 +21,8 @@ async def test_a_new_file_and_an_edited_preset_reload(tmp_path: Path, use_inotif
     async def reload() -> None:
         reloads.append(time.monotonic())
 
+    if use_inotify:
+        assert inotify_available([models, preset])  # watchfiles is in the test extra
     watch = SourceWatch(
         watched_paths(str(models), str(preset), None), reload, use_inotify=use_inotify
     )
