@@ -14,6 +14,7 @@ modification times, bounded to :data:`MAX_ENTRIES` entries). The operator's pres
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -79,8 +80,9 @@ def _walk(path: Path, depth: int, seen: list[tuple[str, int, int]]) -> None:
         _walk(path / name, depth + 1, seen)
 
 
-async def poll(paths: Sequence[Path], changed: Callable[[], None]) -> None:
-    """Call ``changed`` whenever the signature of ``paths`` changes (forever)."""
+async def poll(paths: Sequence[Path], changed: Callable[[], None], *, once: bool = False) -> None:
+    """Call ``changed`` whenever the signature of ``paths`` changes: forever, or (``once``)
+    until the first change."""
     before = await asyncio.to_thread(signature, paths)
     while True:
         await asyncio.sleep(POLL_SECONDS)
@@ -88,6 +90,8 @@ async def poll(paths: Sequence[Path], changed: Callable[[], None]) -> None:
         if now != before:
             before = now
             changed()
+            if once:
+                return
 
 
 async def notify(paths: Sequence[Path], changed: Callable[[], None]) -> None:
@@ -124,14 +128,29 @@ async def notify(paths: Sequence[Path], changed: Callable[[], None]) -> None:
             group.create_task(follow(parents, False, one_of_the_files))
 
 
-def inotify_available(paths: Sequence[Path]) -> bool:
-    """``watchfiles`` is installed and every watched path exists (it cannot watch a path
-    that is not there yet: the poll can)."""
+def have_watchfiles() -> bool:
     try:
         import watchfiles  # noqa: F401
     except ImportError:
         return False
-    return all(p.exists() for p in paths)
+    return True
+
+
+async def notify_or_poll(paths: Sequence[Path], changed: Callable[[], None]) -> None:
+    """inotify on the paths that exist, a poll of those that do not (inotify cannot watch a
+    path before it is there: the Hugging Face cache before the first download); once one
+    appears, it is a change, and the watch starts over with it. Forever."""
+    while True:
+        existing = [p for p in paths if p.exists()]
+        missing = [p for p in paths if not p.exists()]
+        watching = asyncio.ensure_future(notify(existing, changed)) if existing else None
+        try:
+            await poll(missing, changed, once=True)
+        finally:
+            if watching is not None:
+                watching.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watching
 
 
 class SourceWatch:
@@ -157,10 +176,10 @@ class SourceWatch:
         """Watch and reload; never returns (cancel it)."""
         async with asyncio.TaskGroup() as group:
             if self.paths:
-                use_inotify = inotify_available(self.paths) and self._use_inotify is not False
+                use_inotify = self._use_inotify is not False and have_watchfiles()
                 how = "inotify" if use_inotify else f"polling every {POLL_SECONDS:g} s"
                 log.info("hot reload: watching %s (%s)", ", ".join(map(str, self.paths)), how)
-                watch = notify if use_inotify else poll
+                watch = notify_or_poll if use_inotify else poll
                 group.create_task(watch(self.paths, self._wake.set))
             while True:
                 await self._settled()
