@@ -36,6 +36,9 @@ The client commands take --url (default http://127.0.0.1:8080) and --api-key, mo
 """
 
 
+EXIT_BROKEN_PIPE = 128 + 13  # 128 + SIGPIPE, what a shell reports for a program it killed
+
+
 def _agent(argv: Sequence[str]) -> int:
     from node_agent.binary_probe import BinaryProbe
 
@@ -108,7 +111,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command is None:
         print(f"corral: unknown command {args[0]!r}\n\n{USAGE}", file=sys.stderr, end="")
         return 2
-    return command(args[1:])
+    try:
+        return command(args[1:])
+    except BrokenPipeError:
+        # `corral status --json | head`: the reader left, as it may. Say nothing (Python's
+        # own flush at exit would print a second traceback: stdout goes to /dev/null), and
+        # exit as a program killed by SIGPIPE does.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

@@ -54,7 +54,7 @@ log = logging.getLogger("corral.http")
 
 # Routes that answer without an API key (llama.cpp: /health is for load balancers' probes).
 # The status page is static and holds no data (it asks for the key itself).
-PUBLIC = frozenset({"/health", "/v1/health", "/", "/ui"})
+PUBLIC = frozenset({"/health", "/v1/health", "/", "/ui", "/ui/"})
 
 MODEL_MISSING = "model name is missing from the request"
 # llama.cpp reads request lines and headers of up to ~32 KiB (a long ``?model=`` name gets its
