@@ -32,5 +32,6 @@ or, in another terminal:
     -d '{"model":"$model","max_tokens":32,"temperature":0,"messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"What is the capital of France?"}]}'
 
 MSG
+# The memory ledger on (256 MiB kept free): the status page and `corral status` show memory.
 exec corral agent --models-dir demo-models --models-preset demo-models/demo-presets.ini \
-  --models-max 2 -c 2048 --port "$port" "$@"
+  --models-max 2 -c 2048 --models-memory-margin 256 --port "$port" "$@"

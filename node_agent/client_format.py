@@ -78,11 +78,14 @@ def ledger_table(ledger: Mapping[str, Any]) -> str:
     for d in ledger.get("devices", []):
         held = sum((d.get("held") or {}).values())
         capacity = d.get("limit") if d.get("limit") is not None else d.get("total")
+        # The ledger's own "other" (CAPACITY = OTHER + MODELS + AVAILABLE, as /ui shows it);
+        # an older agent sends only the raw external use.
+        other = d.get("other", d.get("external"))
         rows.append(
             [
                 str(d.get("name")),
                 size(capacity),
-                size(d.get("external")),
+                size(other),
                 size(held),
                 size(d.get("available")),
                 size(d.get("margin")),
