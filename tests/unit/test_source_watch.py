@@ -3,13 +3,26 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
 
 from node_agent.source_watch import SourceWatch, have_watchfiles, signature, watched_paths
+
+
+@contextlib.asynccontextmanager
+async def running(watch: SourceWatch) -> AsyncIterator[None]:
+    """``watch`` runs for the block; cancelled after it, as the agent cancels it."""
+    task = asyncio.create_task(watch.run())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
 
 
 async def until(condition: Callable[[], bool], seconds: float) -> None:
@@ -36,8 +49,7 @@ async def test_a_new_file_and_an_edited_preset_reload(tmp_path: Path, use_inotif
     watch = SourceWatch(
         watched_paths(str(models), str(preset), None), reload, use_inotify=use_inotify
     )
-    task = asyncio.create_task(watch.run())
-    try:
+    async with running(watch):
         await asyncio.sleep(0.3)  # the watch is set up
         started = time.monotonic()
         (models / "new.gguf").write_bytes(b"GGUF")
@@ -48,10 +60,6 @@ async def test_a_new_file_and_an_edited_preset_reload(tmp_path: Path, use_inotif
         (tmp_path / "presets.ini.new").rename(preset)
         await until(lambda: len(reloads) >= 2, 2)
         assert len(reloads) == 2
-    finally:
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
 
 
 async def test_many_changes_in_a_row_are_one_reload(tmp_path: Path) -> None:
@@ -61,17 +69,12 @@ async def test_many_changes_in_a_row_are_one_reload(tmp_path: Path) -> None:
         reloads.append(1)
 
     watch = SourceWatch([tmp_path], reload, use_inotify=False)
-    task = asyncio.create_task(watch.run())
-    try:
+    async with running(watch):
         for _ in range(5):  # requests closer together than SETTLE_SECONDS
             watch.request("test")
             await asyncio.sleep(0.05)
         await asyncio.sleep(0.6)
         assert reloads == [1]
-    finally:
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
 
 
 def test_the_polls_signature_is_bounded_and_sees_absent_paths(tmp_path: Path) -> None:
@@ -92,8 +95,7 @@ async def test_a_path_that_appears_later_is_watched_from_then_on(tmp_path: Path)
         reloads.append(1)
 
     watch = SourceWatch([hub], reload, use_inotify=True)
-    task = asyncio.create_task(watch.run())
-    try:
+    async with running(watch):
         await asyncio.sleep(0.2)
         hub.mkdir()
         for count in (1, 2):
@@ -101,7 +103,3 @@ async def test_a_path_that_appears_later_is_watched_from_then_on(tmp_path: Path)
             assert len(reloads) == count
             await asyncio.sleep(0.2)
             (hub / f"file{count}").write_bytes(b"x")  # seen by inotify now
-    finally:
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
