@@ -177,12 +177,15 @@ def load_catalog(
         )
         for name, spec in sorted(merged.items())
     }
-    final = _hide_folder_twins(_dedup(final, hub))
+    final = _dedup(final, hub)
     if restricted is not None:
         # One preset whose alias clashes is refused alone (it raised for the whole catalog:
         # the agent did not start, every later update failed; issue 26, row 9).
         final, aliases, clashes = _restricted_alias_map(final, sections)
         return Catalog(models=final, aliases=aliases, refused=(*refused, *clashes))
+    # Only the administrator's own presets hide a folder model: one from elsewhere never
+    # changes the node's own models (as it never merges into them).
+    final = _hide_folder_twins(final)
     return Catalog(models=final, aliases=_alias_map(final), refused=tuple(refused))
 
 
@@ -258,9 +261,10 @@ def _dedup(models: dict[str, ModelSpec], hub: Path | None) -> dict[str, ModelSpe
 
 
 def _hide_folder_twins(models: dict[str, ModelSpec]) -> dict[str, ModelSpec]:
-    """A folder model whose file a preset of another name loads is hidden from the list, as
-    ``dedup-cache-models`` hides a cache entry: one file was listed twice (issue 29). It stays
-    usable by its name. Same file = same device, inode, size and time (a hard link too)."""
+    """A folder model whose file a preset of another name (the administrator's own) loads is
+    hidden from the list, as ``dedup-cache-models`` hides a cache entry: one file was listed
+    twice (issue 29). It stays usable by its name. Same file = same device, inode, size and
+    time (a hard link too)."""
     presets = {
         spec.file_identity
         for spec in models.values()
