@@ -16,8 +16,10 @@ from node_agent.errors import ApiError
 from node_agent.ollama import listing
 from node_agent.ollama.generation import child_session, serve
 from node_agent.ollama.pull import pull
-from node_agent.ollama.translate import chat_request, embed_request, generate_request
+from node_agent.ollama.translate import chat_request, embed_request, generate_request, model_name
 from node_agent.router.bodies import parse_json_body, read_control_body
+from node_agent.router.models_api import delete_models
+from node_agent.router.state import STATE
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 BodyHandler = Callable[[web.Request, dict[str, Any]], Awaitable[web.StreamResponse]]
@@ -74,6 +76,29 @@ async def _show(request: web.Request, body: dict[str, Any]) -> web.StreamRespons
     return web.json_response(await listing.show(request, body))
 
 
+async def _delete(request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+    """``DELETE /api/delete``: ``DELETE /models?model=`` (a downloaded model and its files)."""
+    name = listing.resolve(request.app[STATE].registry, model_name(body))
+    await delete_models(request.clone(rel_url=request.rel_url.with_query(model=name)))
+    return web.Response()  # Ollama answers an empty 200
+
+
+def _not_mapped(what: str) -> Handler:
+    async def refuse(request: web.Request) -> web.StreamResponse:
+        raise ApiError(501, f"{request.path} is not supported by Corral: {what}")
+
+    return _ollama_errors(refuse)
+
+
+# Ollama's routes that make or move models in its own store, which Corral does not have:
+# a clear 501 rather than llama.cpp's "File Not Found".
+NOT_MAPPED = {
+    "/api/create": "models come from --models-dir, presets and Hugging Face (corral pull)",
+    "/api/copy": "give a model another name with alias = NAME in its preset",
+    "/api/push": "Corral does not publish models",
+}
+
+
 def setup_ollama(app: web.Application) -> None:
     """Add Ollama's routes (and the session they reach children with) to the agent's app."""
     app.cleanup_ctx.append(child_session)
@@ -88,5 +113,7 @@ def setup_ollama(app: web.Application) -> None:
             web.post("/api/embed", _with_body(_embed)),
             web.post("/api/embeddings", _with_body(_embeddings)),
             web.post("/api/pull", _with_body(pull)),
+            web.delete("/api/delete", _with_body(_delete)),
+            *(web.post(path, _not_mapped(what)) for path, what in NOT_MAPPED.items()),
         ]
     )

@@ -154,3 +154,11 @@ def test_pull_with_progress_from_the_hub(client: ollama.Client, agent: AgentProc
     with pytest.raises(ollama.ResponseError) as caught:
         client.pull("llama3.2")
     assert caught.value.status_code == 400 and "Hugging Face" in caught.value.error
+    client.delete(f"{REPO}:Q8_0")  # DELETE /models: the model and its files
+    assert f"{REPO}:Q8_0" not in {m.model for m in client.list().models}
+
+
+def test_what_ollama_keeps_in_its_own_store_is_a_clear_501(client: ollama.Client) -> None:
+    with pytest.raises(ollama.ResponseError) as caught:
+        client.copy(MODEL_NAME, "copy-of-it")
+    assert caught.value.status_code == 501 and "alias = NAME" in caught.value.error
