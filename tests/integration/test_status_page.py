@@ -138,6 +138,35 @@ def test_status_page_shows_time_until_unload_process_memory_and_a_models_log(
     assert not errors, errors
 
 
+COLUMN_LEFTS = "() => [...document.querySelectorAll('#models th')].map(th => th.offsetLeft)"
+LEGEND_HEIGHTS = (
+    "() => [...document.querySelectorAll('#memory .legend .key')]"
+    ".map(e => e.getBoundingClientRect().height)"
+)
+
+
+def test_status_page_at_420_px_and_columns_that_stay(
+    start_agent: Any, demo_dir: Path, browser_page: Any
+) -> None:
+    """Issue 29: at 420 px the memory panel broke one word per line, and the table's columns
+    moved between refreshes."""
+    agent = start_agent(
+        "--models-dir", str(demo_dir), "--models-memory-margin", "64", "--memory-limit", "host=1GiB"
+    )
+    page = browser_page
+    page.goto(agent.url + "/ui")
+    page.wait_for_selector(f'#models tr[data-model="{TINY}"][data-state="unloaded"]')
+    before = page.evaluate(COLUMN_LEFTS)
+    assert agent.post("/models/load", {"model": TINY})[0] == 200
+    page.wait_for_selector(f'#models tr[data-model="{TINY}"] .until')  # new text in the row
+    assert page.evaluate(COLUMN_LEFTS) == before
+
+    page.set_viewport_size({"width": 420, "height": 860})
+    page.wait_for_selector('#memory .device[data-device="host"]')
+    heights = page.evaluate(LEGEND_HEIGHTS)
+    assert heights and max(heights) < 30, heights  # each key on one line (~17 px)
+
+
 def test_status_page_asks_for_the_api_key(
     start_agent: Any, demo_dir: Path, browser_page: Any
 ) -> None:
