@@ -363,6 +363,8 @@ class Agent:
             len(diff.updated),
         )
         await self.registry.reload(new, set(diff.changed))
+        fresh = [new[name] for name in (*diff.added, *diff.changed)]  # their files, as at start
+        self._tasks.spawn(asyncio.to_thread(log_model_file_problems, fresh), "model-files")
 
     async def watch_presets(self, directory: Path) -> None:
         """Reload when the operator's ConfigMap volume changes (the kubelet's ``..data`` swap)."""

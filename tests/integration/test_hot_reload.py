@@ -68,3 +68,23 @@ def test_sighup_reloads_with_a_log_line(start_agent: Any, demo_dir: Path, tmp_pa
     assert "SIGHUP: reloading the models folder, the presets and the cache" in log
     assert "reloaded: 0 added, 0 removed" in log
     assert TINY in agent.models()
+
+
+def test_a_broken_file_dropped_in_is_a_warning(
+    start_agent: Any, demo_dir: Path, tmp_path: Path
+) -> None:
+    """As at start (item 1), a file that cannot load is said when it arrives."""
+    folder = tmp_path / "models"
+    folder.mkdir()
+    shutil.copy(demo_dir / f"{TINY}.gguf", folder)
+    agent: AgentProcess = start_agent("--models-dir", str(folder), "-c", "512")
+    time.sleep(0.5)
+    whole = (demo_dir / f"{SMALL}.gguf").read_bytes()
+    (folder / "cut.gguf").write_bytes(whole[: len(whole) // 2])
+    assert listed_within(agent, "cut", 2.0) is not None
+    started = time.monotonic()
+    while "model cut: its model file" not in agent.log() and time.monotonic() - started < 5:
+        time.sleep(0.05)
+    assert (
+        "model cut: its model file" in agent.log() and "not within the file bounds" in agent.log()
+    )
