@@ -364,7 +364,8 @@ class Agent:
         )
         await self.registry.reload(new, set(diff.changed))
         fresh = [new[name] for name in (*diff.added, *diff.changed)]  # their files, as at start
-        self._tasks.spawn(asyncio.to_thread(log_model_file_problems, fresh), "model-files")
+        if fresh and not self._tasks.statistics().closed:  # (a reload during the shutdown)
+            self._tasks.spawn(asyncio.to_thread(log_model_file_problems, fresh), "model-files")
 
     async def watch_presets(self, directory: Path) -> None:
         """Reload when the operator's ConfigMap volume changes (the kubelet's ``..data`` swap)."""
