@@ -24,12 +24,18 @@ def listed_within(agent: AgentProcess, name: str, seconds: float) -> float | Non
     return None
 
 
-def test_a_file_dropped_into_the_models_folder_is_listed_within_2_s(
-    start_agent: Any, demo_dir: Path, tmp_path: Path
-) -> None:
+def tiny_folder(demo_dir: Path, tmp_path: Path) -> Path:
+    """A models folder holding demo-tiny."""
     folder = tmp_path / "models"
     folder.mkdir()
     shutil.copy(demo_dir / f"{TINY}.gguf", folder)
+    return folder
+
+
+def test_a_file_dropped_into_the_models_folder_is_listed_within_2_s(
+    start_agent: Any, demo_dir: Path, tmp_path: Path
+) -> None:
+    folder = tiny_folder(demo_dir, tmp_path)
     preset = tmp_path / "presets.ini"
     preset.write_text("[extra]\nmodel = " + str(folder / f"{TINY}.gguf") + "\n")
     agent: AgentProcess = start_agent(
@@ -54,9 +60,7 @@ def test_a_file_dropped_into_the_models_folder_is_listed_within_2_s(
 
 
 def test_sighup_reloads_with_a_log_line(start_agent: Any, demo_dir: Path, tmp_path: Path) -> None:
-    folder = tmp_path / "models"
-    folder.mkdir()
-    shutil.copy(demo_dir / f"{TINY}.gguf", folder)
+    folder = tiny_folder(demo_dir, tmp_path)
     agent: AgentProcess = start_agent("--models-dir", str(folder), "-c", "512")
     agent.proc.send_signal(signal.SIGHUP)
     started = time.monotonic()
@@ -74,9 +78,7 @@ def test_a_broken_file_dropped_in_is_a_warning(
     start_agent: Any, demo_dir: Path, tmp_path: Path
 ) -> None:
     """As at start (item 1), a file that cannot load is said when it arrives."""
-    folder = tmp_path / "models"
-    folder.mkdir()
-    shutil.copy(demo_dir / f"{TINY}.gguf", folder)
+    folder = tiny_folder(demo_dir, tmp_path)
     agent: AgentProcess = start_agent("--models-dir", str(folder), "-c", "512")
     time.sleep(0.5)
     whole = (demo_dir / f"{SMALL}.gguf").read_bytes()
