@@ -12,14 +12,26 @@ hack/setup.sh demo
 corral demo-models demo-models
 model=smollm2-135m-instruct
 [ -f "demo-models/$model.gguf" ] || model=demo-tiny
+# The real model loads at start: llama.cpp's chat UI picks a loaded model, else the first
+# listed (demo-medium, whose random weights babble).
+cat > demo-models/demo-presets.ini <<INI
+[$model]
+load-on-startup = true
+INI
 cat <<MSG
 
-The agent starts on port $port; stop it with Ctrl-C. In another terminal:
+The agent starts on port $port; stop it with Ctrl-C. Then:
+
+  The chat:        http://localhost:$port/     ($model, loaded at start, is picked)
+  The status page: http://localhost:$port/ui
+  The corral command: $(pwd)/.venv/bin/corral   (corral ps, corral logs $model)
+
+or, in another terminal:
 
   curl -s localhost:$port/v1/chat/completions -H 'Content-Type: application/json' \\
     -d '{"model":"$model","max_tokens":32,"temperature":0,"messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"What is the capital of France?"}]}'
 
-The status page: http://localhost:$port/ui    The corral command: $(pwd)/.venv/bin/corral
-
 MSG
-exec corral agent --models-dir demo-models --models-max 2 -c 2048 --port "$port" "$@"
+# The memory ledger on (256 MiB kept free): the status page and `corral status` show memory.
+exec corral agent --models-dir demo-models --models-preset demo-models/demo-presets.ini \
+  --models-max 2 -c 2048 --models-memory-margin 256 --port "$port" "$@"

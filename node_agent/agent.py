@@ -45,10 +45,13 @@ from node_agent.extras import install_hint
 from node_agent.llama_server.binary import build_info
 from node_agent.mcp.config import load_servers
 from node_agent.mcp.servers import McpServers
+from node_agent.model_files import log_model_file_problems
+from node_agent.ollama.routes import setup_ollama
 from node_agent.redact import RedactingFilter, add_secret, add_secrets
 from node_agent.runtime.model_downloads import DownloadSettings
 from node_agent.runtime.registry import Registry
 from node_agent.runtime.warm_swaps import WarmSwaps, warm_folder
+from node_agent.source_watch import SourceWatch, watched_paths
 from node_agent.sources.catalog import Catalog, diff_catalogs, keep_refused, load_catalog
 from node_agent.sources.download import Limits, cache_dir
 from node_agent.sources.hf_cache import hub_dir
@@ -116,7 +119,8 @@ Corral's own:
   --download-redirect-hosts H[,H]
                               hosts a download may be redirected to (.example.com: a domain);
                               its own host and Hugging Face's CDN always are
-  --models-ttl SECONDS        unload a model idle this long (a preset's ttl wins; 0: never)
+  --models-ttl DURATION       unload a model idle this long: 600, 10m, 1h (0, -1: never;
+                              a preset's ttl wins)
   --queue-timeout SECONDS     a request waiting longer for its model gets 503 + Retry-After
   --max-queue N               at most N requests wait per model; more get 503 + Retry-After
   --warm-cache-size SIZE      prompt caches saved at an unload and restored at the next load
@@ -248,6 +252,9 @@ class Agent:
         # A directory is the operator's ConfigMap: watched, and reloaded when it changes.
         self._preset_dir = Path(preset) if preset and Path(preset).is_dir() else None
         self.port: int | None = None
+        # Hot reload of the models folder, a preset file and the HF cache (source_watch.py).
+        watched = watched_paths(options.models_dir, preset, hub_dir(self.env))
+        self.source_watch = SourceWatch(watched, self.reload)
 
     def _read_catalog(self) -> Catalog:
         hub = hub_dir(self.env)
@@ -366,6 +373,9 @@ class Agent:
             len(diff.updated),
         )
         await self.registry.reload(new, set(diff.changed))
+        fresh = [new[name] for name in (*diff.added, *diff.changed)]  # their files, as at start
+        if fresh and not self._tasks.statistics().closed:  # (a reload during the shutdown)
+            self._tasks.spawn(asyncio.to_thread(log_model_file_problems, fresh), "model-files")
 
     async def watch_presets(self, directory: Path) -> None:
         """Reload when the operator's ConfigMap volume changes (the kubelet's ``..data`` swap)."""
@@ -414,6 +424,7 @@ class Agent:
             refused=self.refused_presets,
         )
         app = build_app(state)
+        setup_ollama(app)  # Ollama's /api/* on the same registry (node_agent/ollama/)
         app.cleanup_ctx.append(self._lifetime)
         # handler_cancellation: a client that goes away cancels its handler, so a queued
         # request leaves the queue and a proxied one closes its connection to the child.
@@ -447,6 +458,8 @@ class Agent:
         self._tasks.spawn(asyncio.to_thread(_import_all, later), "imports")
         for warning in startup.source_warnings(self.options, self.env, self.catalog):
             log.warning("%s", warning)
+        specs = list(self.catalog.values())
+        self._tasks.spawn(asyncio.to_thread(log_model_file_problems, specs), "model-files")
         tools_default = self._tools_enabled and self.options.cors_origins is None
         for warning in start_warnings(
             settings.browser, settings.api_keys, tools_default=tools_default
@@ -459,6 +472,7 @@ class Agent:
         self.registry.start()
         if self._preset_dir is not None:
             self._tasks.spawn(self.watch_presets(self._preset_dir), "preset-watch", forever=True)
+        self._tasks.spawn(self.source_watch.run(), "source-watch", forever=True)
         if self.peers is not None:
             self._tasks.spawn(self.peers.run(), "peer-poll", forever=True)
         if self.discovery is not None:
@@ -534,6 +548,8 @@ async def serve(
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
+    # SIGHUP: re-read the sources, as daemons do (it used to end the agent without a word).
+    loop.add_signal_handler(signal.SIGHUP, agent.source_watch.request, "SIGHUP")
     await agent.start()
     await first.wait()
     stopping = asyncio.create_task(agent.stop(), name="shutdown")

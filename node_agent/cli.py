@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Sequence
+from functools import partial
 
 USAGE = """\
 usage: corral COMMAND [ARGS...]
@@ -24,10 +25,18 @@ commands:
   load NAME    load a model on a running agent, with progress
   unload NAME  unload a model on a running agent
   status       show a running agent's models, queue and memory
+  ps           the running models: memory, device, time until unload, pin, requests
+  logs NAME    a model's llama-server output (-f follows it)
+  pull REPO[:QUANT]  download a model from Hugging Face, with a progress bar
+  rm NAME      remove a downloaded model and its files
+  reload       re-read the models folder, the presets and the Hugging Face cache
 
-models, load, unload and status take --url (default http://127.0.0.1:8080), --api-key and
---json; `corral COMMAND --help` says more.
+The client commands take --url (default http://127.0.0.1:8080) and --api-key, most --json;
+`corral COMMAND --help` says more.
 """
+
+
+EXIT_BROKEN_PIPE = 128 + 13  # 128 + SIGPIPE, what a shell reports for a program it killed
 
 
 def _agent(argv: Sequence[str]) -> int:
@@ -69,6 +78,12 @@ def _client(argv: Sequence[str]) -> int:
     return main(list(argv))
 
 
+def _client_ops(command: str, argv: Sequence[str]) -> int:
+    from node_agent.client_ops import main
+
+    return main([command, *argv])
+
+
 COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "agent": _agent,
     "operator": _operator,
@@ -78,6 +93,7 @@ COMMANDS: dict[str, Callable[[Sequence[str]], int]] = {
     "load": lambda argv: _client(["load", *argv]),
     "unload": lambda argv: _client(["unload", *argv]),
     "status": lambda argv: _client(["status", *argv]),
+    **{name: partial(_client_ops, name) for name in ("ps", "logs", "pull", "rm", "reload")},
 }
 
 
@@ -95,7 +111,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command is None:
         print(f"corral: unknown command {args[0]!r}\n\n{USAGE}", file=sys.stderr, end="")
         return 2
-    return command(args[1:])
+    try:
+        return command(args[1:])
+    except BrokenPipeError:
+        # `corral status --json | head`: the reader left, as it may. Say nothing (Python's
+        # own flush at exit would print a second traceback: stdout goes to /dev/null), and
+        # exit as a program killed by SIGPIPE does.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

@@ -17,7 +17,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 from node_agent import client_format as fmt
@@ -102,13 +103,17 @@ class AgentClient:
             raise
         return ledger
 
+    def lines(self, path: str) -> Iterator[bytes]:
+        """``GET path``'s body line by line, as it comes (no read timeout: a long wait)."""
+        with self._open(self._request("GET", path), None) as response:
+            yield from response
+
     def events(self) -> Iterator[dict[str, Any]]:
         """``GET /models/sse`` messages, as they come (no read timeout: it is a long wait)."""
-        with self._open(self._request("GET", "/models/sse"), None) as response:
-            for raw in response:
-                line = raw.decode(errors="replace").strip()
-                if line.startswith("data:"):
-                    yield json.loads(line[5:])
+        for raw in self.lines("/models/sse"):
+            line = raw.decode(errors="replace").strip()
+            if line.startswith("data:"):
+                yield json.loads(line[5:])
 
 
 def _error_message(status: int, payload: bytes) -> str:
@@ -176,22 +181,26 @@ class Progress:
     """One line redrawn in place on a terminal; plain lines, only on change, otherwise;
     nothing at all under ``--json`` (stdout then holds one JSON document)."""
 
-    def __init__(self, out: TextIO, name: str, *, quiet: bool = False) -> None:
+    def __init__(
+        self, out: TextIO, name: str, *, quiet: bool = False, verb: str = "loading"
+    ) -> None:
         self._out = out
         self._tty = out.isatty()
         self._name = name
         self._quiet = quiet
+        self._verb = verb
         self._last: str | None = None
 
     def show(self, value: float | None) -> None:
         if self._quiet:
             return
         if self._tty:
-            self._out.write("\r" + fmt.progress_line(self._name, value))
+            self._out.write("\r" + fmt.progress_line(self._name, value, verb=self._verb))
             self._out.flush()
             return
         # A log or pipe gets a line per tenth, not a line per report.
-        text = fmt.progress_line(self._name, None if value is None else round(value, 1), 10)
+        shown = None if value is None else round(value, 1)
+        text = fmt.progress_line(self._name, shown, 10, verb=self._verb)
         if text != self._last:
             print(text, file=self._out, flush=True)
             self._last = text
@@ -206,11 +215,12 @@ class Outcome:
     ``{"model", "status", "changed"}``, plus ``seconds`` when the client waited for it and
     ``error`` when it failed."""
 
-    def __init__(self, out: TextIO, name: str, *, as_json: bool) -> None:
+    def __init__(self, out: TextIO, name: str, *, as_json: bool, verb: str = "loading") -> None:
         self._out = out
         self._name = name
         self._json = as_json
-        self.progress = Progress(out, name, quiet=as_json)
+        self.progress = Progress(out, name, quiet=as_json, verb=verb)
+        self._what = "download" if verb == "downloading" else "load"
 
     def _say(self, text: str, **fields: Any) -> None:
         self.progress.clear()
@@ -232,7 +242,8 @@ class Outcome:
         return 0
 
     def failed(self, why: str) -> int:
-        self._say(f"{self._name} failed to load: {why}", status="failed", changed=False, error=why)
+        text = f"{self._name} failed to {self._what}: {why}"
+        self._say(text, status="failed", changed=False, error=why)
         return EXIT_REFUSED
 
 
@@ -339,8 +350,18 @@ HELP = {
 }
 
 
-def parser(command: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=f"corral {command}", description=HELP[command])
+@dataclass(frozen=True)
+class Command:
+    """A command served by :func:`main` besides this module's own (``client_ops``)."""
+
+    run: Callable[[AgentClient, argparse.Namespace, TextIO], int]
+    help: str
+    arguments: Callable[[argparse.ArgumentParser], None]
+
+
+def parser(command: str, extra: Command | None = None) -> argparse.ArgumentParser:
+    description = extra.help if extra is not None else HELP[command]
+    p = argparse.ArgumentParser(prog=f"corral {command}", description=description)
     p.add_argument(
         "--url",
         default=os.environ.get("CORRAL_URL", DEFAULT_URL),
@@ -353,7 +374,9 @@ def parser(command: str) -> argparse.ArgumentParser:
         help="the agent's --api-key (env CORRAL_API_KEY or LLAMA_API_KEY)",
     )
     p.add_argument("--timeout", type=float, default=60, help="seconds per HTTP request")
-    if command in ("load", "unload"):
+    if extra is not None:
+        extra.arguments(p)
+    elif command in ("load", "unload"):
         p.add_argument("name", help="the model's name or alias")
         p.add_argument("--no-wait", action="store_true", help="return once the agent accepted")
         p.add_argument(
@@ -384,15 +407,23 @@ def api_key_hint(given: str | None) -> str:
     return f"the agent refused the key from {source}: it must be one of the agent's --api-key keys"
 
 
-def main(argv: Sequence[str], out: TextIO | None = None, err: TextIO | None = None) -> int:
-    """``argv[0]`` is the command (``models``, ``load``, ``unload``, ``status``)."""
+def main(
+    argv: Sequence[str],
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+    extra: Mapping[str, Command] | None = None,
+) -> int:
+    """``argv[0]`` is the command (``models``, ``load``, ``unload``, ``status``, or one of
+    ``extra``)."""
     out, err = out or sys.stdout, err or sys.stderr
-    if not argv or argv[0] not in COMMANDS:
-        print(f"corral: expected one of {', '.join(COMMANDS)}", file=err)
+    extra = extra or {}
+    runs = {**COMMANDS, **{name: command.run for name, command in extra.items()}}
+    if not argv or argv[0] not in runs:
+        print(f"corral: expected one of {', '.join(runs)}", file=err)
         return EXIT_USAGE
     command = argv[0]
     try:
-        args = parser(command).parse_args(list(argv[1:]))
+        args = parser(command, extra.get(command)).parse_args(list(argv[1:]))
     except SystemExit as exc:  # argparse printed the usage; keep main() a function
         return int(exc.code or 0)
     try:
@@ -401,7 +432,7 @@ def main(argv: Sequence[str], out: TextIO | None = None, err: TextIO | None = No
         print(f"corral {command}: {exc}", file=err)
         return EXIT_USAGE
     try:
-        return COMMANDS[command](client, args, out)
+        return runs[command](client, args, out)
     except AgentError as exc:
         hint = f"\n({api_key_hint(args.api_key)})" if exc.status == 401 else ""
         print(f"corral {command}: the agent answered {exc.status}: {exc.message}{hint}", file=err)

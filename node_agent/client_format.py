@@ -78,11 +78,14 @@ def ledger_table(ledger: Mapping[str, Any]) -> str:
     for d in ledger.get("devices", []):
         held = sum((d.get("held") or {}).values())
         capacity = d.get("limit") if d.get("limit") is not None else d.get("total")
+        # The ledger's own "other" (CAPACITY = OTHER + MODELS + AVAILABLE, as /ui shows it);
+        # an older agent sends only the raw external use.
+        other = d.get("other", d.get("external"))
         rows.append(
             [
                 str(d.get("name")),
                 size(capacity),
-                size(d.get("external")),
+                size(other),
                 size(held),
                 size(d.get("available")),
                 size(d.get("margin")),
@@ -132,8 +135,8 @@ def unknown_model(name: str, known: Sequence[str]) -> str:
     return f"the agent has no model named {name!r}; its models: {shown}{rest}"
 
 
-def progress_line(name: str, value: float | None, width: int = 30) -> str:
+def progress_line(name: str, value: float | None, width: int = 30, verb: str = "loading") -> str:
     if value is None:
-        return f"loading {name} …"
+        return f"{verb} {name} …"
     filled = round(max(0.0, min(1.0, value)) * width)
-    return f"loading {name} [{'#' * filled}{'.' * (width - filled)}] {value * 100:3.0f}%"
+    return f"{verb} {name} [{'#' * filled}{'.' * (width - filled)}] {value * 100:3.0f}%"

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TypeVar
 from urllib.parse import urlsplit
 
+from node_agent.durations import idle_seconds
 from node_agent.errors import ConfigError
 from node_agent.sources.options import Match, generated_options, llama_options, parse_bool
 from node_agent.sources.spec import OptionValue
@@ -305,6 +306,10 @@ def _seconds(raw: str) -> float | None:
     return s or None  # 0 = off
 
 
+def _ttl(raw: str) -> float | None:
+    return idle_seconds(raw) or None  # 0 and negative: never
+
+
 def _body_size(raw: str) -> int:
     size = parse_size(raw)
     if size < 1024:
@@ -503,7 +508,7 @@ _OWN_FLAGS: dict[str, tuple[str, str, Callable[[str], object]]] = {
     "--llama-server": ("llama_server", "a path to llama-server", _identity),
     "--models-memory-margin": ("models_memory_margin", "MiB (an integer >= 0)", _int_at_least(0)),
     "--memory-limit": ("memory_limit", "DEVICE=SIZE", _identity),
-    "--models-ttl": ("models_ttl", "seconds (0: never)", _seconds),
+    "--models-ttl": ("models_ttl", "seconds, or 10m, 1h (0 or -1: never)", _ttl),
     "--load-timeout": ("load_timeout", "seconds (> 0)", _positive_seconds),
     "--max-body-size": ("max_body_size", "a size like 64MiB", _body_size),
     "--max-download-size": ("max_download_size", "a size like 20GiB", parse_size),

@@ -58,7 +58,7 @@ log = logging.getLogger("corral.http")
 
 # Routes that answer without an API key (llama.cpp: /health is for load balancers' probes).
 # The status page is static and holds no data (it asks for the key itself).
-PUBLIC = frozenset({"/health", "/v1/health", "/", "/ui"})
+PUBLIC = frozenset({"/health", "/v1/health", "/", "/ui", "/ui/"})
 
 # llama.cpp reads request lines and headers of up to ~32 KiB (a long ``?model=`` name gets its
 # JSON "not found"); aiohttp's default of 8 KiB would answer those with a plain-text 400.

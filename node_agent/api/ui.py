@@ -101,6 +101,10 @@ def setup_ui(app: web.Application) -> None:
     async def recent_events(request: web.Request) -> web.StreamResponse:
         return web.json_response({"data": list(request.app[RECENT].events)})
 
+    async def to_status_page(request: web.Request) -> web.StreamResponse:
+        raise web.HTTPMovedPermanently("/ui")  # a typed or remembered trailing slash
+
     app.router.add_get("/ui", status_page)
+    app.router.add_get("/ui/", to_status_page)
     app.router.add_get("/ui/recent", recent_events)
     app.cleanup_ctx.append(recent.lifecycle)

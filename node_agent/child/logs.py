@@ -34,16 +34,27 @@ _ECHO_LINE: Final = re.compile(
     r"|failed to load model(,? (from )?'?[^ ']*'?)?\s*$",
     re.IGNORECASE,
 )
+# Lines that say nothing about a failure, printed at every start: when a child dies without an
+# error line (killed, SIGILL), its last line is often one of these, and a reason that ended in
+# "last log line: AMX is not ready to be used!" sent users after the wrong cause (issue 29).
+# ggml's AMX probe prints its line with a bare fprintf, at start, on every AMX CPU.
+_BANNER_LINE: Final = re.compile(
+    r"^AMX is not ready to be used!"
+    r"|security: no API key is set"
+    r"|common_params_print_info: verbosity"
+    r"|load_backend: loaded"
+    r"|cleaning up before exit",
+)
 
 
 def failure_line(lines: list[str], *, skip_prefix: str | None = None) -> str | None:
     """The line most likely to say why a child failed.
 
     Its last error line that is not a mere echo of an earlier one (see ``_ECHO_LINE``), else
-    its last error line, else its last line.
+    its last error line, else its last line that is not a banner (``_BANNER_LINE``).
     """
     kept = [line.strip() for line in lines if not (skip_prefix and line.startswith(skip_prefix))]
-    kept = [line for line in kept if line]
+    kept = [line for line in kept if line and not _BANNER_LINE.search(line)]
     errors = [line for line in kept if _ERROR_LINE.search(line)]
     for line in reversed(errors):
         if not _ECHO_LINE.search(line):

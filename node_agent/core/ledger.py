@@ -77,6 +77,23 @@ class DeviceStatistics:
     available: int | None
     margin: int
 
+    @property
+    def capacity(self) -> int | None:
+        """What the models may use at most: the ``--memory-limit``, else the device."""
+        return self.limit if self.limit is not None else self.total
+
+    @property
+    def other(self) -> int:
+        """What keeps room from the models besides themselves, so that ``capacity = other +
+        Σ held + available`` holds: under a limit, the part of the external use that reaches
+        into it (a device of 24 GiB capped at 2 GiB loses nothing to 1.6 GiB of other
+        processes); the CLI showed the raw external and the status page this, and they
+        disagreed (issue 29)."""
+        capacity = self.capacity
+        if capacity is None or self.available is None:
+            return self.external
+        return max(0, capacity - sum(self.held.values()) - self.available)
+
 
 @dataclass(frozen=True)
 class LedgerStatistics:
@@ -93,6 +110,8 @@ class LedgerStatistics:
                     "total": d.total,
                     "limit": d.limit,
                     "external": d.external,
+                    "capacity": d.capacity,
+                    "other": d.other,
                     "held": dict(d.held),
                     "available": d.available,
                     "margin": d.margin,

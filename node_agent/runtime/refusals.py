@@ -5,13 +5,15 @@ from __future__ import annotations
 import math
 
 from node_agent.errors import ApiError
+from node_agent.runtime.load_failure import failure_message
 
 
 def failed_error(name: str, reason: str) -> ApiError:
-    """llama.cpp's 500 for a failed load, with why (the child's own error line) as Corral's
-    extra."""
+    """llama.cpp's 500 for a failed load, its message followed by why and what to do
+    (:func:`~node_agent.runtime.load_failure.failure_message`); the reason alone stays as
+    Corral's extra."""
     detail = {"reason": reason} if reason else None
-    return ApiError(500, f"model name={name} failed to load", detail=detail)
+    return ApiError(500, failure_message(name, reason), detail=detail)
 
 
 def backoff_error(name: str, reason: str, retry_after: float) -> ApiError:

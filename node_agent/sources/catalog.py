@@ -29,6 +29,7 @@ from node_agent.sources.preset_ini import PresetFile, load_preset_file
 from node_agent.sources.spec import (
     CHILD_RESERVED,
     SOURCE_CACHE,
+    SOURCE_MODELS_DIR,
     SOURCE_PRESET,
     ModelSpec,
     OptionValue,
@@ -182,6 +183,9 @@ def load_catalog(
         # the agent did not start, every later update failed; issue 26, row 9).
         final, aliases, clashes = _restricted_alias_map(final, sections)
         return Catalog(models=final, aliases=aliases, refused=(*refused, *clashes))
+    # Only the administrator's own presets hide a folder model: one from elsewhere never
+    # changes the node's own models (as it never merges into them).
+    final = _hide_folder_twins(final)
     return Catalog(models=final, aliases=_alias_map(final), refused=tuple(refused))
 
 
@@ -251,6 +255,26 @@ def _dedup(models: dict[str, ModelSpec], hub: Path | None) -> dict[str, ModelSpe
     return {
         name: dataclasses.replace(spec, hidden=True)
         if spec.source == SOURCE_CACHE and resolve_cached(hub, name) in used
+        else spec
+        for name, spec in models.items()
+    }
+
+
+def _hide_folder_twins(models: dict[str, ModelSpec]) -> dict[str, ModelSpec]:
+    """A folder model whose file a preset of another name (the administrator's own) loads is
+    hidden from the list, as ``dedup-cache-models`` hides a cache entry: one file was listed
+    twice (issue 29). It stays usable by its name. Same file = same device, inode, size and
+    time (a hard link too)."""
+    presets = {
+        spec.file_identity
+        for spec in models.values()
+        if spec.source == SOURCE_PRESET and spec.file_identity is not None
+    }
+    if not presets:
+        return models
+    return {
+        name: dataclasses.replace(spec, hidden=True)
+        if spec.source == SOURCE_MODELS_DIR and spec.file_identity in presets
         else spec
         for name, spec in models.items()
     }

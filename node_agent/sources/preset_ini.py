@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from node_agent.durations import EXAMPLES, idle_seconds
 from node_agent.errors import ConfigError
 from node_agent.sources.options import llama_options, parse_bool
 from node_agent.sources.preset_env import ENV_PREFIX, parse_env_entry
@@ -403,6 +404,12 @@ def _preset_only_value(
             return int(value)
         except ValueError:
             raise bad("an integer") from None
+    if name == "ttl":
+        try:
+            seconds = idle_seconds(value)
+        except ValueError:
+            raise bad(EXAMPLES) from None
+        return 0.0 if seconds is None else seconds  # a preset's ttl 0 is "never" too
     try:
         number = float(value)
     except ValueError:

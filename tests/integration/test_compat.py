@@ -259,9 +259,14 @@ def models_shape(answer: Answer) -> dict[str, Any]:
 
 
 def without_corral(value: Any) -> Any:
-    """``value`` without Corral's extras (``corral`` keys), which llama.cpp never sends."""
+    """``value`` without Corral's extras (``corral`` keys), which llama.cpp never sends, and
+    without what a failed load's message says after llama.cpp's words (the cause and what to
+    do: a listed difference, issue 29)."""
     if isinstance(value, dict):
         return {k: without_corral(v) for k, v in value.items() if k != "corral"}
+    if isinstance(value, str) and value.startswith("model name="):
+        head, said, _ = value.partition(" failed to load: ")
+        return f"{head} failed to load" if said else value
     return value
 
 

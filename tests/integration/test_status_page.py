@@ -88,7 +88,7 @@ def test_status_page_shows_models_and_loads_one_live(
     assert agent.state(TINY) == "loaded"
     recent = page.locator("#recent").inner_text()
     assert "evicted" in recent, recent
-    assert row(page, TINY).locator("button").inner_text() == "Unload"
+    assert row(page, TINY).locator("button[data-action]").inner_text() == "Unload"
 
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "status-page.png"
@@ -109,6 +109,62 @@ def test_status_page_unload_button(start_agent: Any, demo_dir: Path, browser_pag
     page.wait_for_selector(f'#models tr[data-model="{TINY}"][data-state="unloaded"]')
     assert agent.state(TINY) == "unloaded"
     assert "unloaded on request" in page.locator("#recent").inner_text()
+
+
+def test_status_page_shows_time_until_unload_process_memory_and_a_models_log(
+    start_agent: Any, demo_dir: Path, browser_page: Any
+) -> None:
+    """Issue 29: TTL and pin were shown nowhere, memory was "–" with the ledger off, and the
+    models' logs had no view."""
+    agent = start_agent("--models-dir", str(demo_dir), "-c", "1024", "--models-ttl", "10m")
+    assert agent.post("/models/load", {"model": TINY})[0] == 200
+    agent.wait_state(TINY, "loaded")
+    page = browser_page
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(agent.url + "/ui")
+    page.wait_for_selector(f'#models tr[data-model="{TINY}"] .until')
+    loaded = row(page, TINY)
+    assert loaded.locator(".until").inner_text().startswith("unloads in 9m ")
+    memory = loaded.locator("td").nth(2).inner_text()
+    assert memory.startswith("process ") and memory.endswith("MiB"), memory
+    assert row(page, SMALL).locator(".until").count() == 0  # not running: nothing to say
+    loaded.locator("button[data-log]").click()
+    page.wait_for_selector("#log-section", state="visible")
+    assert page.locator("#log-model").text_content() == TINY
+    assert "llama_server: model loaded" in page.locator("#log").inner_text()
+    page.click("#log-close")
+    assert page.locator("#log-section").is_hidden()
+    assert not errors, errors
+
+
+COLUMN_LEFTS = "() => [...document.querySelectorAll('#models th')].map(th => th.offsetLeft)"
+LEGEND_HEIGHTS = (
+    "() => [...document.querySelectorAll('#memory .legend .key')]"
+    ".map(e => e.getBoundingClientRect().height)"
+)
+
+
+def test_status_page_at_420_px_and_columns_that_stay(
+    start_agent: Any, demo_dir: Path, browser_page: Any
+) -> None:
+    """Issue 29: at 420 px the memory panel broke one word per line, and the table's columns
+    moved between refreshes."""
+    agent = start_agent(
+        "--models-dir", str(demo_dir), "--models-memory-margin", "64", "--memory-limit", "host=1GiB"
+    )
+    page = browser_page
+    page.goto(agent.url + "/ui")
+    page.wait_for_selector(f'#models tr[data-model="{TINY}"][data-state="unloaded"]')
+    before = page.evaluate(COLUMN_LEFTS)
+    assert agent.post("/models/load", {"model": TINY})[0] == 200
+    page.wait_for_selector(f'#models tr[data-model="{TINY}"] .until')  # new text in the row
+    assert page.evaluate(COLUMN_LEFTS) == before
+
+    page.set_viewport_size({"width": 420, "height": 860})
+    page.wait_for_selector('#memory .device[data-device="host"]')
+    heights = page.evaluate(LEGEND_HEIGHTS)
+    assert heights and max(heights) < 30, heights  # each key on one line (~17 px)
 
 
 def test_status_page_asks_for_the_api_key(

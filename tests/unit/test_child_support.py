@@ -99,6 +99,19 @@ class TestFailureLine:
         assert failure_line(["one", "two", "  "]) == "two"
         assert failure_line([]) is None
 
+    def test_a_banner_line_is_never_the_reason(self) -> None:
+        # A child killed while loading on an AMX CPU (issue 29): no error line, and the last
+        # line is ggml's AMX banner; what it was doing is the line before.
+        loading = "0.00.043.966 I srv    load_model: loading model '/models/demo-medium.gguf'"
+        lines = [
+            "0.00.002.327 I srv  llama_server: initializing ...",
+            loading,
+            "AMX is not ready to be used!",
+            "corral: exited with code -9",
+        ]
+        assert failure_line(lines, skip_prefix="corral: ") == loading
+        assert failure_line(["AMX is not ready to be used!"]) is None
+
 
 def fake_proc(
     root: Path, pid: int, *, ppid: int, env: dict[str, str] | None, comm: str = "llama-server"

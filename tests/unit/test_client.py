@@ -51,3 +51,36 @@ def test_unknown_model_bounds_the_list() -> None:
 
 def test_unknown_model_on_an_agent_without_models() -> None:
     assert "it has no models at all (check its --models-dir" in unknown_model("x", [])
+
+
+def test_the_ledger_table_adds_up() -> None:
+    """CAPACITY = OTHER + MODELS + AVAILABLE, with the ledger's own "other" (issue 29: the
+    raw external use was shown, 1.6 GiB of a 24 GiB machine under a 2 GiB limit)."""
+    from node_agent.client_format import ledger_table
+
+    mib, gib = 1024**2, 1024**3
+    device = {
+        "name": "host",
+        "total": 24 * gib,
+        "limit": 2 * gib,
+        "external": 1600 * mib,
+        "capacity": 2 * gib,
+        "other": 0,
+        "held": {"m": 160 * mib},
+        "available": 2 * gib - 160 * mib,
+        "margin": 512 * mib,
+    }
+    _, row = ledger_table({"devices": [device]}).splitlines()
+    assert row.split() == [
+        "host",
+        "2.0",
+        "GiB",
+        "0",
+        "B",
+        "160.0",
+        "MiB",
+        "1.8",
+        "GiB",
+        "512.0",
+        "MiB",
+    ]

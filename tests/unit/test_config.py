@@ -93,6 +93,8 @@ def test_corral_flags() -> None:
     assert o.memory_limits == (("host", 8 * 2**30), ("cuda0", 20 * 10**9))
     assert (o.models_ttl, o.queue_timeout, o.max_queue, o.log_level) == (600.0, 30.5, 100, "debug")
     assert parse("--models-ttl", "0", "--max-queue", "0").models_ttl is None
+    # Durations as keep_alive takes them (issue 29); -1 is never, like 0.
+    assert [parse("--models-ttl", t).models_ttl for t in ("10m", "1h", "-1")] == [600, 3600, None]
 
 
 def test_sizes() -> None:

@@ -180,6 +180,8 @@ def test_statistics_snapshot() -> None:
         "total": None,
         "limit": 8 * GIB,
         "external": 0,
+        "capacity": 8 * GIB,
+        "other": 0,
         "held": {"a": GIB},
         "available": 7 * GIB,
         "margin": 256 * MIB,
@@ -194,3 +196,19 @@ def test_statistics_snapshot() -> None:
     assert fig.effective is None
     ledger.forget("a")
     assert ledger.statistics().devices[1].held == {}
+
+
+def test_capacity_is_other_plus_models_plus_available() -> None:
+    """Issue 29: under --memory-limit host=2GiB on a 24 GiB machine, the CLI said OTHER 1.6
+    GiB (the raw external use) and the status page "other processes 0 B"; 2.0 = 1.6 + 0.16 +
+    1.8 did not add up. ``other`` is the part that reaches into the limit."""
+    ledger = MemoryLedger(512 * MIB, {"host": 2 * GIB})
+    ledger.set_estimate("m", {"host": 160 * MIB})
+    ledger.on_spawned("m")
+    total = 24 * GIB
+    for used_by_others, other in ((1600 * MIB, 0), (23 * GIB, GIB)):
+        ledger.calibrate([DeviceReading("host", total, total - used_by_others - 160 * MIB)])
+        (host,) = ledger.statistics().devices
+        assert host.external == used_by_others
+        assert host.other == other
+        assert host.capacity == host.other + sum(host.held.values()) + (host.available or 0)

@@ -225,7 +225,10 @@ async def test_load_returns_once_spawned_and_says_when_it_could_not_be() -> None
         async with agent.client.post(f"{agent.url}/models/load", json={"model": "m"}) as r:
             status, body = r.status, await r.json()
         assert status == 500, body
-        assert body["error"]["message"] == "model name=m failed to load"
+        assert body["error"]["message"] == (
+            "model name=m failed to load: cannot execute llama-server; "
+            "its log: corral logs m (GET /models/logs?model=m)"
+        )
         assert agent.registry.scheduler.view("m").error == "cannot execute llama-server"
 
 

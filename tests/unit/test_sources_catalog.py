@@ -141,3 +141,16 @@ def test_diff_for_reload() -> None:
     assert diff.removed == ("gone",)
     assert diff.changed == ("args",)
     assert diff.updated == ("meta", "order")  # same arguments in another order: no restart
+
+
+def test_a_folder_model_a_preset_of_another_name_loads_is_listed_once(tmp_path: Path) -> None:
+    """Issue 29: one file was listed twice, as the folder's model and as the preset's."""
+    folder = tmp_path / "md"
+    folder.mkdir()
+    (folder / "tiny.gguf").write_bytes(b"GGUF")
+    (folder / "other.gguf").write_bytes(b"GGUF-other")
+    ini = write(tmp_path / "p.ini", f"[chat]\nmodel = {folder / 'tiny.gguf'}\nc = 512\n")
+    cat = load_catalog(models_dir=str(folder), preset_files=[ini])
+    listed = sorted(name for name, spec in cat.models.items() if not spec.hidden)
+    assert listed == ["chat", "other"]
+    assert cat.resolve("tiny") is not None  # still usable by its name

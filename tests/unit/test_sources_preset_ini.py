@@ -147,3 +147,28 @@ def test_option_values_fit_their_kind_and_stay_as_written() -> None:
         "model": "./m.gguf",
         "tensor-split": "3,1",
     }
+
+
+@pytest.mark.parametrize(
+    ("written", "seconds"),
+    [
+        ("600", 600.0),
+        ("90s", 90.0),
+        ("10m", 600.0),
+        ("1h", 3600.0),
+        ("1.5 h", 5400.0),
+        ("-1", 0.0),
+        ("0", 0.0),
+    ],
+)
+def test_ttl_takes_durations_like_keep_alive(written: str, seconds: float) -> None:
+    """Issue 29: ``ttl = 10m`` was refused while requests took ``keep_alive: "5m"``; -1 and 0
+    are "never" (0.0 in the layer, as before)."""
+    parsed = parse_preset_text(f"[m]\nmodel = /m.gguf\nttl = {written}\n", "p.ini")
+    assert parsed.sections["m"].ttl == seconds
+
+
+@pytest.mark.parametrize("written", ["10 minutes", "m", "nan", "1e999", "x" * 40])
+def test_a_ttl_that_is_no_duration_is_refused_with_examples(written: str) -> None:
+    with pytest.raises(ConfigError, match="10m, 1h; -1 for never"):
+        parse_preset_text(f"[m]\nmodel = /m.gguf\nttl = {written}\n", "p.ini")

@@ -1,0 +1,63 @@
+"""Each model's file, checked once at start: a broken one is a warning in the agent's log.
+
+Without it a truncated download or a file that is not a GGUF showed up only as a failed load,
+on the first request, minutes or days later (issue 29). The check is the GGUF header's own
+walk (:func:`~node_agent.memory.gguf_header.read_header`: the magic, the version, every
+tensor's data inside the file), bounded in time per file and run off the event loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Final
+
+from node_agent.sources.spec import ModelSpec
+
+log = logging.getLogger("corral.agent")
+
+# A header walk that takes longer is stopped (a crafted header can hold millions of keys);
+# such a file is reported as unchecked, not as broken.
+CHECK_SECONDS: Final = 2.0
+
+
+def model_file_problem(spec: ModelSpec, *, time_limit: float = CHECK_SECONDS) -> str | None:
+    """What is wrong with ``spec``'s model file, or None when it reads as a GGUF (or it has
+    none yet: a preset whose file is downloaded before its first load)."""
+    given = spec.model_path
+    if given is None:
+        return None
+    path = Path(given)
+    if not path.exists():
+        # Said already, with the preset's file and line (startup.source_warnings); folder and
+        # cache models are listed from files that exist.
+        return None
+    # Here, in the check's thread: the header reader imports gguf (and numpy), which the
+    # agent does not import at its start (224 ms, measured).
+    from node_agent.memory.gguf_header import GgufError, read_header
+
+    try:
+        read_header(path, time_limit=time_limit)
+    except GgufError as exc:
+        return f"its model file {given} cannot be loaded: {exc}"
+    return None
+
+
+def check_model_files(specs: Iterable[ModelSpec]) -> list[str]:
+    """One warning per model whose file is broken; blocking (run it in a thread)."""
+    warnings = []
+    for spec in specs:
+        problem = model_file_problem(spec)
+        if problem is not None:
+            warnings.append(
+                f"model {spec.name}: {problem}; loading it will fail until the file is "
+                "replaced (download or copy it again)"
+            )
+    return warnings
+
+
+def log_model_file_problems(specs: Iterable[ModelSpec]) -> None:
+    """:func:`check_model_files`, logged (the task the agent starts once it listens)."""
+    for warning in check_model_files(specs):
+        log.warning("%s", warning)
