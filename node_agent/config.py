@@ -404,6 +404,11 @@ def parse_size(raw: str) -> int:
     return int(float(m.group(1)) * factor)
 
 
+def _size_or_off(raw: str) -> int:
+    """A size (``2GiB``), or ``0``: off."""
+    return 0 if raw.strip() == "0" else parse_size(raw)
+
+
 def _memory_limit(raw: str) -> tuple[str, int]:
     device, sep, size = raw.partition("=")
     if not sep or not device.strip():
@@ -516,7 +521,7 @@ _OWN_FLAGS: dict[str, tuple[str, str, Callable[[str], object]]] = {
     "--queue-timeout": ("queue_timeout", "seconds (0: wait forever)", _seconds),
     "--max-queue": ("max_queue", "a count (0: no limit)", _count_or_unlimited),
     "--max-child-errors": ("max_child_errors", "a count (0: never)", _int_at_least(0)),
-    "--warm-cache-size": ("warm_cache_size", "a size like 2GiB (0: off)", parse_size),
+    "--warm-cache-size": ("warm_cache_size", "a size like 2GiB (0: off)", _size_or_off),
     "--shutdown-timeout": ("shutdown_timeout", "seconds (> 0)", _positive_seconds),
     "--client-timeout": ("client_timeout", "seconds (> 0)", _positive_seconds),
     "--max-connections": ("max_connections", "a count (>= 1)", _int_at_least(1)),

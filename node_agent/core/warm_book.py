@@ -62,15 +62,15 @@ def parse_file(name: str, size: int, used: float) -> SavedSlot | None:
 
 def over_budget(saved: Sequence[SavedSlot], budget: int, keep: Iterable[str] = ()) -> list[str]:
     """The files to delete so that the folder holds at most ``budget`` bytes: the least
-    recently used first, never one of ``keep`` (just written or being restored)."""
+    recently used first, and those of ``keep`` (just written) only when the others are not
+    enough: the bound always holds."""
     kept = frozenset(keep)
     total = sum(s.size for s in saved)
+    order = sorted(saved, key=lambda s: (s.name in kept, s.used, s.name))
     doomed: list[str] = []
-    for victim in sorted(saved, key=lambda s: (s.used, s.name)):
+    for victim in order:
         if total <= budget:
             break
-        if victim.name in kept:
-            continue
         doomed.append(victim.name)
         total -= victim.size
     return doomed

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -99,6 +100,9 @@ class AgentProcess:
         self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"corral-agent-{self.port}.log"
         self._log = self.log_path.open("wb")
         full_env = {**os.environ, **(env or {})}
+        # Each agent its own state folder (warm swaps' saved caches): a cache one test left
+        # must never warm another's model.
+        full_env.setdefault("XDG_STATE_HOME", tempfile.mkdtemp(prefix="corral-state-"))
         self.proc = subprocess.Popen(
             [
                 sys.executable,

@@ -185,3 +185,9 @@ def test_a_bad_service_or_api_says_what_is_expected(argv: list[str], message: st
 def test_a_bad_peer_url_says_what_is_expected(raw: str, message: str) -> None:
     with pytest.raises(ConfigError, match=re_escape(message)):
         parse("--peer", raw)
+
+
+def test_warm_cache_size_takes_a_size_or_0_for_off() -> None:
+    assert parse("--warm-cache-size", "512MiB").warm_cache_size == 512 << 20
+    assert parse("--warm-cache-size", "0").warm_cache_size == 0
+    assert parse().warm_cache_size == 2 << 30

@@ -194,5 +194,6 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert not self.waiting
 
 
-SchedulerMachine.TestCase.settings = settings(max_examples=200, stateful_step_count=60)
+# The profile's examples (tests/conftest.py), each a long run of events.
+SchedulerMachine.TestCase.settings = settings(stateful_step_count=60)
 test_scheduler_machine = SchedulerMachine.TestCase
