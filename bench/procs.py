@@ -244,6 +244,8 @@ class Launcher:
         # second place the agent looks for the binary (SPEC, "The llama-server binary").
         env = {**os.environ, "LLAMA_SERVER": str(self.binary)}
         if kind == CORRAL:
+            # A state folder (warm swaps' saved caches) of its own per scenario.
+            env["XDG_STATE_HOME"] = str(self.state_home(label))
             python = [sys.executable]
             profile_dir = os.environ.get(PROFILE_ENV)
             if profile_dir:
@@ -265,6 +267,9 @@ class Launcher:
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip
         return server
+
+    def state_home(self, label: str) -> Path:
+        return self.workdir / "state" / label
 
     def direct(self, label: str, model: Path, alias: str, extra: Sequence[str] = ()) -> Server:
         """One child with the arguments llama.cpp's router gives its children (``extra``:

@@ -32,6 +32,7 @@ from bench.scenarios import s1_overhead, s2_real_model, s2_streaming, s3_cold_st
 from bench.scenarios_load import s4_churn, s5_concurrency, s6_scale
 from bench.scenarios_queue import s7_queue
 from bench.scenarios_streams import s8_streams
+from bench.scenarios_warm import s9_warm_swaps
 
 Scenario = Callable[[Bench], Awaitable[ScenarioResult]]
 SCENARIOS: dict[str, Scenario] = {
@@ -44,6 +45,7 @@ SCENARIOS: dict[str, Scenario] = {
     "S6": s6_scale,
     "S7": s7_queue,
     "S8": s8_streams,
+    "S9": s9_warm_swaps,
 }
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from tests.integration.harness import REPO
 
-SCENARIOS = ("S1", "S2", "S2R", "S3", "S4", "S5", "S6", "S7", "S8")
+SCENARIOS = ("S1", "S2", "S2R", "S3", "S4", "S5", "S6", "S7", "S8", "S9")
 HEADER = "| Scenario | Metric | Corral | llama.cpp router | Direct child |"
 
 
