@@ -23,7 +23,7 @@ from functools import lru_cache
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from node_agent.api.request_record import Exchange
@@ -60,6 +60,7 @@ class Snapshots(Protocol):
     @property
     def memory(self) -> _Memory | None: ...
     def specs(self) -> Mapping[str, object]: ...
+    def warm_figures(self) -> Mapping[str, int] | None: ...
 
 
 class Families:
@@ -258,6 +259,27 @@ class SnapshotCollector(Collector):
         yield from _instances(snapshots.scheduler.statistics())
         if snapshots.memory is not None:
             yield from _ledger(snapshots.memory.statistics())
+        warm = snapshots.warm_figures()
+        if warm is not None:
+            yield from _warm(warm)
+
+
+_WARM_COUNTERS = (
+    ("saved", "Slots whose prompt cache was saved at a model's stop (warm swaps)."),
+    ("restored", "Slots restored from a saved cache when their model loaded again (hits)."),
+    ("missed", "Loads of a model with warm swaps and no saved cache (misses)."),
+    ("dropped", "Saved caches that failed to restore and were deleted."),
+)
+
+
+def _warm(figures: Mapping[str, int]) -> Iterator[Metric]:
+    for key, text in _WARM_COUNTERS:
+        yield CounterMetricFamily(f"corral_warm_{key}", text, value=figures.get(key, 0))
+    yield GaugeMetricFamily(
+        "corral_warm_cache_bytes",
+        "Bytes of saved prompt caches in the warm folder (bounded by --warm-cache-size).",
+        value=figures.get("bytes", 0),
+    )
 
 
 def _instances(stats: Statistics) -> Iterator[Metric]:

@@ -236,6 +236,20 @@ class Registry:
         """Whether ``name``'s slot files are the agent's (warm swaps apply to it)."""
         return self.warm is not None and self.warm.applies(self._specs[name])
 
+    def warm_figures(self) -> dict[str, int] | None:
+        """Warm swaps' counts and the folder's bytes, for ``/metrics`` (None: off)."""
+        if self.warm is None:
+            return None
+        stats = self.warm.statistics
+        folder = sum(s.size for s in self.warm.saved())
+        return {
+            "saved": stats.saved,
+            "restored": stats.restored,
+            "missed": stats.missed,
+            "dropped": stats.dropped,
+            "bytes": folder,
+        }
+
     def warm_held(self, name: str) -> tuple[int, int] | None:
         """(files, bytes) of ``name``'s saved prompt caches; None when warm swaps do not
         apply to it or it never ran."""

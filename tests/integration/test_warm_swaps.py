@@ -69,6 +69,9 @@ def test_a_conversation_continues_warm_after_its_model_was_evicted(
     assert oct(os.stat(state / "corral" / "warm").st_mode & 0o777) == "0o700"
     assert evaluated(agent, TINY) < 10  # restored: only the end of the prompt is new
     assert "saved prompt caches restored (warm swap)" in agent.log()
+    status, metrics = agent.get("/metrics")
+    assert status == 200
+    assert "corral_warm_restored_total 1.0" in metrics, metrics
 
 
 def test_a_corrupt_saved_cache_is_dropped_and_the_model_still_serves(
