@@ -1,23 +1,19 @@
-"""``corral agent``: wire the options, the catalog, the registry and the HTTP server together.
+"""The agent's parts wired together: the options, the catalog, the registry (the runtime's
+owner), the proxy, the HTTP server and the watches of the model sources.
 
-Shutdown, in uvicorn's and aiohttp's order: the signal handler only sets a flag; then the
-registry closes (every request still arriving gets 503 with Retry-After, nothing is spawned),
-the listener stops, requests in flight drain (each model up to its stop timeout) while the
-children stop, and aiohttp's cleanup context ends the registry and the proxy. The whole of it
-takes at most ``--shutdown-timeout``; past that, or on a second SIGTERM/SIGINT, the children
-left are killed and the agent exits.
+Shutdown, in uvicorn's and aiohttp's order: the registry closes first (every request still
+arriving gets 503 with Retry-After, nothing is spawned), the listener stops, requests in
+flight drain (each model up to its stop timeout) while the children stop, and aiohttp's
+cleanup context ends the registry and the proxy. The process around it (signals, the
+shutdown's bound): ``serve``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import importlib
 import importlib.util
 import logging
-import os
-import signal
-import sys
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,20 +30,17 @@ from node_agent.api.proxy import Proxy
 from node_agent.api.state import AgentState, RouterSettings
 from node_agent.api.tools_api import security_warning
 from node_agent.api.vertex import vertex_from_env
-from node_agent.binary_probe import BinaryProbe
 from node_agent.child.logs import LogRing
 from node_agent.child.orphans import end_orphans
 from node_agent.child.process import ChildConfig, ChildProcess
 from node_agent.child.state import ChildEvent
-from node_agent.config import AgentOptions, parse_agent_args
-from node_agent.errors import ApiError, ConfigError, CorralError
+from node_agent.config import AgentOptions
+from node_agent.errors import ApiError, ConfigError
 from node_agent.extras import install_hint
-from node_agent.llama_server.binary import build_info
 from node_agent.mcp.config import load_servers
 from node_agent.mcp.servers import McpServers
 from node_agent.model_files import log_model_file_problems
 from node_agent.ollama.routes import setup_ollama
-from node_agent.redact import RedactingFilter, add_secret, add_secrets
 from node_agent.runtime.model_downloads import DownloadSettings
 from node_agent.runtime.registry import Registry
 from node_agent.runtime.warm_swaps import WarmSwaps, warm_folder
@@ -73,88 +66,6 @@ LOG_LINES = 2000  # stderr lines kept per model
 IMPORTED_LATER = ("node_agent.models_schema", "node_agent.api.metrics_families")
 ESTIMATOR = "node_agent.memory.estimator"
 PRESET_POLL_SECONDS = 1.0  # the kubelet syncs ConfigMap volumes every ~60 s: 1 s is plenty
-
-HELP = """\
-usage: corral agent [OPTIONS] [LLAMA-SERVER OPTIONS]
-
-llama-server router options (same names, defaults and LLAMA_ARG_* variables):
-  --host HOST                 address to listen on, or a unix socket path ending in .sock
-                              (default 127.0.0.1)
-  --port PORT                 port to listen on (default 8080)
-  --models-dir DIR            a folder of GGUF models (a subfolder is one model)
-  --models-preset PATH        an INI of model presets, or a folder mounted from the operator
-  --models-max N              at most N models loaded at once (default 4; <= 0: no limit)
-  --models-autoload / --no-models-autoload
-                              load a model when a request names it (default: on)
-  --api-key KEY[,KEY]         require one of these keys (all endpoints but /health)
-  --api-key-file FILE         keys, one a line
-  --ssl-cert-file, --ssl-key-file FILE
-                              serve HTTPS with this PEM certificate and key (both needed)
-  --cors-origins ORIGINS      allowed origins (default *; 'localhost': localhost, 127.0.0.1
-                              and [::1] on any port; localhost by default with tools on)
-  --cors-methods, --cors-headers LIST, --cors-credentials / --no-cors-credentials
-                              the other CORS headers, as llama-server's
-  -to, --timeout SECONDS      read/write timeout towards the children (default 3600)
-  --sleep-idle-seconds N      children unload their model after N idle seconds
-  --mcp-servers-config FILE, --mcp-servers-json JSON
-                              MCP servers (Cursor's "mcpServers" format) that the agent runs
-                              for GET/POST /tools; never passed to the children
-  --ui-mcp-proxy              serve /cors-proxy for the web UI's remote MCP servers
-  --tools TOOL[,TOOL] | all   llama.cpp's built-in tools (read_file, file_glob_search,
-                              grep_search, exec_shell_command, write_file, edit_file,
-                              get_info) for GET/POST /tools; they run programs: trusted use only
-  --tools-runtime WHERE       where they run: docker:IMAGE, podman:IMAGE (a container for the
-                              agent's life), docker-container:ID, podman-container:ID, ssh:TARGET
-  -ag, --agent / -no-ag, --no-agent
-                              all the built-in tools and --ui-mcp-proxy (or neither)
-
-Corral's own:
-  --llama-server PATH         the llama-server binary (else $LLAMA_SERVER, PATH, the build of
-                              `corral llama-server build`)
-  --models-memory-margin MiB  turn the memory ledger on: keep MiB free on every device
-  --memory-limit DEV=SIZE     cap what models may use on a device (host=8GiB, CUDA0=20GiB)
-  --load-timeout SECONDS      kill a child not ready after this long (default 600)
-  --max-body-size SIZE        refuse request bodies larger than this with 413 (default 64MiB)
-  --max-download-size SIZE    refuse to download a model file larger than this (e.g. 40GiB)
-  --download-redirect-hosts H[,H]
-                              hosts a download may be redirected to (.example.com: a domain);
-                              its own host and Hugging Face's CDN always are
-  --models-ttl DURATION       unload a model idle this long: 600, 10m, 1h (0, -1: never;
-                              a preset's ttl wins)
-  --queue-timeout SECONDS     a request waiting longer for its model gets 503 + Retry-After
-  --max-queue N               at most N requests wait per model; more get 503 + Retry-After
-  --warm-cache-size SIZE      prompt caches saved at an unload and restored at the next load
-                              of the same model (warm swaps) use at most this much disk
-                              (default 2GiB; 0: off)
-  --max-child-errors N        a child that fails N requests in a row with its own 5xx, or
-                              stalls one for --timeout, is killed as wedged and loads again
-                              when asked (default 5; 0: only stalls)
-  --shutdown-timeout SECONDS  on SIGTERM: drain and stop within this long, then kill (default
-                              30; a second SIGTERM/SIGINT kills at once)
-  --client-timeout SECONDS    a client must send its request head or body, or take streamed
-                              data, within this long; idle connections close (default 30)
-  --max-connections N         at most N client connections (default: from ulimit -n); idle
-                              and slow ones are closed first, so /health keeps answering
-  --log-level LEVEL           debug, info, warning or error (default info)
-  --peer URL                  another agent (http://HOST:PORT; repeatable): a request for a
-                              model not loaded here goes, in one hop, to the peer where it is
-                              loaded, sleeping or loading, or that has a free slot for it;
-                              peers are asked with this agent's --api-key (one key for all)
-  --peers-from-service [NAMESPACE/]NAME
-                              on Kubernetes: the peers are the serving agents behind this
-                              headless Service, kept live from its EndpointSlices (namespace:
-                              the pod's own; this agent left out by $POD_NAME / $POD_IP);
-                              with --peer too
-  --kube-api URL              the Kubernetes API for --peers-from-service, asked as is (e.g.
-                              kubectl proxy's http://127.0.0.1:8001; default: in-cluster, with
-                              the pod's service-account token and CA)
-  --allowed-hosts NAMES       Host names answered besides local ones (comma-separated; '*':
-                              no check; default: a loopback-bound agent answers only to
-                              localhost names and IP literals, a guard against DNS rebinding)
-
-Any other option is a llama-server option: it is passed to every child (e.g. -c 4096) and
-overrides the presets' values.
-"""
 
 
 def _toolbox(options: AgentOptions) -> Toolbox | None:
@@ -466,13 +377,14 @@ class Agent:
         ):
             log.warning("%s", warning)
         log.info("listening on %s (%d models)", listening.url, len(self.catalog))
+        # Only once it listens: an agent that cannot start says that in one line, no more.
+        self._tasks.spawn(self.source_watch.run(), "source-watch", forever=True)
 
     async def _lifetime(self, app: web.Application) -> AsyncIterator[None]:
         """aiohttp's cleanup context: the registry and the proxy live as long as the app."""
         self.registry.start()
         if self._preset_dir is not None:
             self._tasks.spawn(self.watch_presets(self._preset_dir), "preset-watch", forever=True)
-        self._tasks.spawn(self.source_watch.run(), "source-watch", forever=True)
         if self.peers is not None:
             self._tasks.spawn(self.peers.run(), "peer-poll", forever=True)
         if self.discovery is not None:
@@ -515,122 +427,3 @@ class Agent:
 def _import_all(modules: Sequence[str]) -> None:
     for module in modules:
         importlib.import_module(module)
-
-
-def _watch_children_with_pidfds() -> None:
-    """Python 3.11's default child watcher starts a thread per child to wait for it; a pidfd
-    is watched by the event loop itself (3.12 does this on its own). Linux 5.3+ only."""
-    if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
-        return
-    try:
-        os.close(os.pidfd_open(os.getpid()))
-    except OSError:
-        return  # an older kernel: keep the threaded watcher
-    watcher = asyncio.PidfdChildWatcher()
-    watcher.attach_loop(asyncio.get_running_loop())
-    asyncio.set_child_watcher(watcher)
-
-
-# After a forced stop, the cleanup still has this long to reap the killed children.
-FORCED_CLEANUP_SECONDS = 5.0
-
-
-async def serve(
-    options: AgentOptions, binary: Path, build_info: str, env: Mapping[str, str]
-) -> None:
-    _watch_children_with_pidfds()
-    agent = Agent(options, binary, build_info, env)
-    first, second = asyncio.Event(), asyncio.Event()
-    loop = asyncio.get_running_loop()
-
-    def on_signal() -> None:
-        (second if first.is_set() else first).set()
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, on_signal)
-    # SIGHUP: re-read the sources, as daemons do (it used to end the agent without a word).
-    loop.add_signal_handler(signal.SIGHUP, agent.source_watch.request, "SIGHUP")
-    await agent.start()
-    await first.wait()
-    stopping = asyncio.create_task(agent.stop(), name="shutdown")
-    forced = asyncio.create_task(second.wait(), name="second-signal")
-    done, _ = await asyncio.wait(
-        {stopping, forced}, timeout=options.shutdown_timeout, return_when=asyncio.FIRST_COMPLETED
-    )
-    forced.cancel()
-    if stopping in done:
-        stopping.result()
-        return
-    why = (
-        "a second signal"
-        if second.is_set()
-        else f"--shutdown-timeout {options.shutdown_timeout:g}s"
-    )
-    agent.force_stop(why)
-    _, pending = await asyncio.wait({stopping}, timeout=FORCED_CLEANUP_SECONDS)
-    for task in pending:
-        task.cancel()
-
-
-def with_vertex(options: AgentOptions, env: Mapping[str, str]) -> AgentOptions:
-    """Google Cloud's ``AIP_HTTP_PORT`` replaces ``--port`` (llama.cpp's server-http.cpp)."""
-    vertex = vertex_from_env(env)
-    if vertex is None or vertex.port == options.port:
-        return options
-    log.warning(
-        "Google Cloud Platform compat: overriding server port %d with AIP_HTTP_PORT %d",
-        options.port,
-        vertex.port,
-    )
-    return dataclasses.replace(options, port=vertex.port)
-
-
-SWITCH_INTERVAL = 0.0005  # seconds (CPython's default: 0.005)
-
-
-def main(argv: Sequence[str], probe: BinaryProbe | None = None) -> int:
-    """``corral agent``; ``probe``: the binary's checks, begun before this module imported
-    (``cli``)."""
-    env = os.environ
-    # The binary first: its own --help says which options the flags and presets may use.
-    # Without one, --help still works, and the error waits until the flags are checked.
-    binary, binary_version, missing = (probe or BinaryProbe(argv, env)).result()
-    try:
-        options = parse_agent_args(argv, env)
-    except CorralError as exc:
-        print(f"corral agent: {exc}", file=sys.stderr)
-        return 2
-    if options.show_help:
-        print(HELP, end="")
-        return 0
-    if options.show_version:
-        from node_agent.version import version_line  # importlib.metadata: only for this
-
-        print(version_line())
-        return 0
-    logging.basicConfig(
-        level=options.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    # Secrets never reach the log: the keys and the token by value, the rest by shape.
-    add_secrets(options.api_keys)
-    add_secret(download_settings(options, env).token)
-    for handler in logging.getLogger().handlers:
-        handler.addFilter(RedactingFilter())
-    if missing is not None or binary is None:
-        print(f"corral agent: {missing}", file=sys.stderr)
-        return 1
-    # A thread busy in Python (a model header's estimate, a tool) hands the GIL back every
-    # switch interval, and the loop waits that long each time it takes the GIL back after a
-    # system call: some twenty times per request. At CPython's 5 ms a /health took 224-288 ms
-    # while ten costly estimates ran (issue 26, row 6b); at 0.5 ms the waits stay short.
-    sys.setswitchinterval(SWITCH_INTERVAL)
-    try:
-        options = with_vertex(options, env)
-        asyncio.run(serve(options, binary, build_info(binary_version), env))
-    except CorralError as exc:
-        print(f"corral agent: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-    return 0

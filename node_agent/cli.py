@@ -44,7 +44,7 @@ def _agent(argv: Sequence[str]) -> int:
 
     # llama-server's --version and --help run while the agent's modules import.
     probe = BinaryProbe(argv, os.environ)
-    from node_agent.agent import main
+    from node_agent.serve import main
 
     return main(list(argv), probe)
 

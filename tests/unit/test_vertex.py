@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from node_agent.agent import with_vertex
 from node_agent.api.state import PROXIED_POST
 from node_agent.api.vertex import Vertex, _aliases, request_format, vertex_from_env
 from node_agent.child.spawn import ChildConfig, child_environment
 from node_agent.config import parse_agent_args
 from node_agent.errors import ConfigError
+from node_agent.serve import with_vertex
 
 
 def test_vertex_is_on_only_in_prediction_mode() -> None:
