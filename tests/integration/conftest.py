@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from node_agent import demo_models as dm
 from node_agent.demo_models import write_demo_models
 from tests.integration.harness import AgentProcess, b11434_path, missing_in_ci_fails
 
@@ -67,3 +68,12 @@ def start_agent() -> Iterator[Any]:
         agent.stop()
         leftover = agent.children()
         assert not leftover, f"children outlived the agent: {leftover}"
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Only demo-tiny (1 MB), for tests that need no other."""
+    model = next(m for m in dm.DEMO_MODELS if m.name == "demo-tiny")
+    cache = os.environ.get("CORRAL_TEST_MODELS")
+    folder = Path(cache) if cache else tmp_path_factory.mktemp("child-models")
+    return dm.write_model(folder / model.file_name, model)

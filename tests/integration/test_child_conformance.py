@@ -18,7 +18,6 @@ from typing import Any
 import aiohttp
 import pytest
 
-from node_agent import demo_models as dm
 from node_agent.child.keys import child_key
 from node_agent.child.process import ChildProcess
 from node_agent.child.spawn import ChildConfig
@@ -31,14 +30,6 @@ from tests.unit.fake_child import FakeChild, Plan
 pytestmark = [pytest.mark.usefixtures("no_leaked_tasks"), pytest.mark.timeout(60)]
 
 MakeChild = Callable[[Callable[[ChildEvent], None]], Child]
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    model = next(m for m in dm.DEMO_MODELS if m.name == "demo-tiny")
-    cache = os.environ.get("CORRAL_TEST_MODELS")
-    folder = Path(cache) if cache else tmp_path_factory.mktemp("conformance-models")
-    return dm.write_model(folder / model.file_name, model)
 
 
 @pytest.fixture(params=["fake", "real"])

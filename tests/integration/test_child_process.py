@@ -19,7 +19,6 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from node_agent import demo_models as dm
 from node_agent.child.keys import child_key
 from node_agent.child.orphans import AGENT_PID_ENV, TAG_ENV, end_orphans, find_orphans
 from node_agent.child.process import ChildProcess
@@ -40,15 +39,6 @@ def binary() -> Path:
         return find_llama_server(None, os.environ)
     except Exception as exc:  # no binary on this machine: nothing here can run
         pytest.skip(f"no llama-server: {exc}")
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Only demo-tiny (1 MB): this file needs no other."""
-    model = next(m for m in dm.DEMO_MODELS if m.name == "demo-tiny")
-    cache = os.environ.get("CORRAL_TEST_MODELS")
-    folder = Path(cache) if cache else tmp_path_factory.mktemp("child-models")
-    return dm.write_model(folder / model.file_name, model)
 
 
 def real_config(binary: Path, model: Path, **kwargs: object) -> ChildConfig:
