@@ -43,13 +43,14 @@ from node_agent.model_files import log_model_file_problems
 from node_agent.ollama.routes import setup_ollama
 from node_agent.runtime.model_downloads import DownloadSettings
 from node_agent.runtime.registry import Registry
-from node_agent.runtime.warm_swaps import WarmSwaps, warm_folder
+from node_agent.runtime.warm_swaps import WarmSwaps
 from node_agent.source_watch import SourceWatch, watched_paths
 from node_agent.sources.catalog import Catalog, diff_catalogs, keep_refused, load_catalog
 from node_agent.sources.download import Limits, cache_dir
 from node_agent.sources.hf_cache import hub_dir
 from node_agent.sources.preset_dir import directory_version, preset_files, preset_policy
 from node_agent.sources.spec import ModelSpec
+from node_agent.state_home import state_home
 
 if TYPE_CHECKING:  # imported lazily (start-up time): pydantic, the memory ledger, peer discovery
     from node_agent.api.peer_discovery import PeerDiscovery
@@ -85,6 +86,7 @@ def download_settings(options: AgentOptions, env: Mapping[str, str]) -> Download
         token=token if isinstance(token, str) and token else env.get("HF_TOKEN") or None,
         limits=Limits(options.max_download_size, options.download_redirect_hosts),
         load_timeout=options.load_timeout,
+        records=state_home(env) / "downloads",
     )
 
 
@@ -214,7 +216,7 @@ class Agent:
         """The warm folder, unless --warm-cache-size 0 turned warm swaps off."""
         if options.warm_cache_size <= 0:
             return None
-        return WarmSwaps(warm_folder(dict(self.env)), options.warm_cache_size, self.binary)
+        return WarmSwaps(state_home(self.env) / "warm", options.warm_cache_size, self.binary)
 
     @staticmethod
     def _memory_watch(options: AgentOptions) -> MemoryWatch | None:

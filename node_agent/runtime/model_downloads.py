@@ -28,6 +28,7 @@ from node_agent.aio import TaskSet
 from node_agent.core.download_book import DownloadBook, Refusal
 from node_agent.errors import ApiError
 from node_agent.redact import redact
+from node_agent.runtime.download_records import DownloadRecords
 from node_agent.runtime.event_hub import Event, EventHub
 from node_agent.runtime.refusals import failed_error, queue_full_error, queue_timeout_error
 from node_agent.sources import hf_hub
@@ -57,6 +58,8 @@ class DownloadSettings:
     limits: Limits = field(default_factory=Limits)
     load_timeout: float | None = None
     """A preset's download is part of its load: ``--load-timeout`` bounds it too."""
+    records: Path | None = None
+    """Where unfinished ``POST /models`` downloads are recorded (None: nowhere)."""
 
     @property
     def hub(self) -> Path | None:
@@ -81,6 +84,7 @@ class Downloads:
         self._session: aiohttp.ClientSession | None = None
         # The agent's reload: a finished repository becomes a cache model.
         self.on_finished: Callable[[], Awaitable[None]] | None = None
+        self._records = DownloadRecords(settings.records) if settings.records else None
 
     def active(self, name: str) -> bool:
         return self._book.active(name)
@@ -122,7 +126,32 @@ class Downloads:
         if exists(name):  # the plan took a while: a reload may have brought it
             raise ApiError(400, f"model '{name}' already exists")
         self._begin(name, plan.blobs)
+        if self._records is not None:
+            await asyncio.to_thread(self._records.add, name)
         self._run(name, self._repo(name, plan), becomes_model=True)
+
+    def resume_recorded(self, exists: Callable[[str], bool]) -> None:
+        """Start again the downloads recorded unfinished (the agent stopped or died while
+        they ran); their partial files resume where they were."""
+        if self._records is None:
+            return
+        for name in self._records.names():
+            if exists(name):
+                self._records.remove(name)
+                continue
+            log.info("model=%s: resuming its download (unfinished at the last stop)", name)
+            self._taskset.spawn(self._resume(name, exists), f"resume:{name}")
+
+    async def _resume(self, name: str, exists: Callable[[str], bool]) -> None:
+        try:
+            await self.start_repo(name, exists)
+        except ApiError as exc:
+            log.warning("model=%s: its download cannot resume: %s", name, exc.message)
+            self._cross_out(name)
+
+    def _cross_out(self, name: str) -> None:
+        if self._records is not None:
+            self._records.remove(name)
 
     async def _repo(self, name: str, plan: hf_hub.RepoPlan) -> None:
         def progress(url: str, done: int, total: int | None) -> None:
@@ -230,9 +259,11 @@ class Downloads:
             if name in self._discard:
                 for path in self._book.files(name):
                     discard_partial(Path(path))
+                self._cross_out(name)  # an unload: the user is done with it
             self._over(name, ok=False)
             raise
         except (DownloadError, OSError) as exc:
+            self._cross_out(name)  # the source refused it: a restart would not do better
             self._errors[name] = redact(str(exc))
             log.warning("model=%s: download failed: %s", name, self._errors[name])
             self._over(name, ok=False)
@@ -245,6 +276,7 @@ class Downloads:
             self._over(name, ok=False)
             return
         self._publish(name, "download_finished")
+        self._cross_out(name)
         try:
             if becomes_model and self.on_finished is not None:
                 await self.on_finished()  # the new files become a cache model

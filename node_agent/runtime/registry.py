@@ -700,10 +700,12 @@ class Registry:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Load the models marked ``load-on-startup`` (in the background, like llama.cpp)."""
+        """Load the models marked ``load-on-startup`` (in the background, like llama.cpp), and
+        resume the downloads the last run left unfinished."""
         for name, spec in self._specs.items():
             if spec.load_on_startup:
                 self._load_on_startup(name)
+        self.downloads.resume_recorded(lambda name: self.resolve(name) is not None)
 
     def _load_on_startup(self, name: str) -> None:
         self._tasks.spawn(

@@ -28,6 +28,7 @@ from node_agent.child.keys import child_key
 from node_agent.child.ports import CHILD_HOST
 from node_agent.core.warm_book import SavedSlot, identity, over_budget, parse_file, slot_file
 from node_agent.sources.spec import ModelSpec, merge_options
+from node_agent.state_home import private_folder
 
 log = logging.getLogger("corral.warm")
 
@@ -35,12 +36,6 @@ GIB = 1 << 30
 DEFAULT_BUDGET = 2 * GIB  # a laptop's disk takes it; --warm-cache-size changes it (0: off)
 SLOT_SECONDS = 30.0  # one save or restore (a 2,000-token cache of a small model: ~50 MB)
 OPTION = "slot-save-path"
-
-
-def warm_folder(env: dict[str, str]) -> Path:
-    """``$XDG_STATE_HOME/corral/warm``, else ``~/.local/state/corral/warm``."""
-    state = env.get("XDG_STATE_HOME") or str(Path(env.get("HOME") or Path.home(), ".local/state"))
-    return Path(state, "corral", "warm")
 
 
 @dataclasses.dataclass
@@ -60,9 +55,7 @@ class WarmSwaps:
     """The agent's warm folder and the requests that fill and read it."""
 
     def __init__(self, folder: Path, budget: int, binary: Path) -> None:
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        folder.chmod(0o700)  # the caches hold what users said: nobody else reads them
-        self.folder = folder
+        self.folder = private_folder(folder)  # the caches hold what users said: theirs alone
         self.budget = budget
         self._binary = _stat_id(binary)
         self.statistics = WarmStatistics()
