@@ -64,6 +64,7 @@ PUBLIC = frozenset({"/health", "/v1/health", "/", "/ui", "/ui/"})
 # JSON "not found"); aiohttp's default of 8 KiB would answer those with a plain-text 400.
 MAX_LINE_BYTES = 32 * 1024
 SLOT_ACTIONS = "/slots/{id_slot}"
+REALTIME = "/v1/realtime"
 SLOT_ACTIONS_OFF = "This server does not support slots action. Start it with `--slot-save-path`"
 
 
@@ -176,7 +177,22 @@ async def post_body(
 async def proxy_get(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     name = _canonical(state.registry, request.query.get("model"))
+    if request.headers.get("Upgrade", "").lower() == "websocket":
+        return await _websocket(request, state, name)
     return await _proxy(request, state, name, None, inference=False)
+
+
+async def _websocket(request: web.Request, state: AgentState, name: str) -> web.StreamResponse:
+    """A WebSocket session (``/v1/realtime?model=``): the model is leased for its whole
+    life, as a use (it makes the model younger), without one of the child's slots."""
+    autoload = _autoload(request, state.settings)
+    lease = await state.registry.acquire(name, autoload=autoload, inference=True, slot=False)
+    try:
+        if lease.port is None:
+            raise ApiError(500, f"model name={name} is not running")
+        return await state.proxy.websocket(request, lease.port)
+    finally:
+        state.registry.release(lease)
 
 
 async def _proxy(
@@ -278,6 +294,7 @@ def build_app(state: AgentState) -> web.Application:
         web.get("/props", props),
         *(web.post(path, proxy_post) for path in PROXIED_POST),
         *(web.get(path, proxy_get) for path in PROXIED_GET if path != "/props"),
+        web.get(REALTIME, proxy_get),  # WebSocket only (llama.cpp's router's proxy_ws)
     ]
     # No catch-all route: unknown paths and methods become llama.cpp's JSON 404 in
     # errors_middleware, so routes added after this (metrics, page, logs) still match.

@@ -32,6 +32,11 @@ from node_agent.errors import ApiError
 log = logging.getLogger("corral.proxy")
 
 MAX_LINKS = 64
+# The handshake's own fields: aiohttp's client makes a new one towards the child.
+_WS = frozenset(
+    ("sec-websocket-key", "sec-websocket-version", "sec-websocket-protocol",
+     "sec-websocket-extensions")
+)  # fmt: skip
 # A child's own failures (501 is an endpoint it does not have: not a failure of the child).
 _CHILD_ERRORS = frozenset({500, 502, 503, 504})
 # llama-server closes a keep-alive connection idle for 5 s (measured with the pinned binary).
@@ -151,6 +156,44 @@ class Proxy:
     async def close(self) -> None:
         for link_id in list(self._links):
             await self._close(link_id)
+
+    async def websocket(self, request: web.Request, port: int) -> web.StreamResponse:
+        """A WebSocket session with the child on ``port`` (llama.cpp's router's ``proxy_ws``):
+        the child's handshake first (its refusal is the client's answer), then one pump each
+        way until either side closes, and the other is closed with it."""
+        link_id, link = await self._link(port)
+        self._book.enter(link_id)
+        try:
+            url = f"ws://{CHILD_HOST}:{port}{request.rel_url}"
+            headers = {
+                k: v for k, v in forward_headers(request.headers).items() if k.lower() not in _WS
+            }
+            headers["Authorization"] = f"Bearer {child_key(port)}"
+            protocols = [
+                p.strip()
+                for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",")
+                if p.strip()
+            ]
+            try:
+                upstream = await link.session.ws_connect(url, headers=headers, protocols=protocols)
+            except aiohttp.WSServerHandshakeError as exc:
+                raise ApiError(
+                    exc.status if exc.status >= 400 else 502,
+                    f"the model's server did not take the WebSocket at {request.path}: "
+                    f"{exc.status} {exc.message}",
+                ) from None
+            except aiohttp.ClientError as exc:
+                raise ApiError(502, f"the model's server did not answer: {exc}") from None
+            async with upstream:
+                client = web.WebSocketResponse(
+                    protocols=(upstream.protocol,) if upstream.protocol else ()
+                )
+                await client.prepare(request)
+                await _pump_both(client, upstream)
+                return client
+        finally:
+            if self._book.leave(link_id):
+                await self._close(link_id)
 
     def statistics(self) -> ProxyStatistics:
         book = self._book.statistics()
@@ -366,6 +409,35 @@ class _ReadWatch:
 
     def close(self) -> None:
         self._timer.cancel()
+
+
+WebSocket = web.WebSocketResponse | aiohttp.ClientWebSocketResponse
+
+
+async def _pump(source: WebSocket, sink: WebSocket) -> None:
+    async for message in source:
+        if message.type is aiohttp.WSMsgType.TEXT:
+            await sink.send_str(message.data)
+        elif message.type is aiohttp.WSMsgType.BINARY:
+            await sink.send_bytes(message.data)
+        else:
+            break  # closing or an error: the session is over
+
+
+async def _pump_both(client: web.WebSocketResponse, child: aiohttp.ClientWebSocketResponse) -> None:
+    """Until either side is done; then both are closed (a session never half-open)."""
+    pumps = {
+        asyncio.ensure_future(_pump(client, child)),
+        asyncio.ensure_future(_pump(child, client)),
+    }
+    try:
+        await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for pump in pumps:
+            pump.cancel()
+        await asyncio.gather(*pumps, return_exceptions=True)
+        await child.close()
+        await client.close()
 
 
 def _fault(exchange: Exchange | None, fault: ChildFault) -> None:

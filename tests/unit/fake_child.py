@@ -76,6 +76,7 @@ class FakeChild:
         self._idle = asyncio.Event()  # no stream in flight
         self._idle.set()
         self._stopping = False
+        self.sockets = 0  # WebSocket sessions open now
         self.meta: dict[str, Any] | None = None
 
     @property
@@ -105,6 +106,7 @@ class FakeChild:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/health", self._health)
+        app.router.add_get("/v1/realtime", self._realtime)
         self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.05)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -126,6 +128,24 @@ class FakeChild:
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
+
+    async def _realtime(self, request: web.Request) -> web.StreamResponse:
+        """A WebSocket that echoes (b11434 has none: a stub of what a child may serve)."""
+        assert self._port is not None
+        if request.headers.get("Authorization") != f"Bearer {child_key(self._port)}":
+            return web.json_response({"error": "no key"}, status=401)
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        self.sockets += 1
+        try:
+            async for message in ws:
+                if message.type is aiohttp.WSMsgType.TEXT:
+                    await ws.send_str(f"echo: {message.data}")
+                elif message.type is aiohttp.WSMsgType.BINARY:
+                    await ws.send_bytes(message.data[::-1])
+        finally:
+            self.sockets -= 1
+        return ws
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         assert self._port is not None

@@ -410,3 +410,37 @@ async def test_a_slow_but_progressing_stream_is_never_cut() -> None:
         assert body.rstrip().endswith(b"data: [DONE]"), body[-200:]
         assert plan.spawned == ["m"]
         assert (await _listed(agent, "m"))["corral"]["error"] is None
+
+
+async def test_a_websocket_session_is_proxied_and_leases_its_model_for_its_life() -> None:
+    """Issue 29, item 8: llama.cpp's router's proxy_ws (``/v1/realtime?model=``)."""
+    plan = Plan()
+    async with fake_agent(plan, [spec("m")]) as agent:
+        url = f"{agent.url}/v1/realtime?model=m"
+        async with agent.client.ws_connect(url) as ws:
+            await ws.send_str("hello")
+            assert (await ws.receive_str()) == "echo: hello"
+            await ws.send_bytes(b"abc")
+            assert (await ws.receive_bytes()) == b"cba"
+            assert agent.registry.scheduler.view("m").in_flight == 1  # leased meanwhile
+            (child,) = plan.children
+            assert child.sockets == 1
+        for _ in range(100):  # closed on both sides together
+            if child.sockets == 0 and agent.registry.scheduler.view("m").in_flight == 0:
+                break
+            await asyncio.sleep(0.02)
+        assert (child.sockets, agent.registry.scheduler.view("m").in_flight) == (0, 0)
+
+
+async def test_a_websocket_ends_on_both_sides_when_its_model_stops() -> None:
+    plan = Plan()
+    async with fake_agent(plan, [spec("m", stop_timeout=0.2)]) as agent:
+        async with agent.client.ws_connect(f"{agent.url}/v1/realtime?model=m") as ws:
+            await ws.send_str("x")
+            assert (await ws.receive_str()) == "echo: x"
+            async with agent.client.post(f"{agent.url}/models/unload", json={"model": "m"}) as r:
+                assert r.status == 200
+            async with asyncio.timeout(5):
+                message = await ws.receive()
+            assert message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+        assert "m" in plan.exited
