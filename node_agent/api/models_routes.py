@@ -122,12 +122,16 @@ async def models_sse(request: web.Request) -> web.StreamResponse:
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
     await response.prepare(request)
-    async for event in until_shutdown(request.app, registry.events()):
-        message: dict[str, Any] = {"model": event.model, "event": event.event}
-        if event.data is not None:
-            message["data"] = event.data
-        await response.write(f"data: {json.dumps(message, separators=(',', ':'))}\n\n".encode())
-    await response.write_eof()
+    try:
+        async for event in until_shutdown(request.app, registry.events()):
+            message: dict[str, Any] = {"model": event.model, "event": event.event}
+            if event.data is not None:
+                message["data"] = event.data
+            line = f"data: {json.dumps(message, separators=(',', ':'))}\n\n"
+            await response.write(line.encode())
+        await response.write_eof()
+    except ConnectionResetError:  # the client went away (a browser closed the page): done
+        pass
     return response
 
 

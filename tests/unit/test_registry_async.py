@@ -444,3 +444,23 @@ async def test_a_websocket_ends_on_both_sides_when_its_model_stops() -> None:
                 message = await ws.receive()
             assert message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
         assert "m" in plan.exited
+
+
+async def test_an_event_stream_client_that_went_away_is_no_error(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 29, item 7: a browser closing /models/sse logged ``ERROR … unexpected error``
+    with a ClientConnectionResetError traceback when an event's write found it gone."""
+    async with fake_agent(Plan(), [spec("m")]) as agent:
+        sse = await agent.client.get(f"{agent.url}/models/sse")
+
+        async def gone(self: web.StreamResponse, data: bytes) -> None:
+            raise aiohttp.ClientConnectionResetError("Cannot write to closing transport")
+
+        monkeypatch.setattr(web.StreamResponse, "write", gone)
+        with caplog.at_level(logging.DEBUG):
+            agent.registry.publish("m", "status_change", {"status": "loading"})
+            await asyncio.sleep(0.2)
+        monkeypatch.undo()
+        sse.close()
+        assert "unexpected error" not in caplog.text, caplog.text
