@@ -63,7 +63,6 @@ PUBLIC = frozenset({"/health", "/v1/health", "/", "/ui", "/ui/"})
 # llama.cpp reads request lines and headers of up to ~32 KiB (a long ``?model=`` name gets its
 # JSON "not found"); aiohttp's default of 8 KiB would answer those with a plain-text 400.
 MAX_LINE_BYTES = 32 * 1024
-SLOT_ACTIONS = "/slots/{id_slot}"
 REALTIME = "/v1/realtime"
 SLOT_ACTIONS_OFF = "This server does not support slots action. Start it with `--slot-save-path`"
 
@@ -153,7 +152,7 @@ async def post_body(
     else:
         data = await json_document(body)
     name = _canonical(state.registry, body_model(data) or None)
-    if route_of(request) == SLOT_ACTIONS and state.registry.warm_owns(name):
+    if request.path.startswith("/slots/") and state.registry.warm_owns(name):
         # The slot files are the agent's own (warm swaps): a client may not write, read or
         # erase them; it sees what a child without --slot-save-path answers.
         raise ApiError(501, SLOT_ACTIONS_OFF)
