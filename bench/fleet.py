@@ -46,6 +46,8 @@ class Sizes:
     s7_depth: int = 256
     s8_streams: int = 64
     s8_tokens: int = 256
+    s9_runs: int = 3
+    s9_sentences: int = 125  # the first turn: about 2,000 tokens
 
 
 FULL = Sizes()
@@ -69,6 +71,8 @@ SMOKE = Sizes(
     s7_depth=16,
     s8_streams=4,
     s8_tokens=16,
+    s9_runs=1,
+    s9_sentences=8,
 )
 
 

@@ -25,14 +25,13 @@ from bench.procs import CORRAL, DIRECT, TARGETS
 from bench.results_model import Goal, Metric, ScenarioResult, median, scaled
 from node_agent.real_model import HOW_TO_GET
 
-RUNS = 3
 MS = 1000.0
 # One slot, and a context that holds the conversation (the bench's -c is 1,024; the last -c
 # given wins, in both routers and the child alike).
 CHILD_ARGS = ("-np", "1", "-c", "4096")
 # About 2,000 tokens of plain prose for SmolLM2's tokenizer (each sentence is ~16 tokens).
 _SENTENCE = "The quick brown fox jumps over the lazy dog near the river bank today. "
-FIRST_TURN = "Summarise this text in one line. " + _SENTENCE * 125
+_ASK = "Summarise this text in one line. "
 NEXT_QUESTION = "And what did the fox do next, in one word?"
 
 
@@ -89,7 +88,8 @@ async def s9_warm_swaps(bench: Bench) -> ScenarioResult:
         "Warm swaps: a 2,000-token conversation's next turn after its model was swapped out "
         "and back (--models-max 1; the direct child never leaves)"
     )
-    params = {"model": REAL, "runs": RUNS, "models_max": 1}
+    runs, first_turn = bench.sizes.s9_runs, _ASK + _SENTENCE * bench.sizes.s9_sentences
+    params = {"model": REAL, "runs": runs, "models_max": 1}
     result = ScenarioResult("S9", description, params, TARGETS)
     if not bench.models.path(REAL).exists():
         result.errors = {t: HOW_TO_GET for t in TARGETS}
@@ -105,11 +105,11 @@ async def s9_warm_swaps(bench: Bench) -> ScenarioResult:
         session = fresh_session()
         try:
             fleet.mark()
-            for run in range(RUNS):
+            for run in range(runs):
                 for target in rotation(fleet.names, run):
                     url = fleet.servers[target].url
                     # Each run a conversation of its own: the cache of the last one never helps.
-                    messages = [{"role": "user", "content": f"Run {run}. {FIRST_TURN}"}]
+                    messages = [{"role": "user", "content": f"Run {run}. {first_turn}"}]
                     try:
                         one = await _turn(session, url, messages)
                         first_n.append(one.prompt_n)

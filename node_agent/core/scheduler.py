@@ -448,6 +448,11 @@ class Scheduler:
                 break
             head.claimed = True
             out.append(Spawn(head.model))
+            if self.room is not None:
+                # The room counts a load from its Spawn on, which the owner carries out after
+                # this event: a second claim now would be judged as if the first took nothing
+                # (two loads into the memory of one). The next event claims the next one.
+                break
         for name in sorted(self._stopping):
             model = self._models[name]
             if not model.stop_sent and self.drain_over(name, now):

@@ -447,8 +447,9 @@ class Registry:
 
     def _read_room(self, event: Event, now: float) -> None:
         """Read the devices before a decision that may need room: at most every
-        ``ROOM_READ_SECONDS``, and after every exit (a victim's memory is free now)."""
-        if self.memory is None or not self._sched.needs_room():
+        ``ROOM_READ_SECONDS`` however many events come, and after every exit (a victim's
+        memory is free now)."""
+        if self.memory is None:
             return
         if isinstance(event, Exited) or now - self._room_read_at >= ROOM_READ_SECONDS:
             self._room_read_at = now

@@ -7,7 +7,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from node_agent.models_schema import CorralInfo, Memory, ModelEntry, ModelList, ModelStatus, dump
+from node_agent.models_schema import (
+    CorralInfo,
+    Memory,
+    ModelEntry,
+    ModelList,
+    ModelStatus,
+    WarmCache,
+    dump,
+)
 
 
 def model_entry(
@@ -59,6 +67,7 @@ def model_entry(
                 failures=1 if exit_code is not None else 0,
                 retry_in=0.0,
                 conversation_streams=None,  # no child of the binary asked yet
+                warm=WarmCache(files=0, bytes=0),  # warm swaps: nothing saved yet
                 **figures,
             ),
         }

@@ -325,3 +325,46 @@ def test_errors_in_a_row_wedge_a_child_and_a_success_resets_the_count() -> None:
         Stop("a", cut=False),
     ]
     assert sched.wedged_why("a") == "3 requests in a row failed with its own 5xx"
+
+
+class HeldRoom:
+    """A room as the ledger is one: a model holds memory from its Spawn (the owner tells it)
+    until its exit; ``budget`` bytes in all."""
+
+    def __init__(self, budget: int, sizes: dict[str, int]) -> None:
+        self.budget, self.sizes, self.held = budget, sizes, set[str]()
+
+    def shortfall(self, model: str, candidates: Sequence[str]) -> bool:
+        return self.sizes[model] + sum(self.sizes[m] for m in self.held) > self.budget
+
+    def pick_victim(self, model: str, candidates: Sequence[str]) -> str | None:
+        return candidates[0] if candidates else None
+
+
+def test_two_loads_freed_by_one_exit_are_not_both_claimed_into_one_models_memory() -> None:
+    """Found by the soak: two loads claimed in one event, the room judging the second as if
+    the first held nothing (the owner tells the ledger of a load only at its Spawn): 150 MiB
+    held under a 120 MiB limit."""
+    room = HeldRoom(100, {"x": 60, "a": 60, "b": 60})
+    sched = Scheduler(3, room)
+    configs = {m: ModelConfig(slots=1, stop_timeout=5.0) for m in ("x", "a", "b")}
+    sched.handle(Catalog(configs), 0.0)
+
+    def send(event: Event, now: float) -> list[Effect]:
+        effects = handle(sched, event, now)
+        room.held |= {e.model for e in effects if isinstance(e, Spawn)}  # as the owner does
+        return effects
+
+    send(Request(1, "x"), 0.0)
+    send(Spawned("x", 7001), 0.0)
+    (grant,) = [e for e in send(Ready("x", 7001), 0.0) if isinstance(e, Grant)]
+    why = "not enough free memory for it, and no idle model to evict"  # x is busy
+    assert send(Request(2, "a"), 0.1) == [Queued(2, "a", why, slot=False)]
+    send(Request(3, "b"), 0.1)
+    send(Unload("x", "manual"), 0.2)
+    send(Release(grant.lease), 0.2)
+    room.held.discard("x")
+    effects = send(Exited("x", 0), 0.3)
+    assert [e for e in effects if isinstance(e, Spawn)] == [Spawn("a")]  # not b as well
+    effects = send(Spawned("a", 7002), 0.4)
+    assert not [e for e in effects if isinstance(e, Spawn)]  # b does not fit beside a
