@@ -83,10 +83,6 @@ class Config:
     def stale_after(self) -> dt.timedelta:
         return dt.timedelta(seconds=max(3 * self.poll_interval, 3 * self.poll_timeout))
 
-    @property
-    def seen_refresh(self) -> dt.timedelta:
-        return dt.timedelta(seconds=max(6 * self.poll_interval, 1.0))
-
 
 class Store(Protocol):
     """A kopf index: key → the values indexed under it."""
@@ -512,7 +508,7 @@ class Reconciler:
                     ),
                 ],
             )
-            if not needs_write(old, new, self.config.seen_refresh):
+            if not needs_write(old, new):
                 continue
             try:
                 await self.cluster.patch(preset_status_path(name), {"status": new})
