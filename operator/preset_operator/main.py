@@ -58,6 +58,12 @@ def parse_args(argv: Sequence[str] | None) -> Config:
         "restart (env CORRAL_RELIST_INTERVAL; default 60)",
     )
     p.add_argument(
+        "--no-events",
+        action="store_true",
+        help="post no Events about ModelPresets (they go to namespace default, the only one the "
+        "apiserver accepts for a cluster-scoped object; for installs that may not write there)",
+    )
+    p.add_argument(
         "--liveness",
         metavar="URL",
         default=None,
@@ -90,6 +96,7 @@ def parse_args(argv: Sequence[str] | None) -> Config:
         agent_api_key=keys[0] if keys else None,
         liveness=ns.liveness,
         relist_interval=ns.relist_interval,
+        events=not ns.no_events,
     )
 
 

@@ -78,6 +78,9 @@ class Config:
     # Seconds between the reconciler's own listings, which drop what vanished while no watch
     # saw it go (relist.py).
     relist_interval: float = 60.0
+    # Post Events about ModelPresets (in namespace `default`, the only one the apiserver takes
+    # them in for a cluster-scoped object): off where the operator may not write there.
+    events: bool = True
 
     @property
     def stale_after(self) -> dt.timedelta:
@@ -515,7 +518,7 @@ class Reconciler:
             except KubeError as exc:
                 log.warning("writing the status of ModelPreset %s failed: %s", name, exc)
                 continue
-            for event in transitions(old, new):
+            for event in transitions(old, new) if self.config.events else ():
                 await self._guard(f"posting an event for {name}", self._post_event(obj, event, now))
 
     async def _post_event(self, obj: Mapping[str, Any], event: Any, now: dt.datetime) -> None:

@@ -923,3 +923,21 @@ def test_a_network_policy_admits_the_operator_the_agents_and_the_clients(render:
     assert components == ["agent", "operator", None]
     assert rule["from"][2] == {"namespaceSelector": {}}
     assert "NetworkPolicy" not in render({"networkPolicy": {"enabled": False}}).kinds()
+
+
+def test_operator_has_resources_and_a_readiness_probe(render: Render) -> None:
+    container = operator_container(render())
+    assert container["resources"]["requests"] == {"cpu": "50m", "memory": "128Mi"}
+    assert container["resources"]["limits"] == {"memory": "512Mi"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+
+
+def test_events_in_default_are_optional(render: Render) -> None:
+    # The only object outside the release namespace is the Events Role (and its binding).
+    rendered = render()
+    assert {r["metadata"]["namespace"] for r in rendered.all("Role")} == {NAMESPACE, "default"}
+    assert "--no-events" not in operator_container(rendered)["args"]
+    off = render({"operator": {"events": False}})
+    assert {r["metadata"]["namespace"] for r in off.all("Role")} == {NAMESPACE}
+    assert {b["metadata"]["namespace"] for b in off.all("RoleBinding")} == {NAMESPACE}
+    assert "--no-events" in operator_container(off)["args"]
