@@ -145,6 +145,10 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if config.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not config.verbose:
+        # kopf logs "Handler … succeeded" at INFO for every watch event: a line per agent pod
+        # status change (500 a minute at 500 nodes), which says nothing our own lines do not.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     try:
         asyncio.run(run_operator(config))
     except KeyboardInterrupt:
