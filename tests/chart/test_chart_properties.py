@@ -433,8 +433,10 @@ def test_operator_liveness_is_kopfs_own_probe(render: Render) -> None:
     assert container["ports"] == [{"name": "health", "containerPort": 8081, "protocol": "TCP"}]
     probe = container["livenessProbe"]["httpGet"]
     assert (probe["path"], probe["port"]) == ("/healthz", "health")
-    # No readiness: nothing routes to the operator.
-    assert not {"readinessProbe", "startupProbe"} & container.keys()
+    # Readiness too: nothing routes to the operator, but `helm --wait`, `kubectl rollout
+    # status` and the Deployment's availability go by it (issue 25).
+    assert container["readinessProbe"]["httpGet"] == probe
+    assert "startupProbe" not in container
 
 
 def test_grace_period_exceeds_the_stop_timeout(scenario: Path) -> None:
