@@ -8,6 +8,7 @@
 #   eval "$(hack/k8s-env.sh up)"   # start it all; prints `export KUBECONFIG=…` and `export PATH=…`
 #   hack/k8s-env.sh down           # stop it all (state under $CORRAL_K8S_RUN goes too)
 #   hack/k8s-env.sh bin            # print the folder holding the binaries (building if needed)
+#   hack/k8s-env.sh built          # the same, but fail instead of building
 #   hack/k8s-env.sh restart kube-apiserver   # as an upgrade does: connections drop, watch cache anew
 #   hack/k8s-env.sh compact        # etcd forgets old revisions: an older watch gets 410 Gone
 #
@@ -341,10 +342,11 @@ compact() {
 case "${1:-}" in
   build) build ;;
   bin) build && echo "$bin" ;;
+  built) have_binaries && echo "$bin" ;;
   up) up ;;
   down) down ;;
   env) print_env ;;
   restart) restart "${2:?restart what (kube-apiserver, kwok, ...)}" ;;
   compact) compact ;;
-  *) echo "usage: hack/k8s-env.sh build|bin|up|down|env|restart NAME|compact" >&2; exit 2 ;;
+  *) echo "usage: hack/k8s-env.sh build|bin|built|up|down|env|restart NAME|compact" >&2; exit 2 ;;
 esac

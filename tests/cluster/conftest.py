@@ -22,8 +22,11 @@ NAMESPACE = "corral-system"
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     if binaries() is None:
-        # hack/setup.sh builds them (Go and the module proxy are all it needs); CI always has.
-        missing_in_ci_fails("the control plane's binaries cannot be built: hack/k8s-env.sh build")
+        # hack/setup.sh builds them when Go is installed (CI always does, so there this fails).
+        missing_in_ci_fails(
+            "the control plane is not built: hack/setup.sh, or hack/k8s-env.sh build "
+            "(Go and its module proxy; ~16 minutes once)"
+        )
     # A short path: the run folder holds the apiserver's certificates and sockets.
     run = Path(tmp_path_factory.mktemp("k8s", numbered=True))
     try:
