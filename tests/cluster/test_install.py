@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from tests.chart.rendering import CHART, IMAGES
-from tests.cluster.control_plane import REPO, ControlPlane, wait_until
+from tests.cluster.control_plane import REPO, CommandFailed, ControlPlane, wait_until
 from tests.cluster.release import RESTRICTED, Release, gpu_nodes, install, namespace
 
 # A control plane, a helm install and real processes: more than the default 120 s on a busy
@@ -171,3 +171,13 @@ def test_agents_go_to_nodes_that_merely_have_a_label(
         assert placed == gpu_nodes(control_plane)
     finally:
         control_plane.helm("uninstall", "keyonly", "-n", "keyonly", "--wait")
+
+
+def test_a_second_operator_is_refused(release: Release, tmp_path: Path) -> None:
+    """ModelPresets are cluster-scoped: two releases' operators would undo each other's work."""
+    cp = release.cp
+    namespace(cp, "second", RESTRICTED)
+    with pytest.raises(CommandFailed) as refused:
+        install(cp, "second", "second", {"crds": {"enabled": False}}, tmp_path, wait=False)
+    assert f'release "{release.name}" already runs a Corral operator' in str(refused.value)
+    assert "second" not in cp.helm("list", "-A", "-q").split()
