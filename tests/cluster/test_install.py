@@ -181,3 +181,11 @@ def test_a_second_operator_is_refused(release: Release, tmp_path: Path) -> None:
         install(cp, "second", "second", {"crds": {"enabled": False}}, tmp_path, wait=False)
     assert f'release "{release.name}" already runs a Corral operator' in str(refused.value)
     assert "second" not in cp.helm("list", "-A", "-q").split()
+
+
+def test_the_notes_say_when_nodes_have_more_gpus_than_an_agent_requests(release: Release) -> None:
+    # kwok's GPU nodes have 8 each; the chart's default request is 1 (an agent sees only that).
+    notes = release.cp.helm("get", "notes", release.name, "-n", release.namespace)
+    nodes = gpu_nodes(release.cp)
+    assert f"WARNING: {len(nodes)} node(s) have more nvidia.com/gpu than the 1 each agent" in notes
+    assert all(f"{n} (8)" in notes for n in nodes), notes
