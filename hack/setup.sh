@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Creates .venv (if missing), installs Corral into it (editable), and makes sure a llama-server
 # for this machine exists (`corral llama-server build`: built once, about 15 minutes on 2 cores,
-# then cached in ~/.cache/corral/llama-server and reused).
+# then cached in ~/.cache/corral/llama-server and reused), and, in test mode, the Kubernetes
+# control plane of the cluster tier (hack/k8s-env.sh build: once, cached in ~/.cache/corral/k8s).
 #
-#   hack/setup.sh        # everything the tests need: every extra, the real model, chromium, qemu
+#   hack/setup.sh        # everything the tests need: every extra, the real model, chromium, qemu,
+#                        # the Kubernetes control plane (Go builds, ~16 min once)
 #   hack/setup.sh lint   # what hack/lint.sh needs: every extra (no llama-server, no browser)
 #   hack/setup.sh demo   # what `make demo` needs: Corral and the real model
 #
@@ -53,6 +55,16 @@ if ! corral llama-server build "${backends[@]}" --cached >/dev/null 2>&1; then
   fi
 fi
 [ "$mode" = test ] || exit 0
+
+# The cluster tier's control plane (tests/cluster): etcd, kube-apiserver, controller-manager,
+# scheduler, kubectl, kwok and helm, built from their Go modules once per machine into
+# ~/.cache/corral/k8s (hack/k8s-env.sh; nothing to do when cached). Without Go it is skipped
+# here, and the tier skips (under CI it fails instead).
+if command -v go >/dev/null; then
+  hack/k8s-env.sh build
+else
+  echo ">> go is not installed: the cluster tier (tests/cluster) cannot run" >&2
+fi
 
 # The status page's browser test (tests/integration/test_status_page.py) drives Debian's
 # chromium through playwright; `playwright install` is never used (it downloads its own

@@ -24,6 +24,7 @@ class AgentPod:
     ip: str | None  # status.podIP (None until it has one)
     labels: Mapping[str, str] = field(default_factory=dict)
     deleting: bool = False
+    resource_version: str | None = None  # to tell a stale index entry (relist.py)
 
 
 AgentUrl = Callable[[AgentPod], str | None]

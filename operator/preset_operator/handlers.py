@@ -60,6 +60,7 @@ def build_registry(reconciler: Reconciler, login: LoginFn | None = None) -> kopf
                 ip=status.get("podIP"),
                 labels=dict(labels),
                 deleting=bool(meta.get("deletionTimestamp")),
+                resource_version=meta.get("resourceVersion"),
             )
         }
 

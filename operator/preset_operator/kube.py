@@ -17,6 +17,8 @@ from urllib.parse import quote
 
 import aiohttp
 
+from .relist import METADATA_LIST
+
 MERGE_PATCH = "application/merge-patch+json"
 
 
@@ -32,6 +34,7 @@ class Cluster(Protocol):
     async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]: ...
     async def patch(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]: ...
     async def delete(self, path: str) -> None: ...
+    async def list_metadata(self, path: str, params: Mapping[str, str]) -> dict[str, Any]: ...
 
 
 def ns_path(namespace: str, plural: str, name: str | None = None, *, group: str = "") -> str:
@@ -104,8 +107,11 @@ class HttpCluster:
         path: str,
         body: Mapping[str, Any] | None = None,
         ctype: str | None = None,
+        *,
+        accept: str = "application/json",
+        params: Mapping[str, str] | None = None,
     ) -> dict[str, Any] | None:
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": accept}
         token = self._creds.bearer()
         if token:
             headers["Authorization"] = f"Bearer {token}"
@@ -116,6 +122,7 @@ class HttpCluster:
             method,
             url,
             json=body,
+            params=dict(params or {}),
             headers=headers,
             ssl=self._creds.ssl_context if self._creds.ssl_context is not None else True,
         ) as resp:
@@ -135,3 +142,7 @@ class HttpCluster:
 
     async def delete(self, path: str) -> None:
         await self._call("DELETE", path)
+
+    async def list_metadata(self, path: str, params: Mapping[str, str]) -> dict[str, Any]:
+        """One page of a listing, metadata only (names and resourceVersions)."""
+        return await self._call("GET", path, accept=METADATA_LIST, params=params) or {}

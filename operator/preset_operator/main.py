@@ -49,6 +49,21 @@ def parse_args(argv: Sequence[str] | None) -> Config:
         "--poll-interval", type=float, default=10.0, help="seconds between agent polls (10)"
     )
     p.add_argument(
+        "--relist-interval",
+        type=float,
+        # A string default goes through `type` too: a bad value is a usage error, not a crash.
+        default=env.get("CORRAL_RELIST_INTERVAL") or "60",
+        help="seconds between the operator's own listings of presets, agent pods and Services, "
+        "which drop what was deleted while no watch saw it go, e.g. across an apiserver "
+        "restart (env CORRAL_RELIST_INTERVAL; default 60)",
+    )
+    p.add_argument(
+        "--no-events",
+        action="store_true",
+        help="post no Events about ModelPresets (they go to namespace default, the only one the "
+        "apiserver accepts for a cluster-scoped object; for installs that may not write there)",
+    )
+    p.add_argument(
         "--liveness",
         metavar="URL",
         default=None,
@@ -64,6 +79,8 @@ def parse_args(argv: Sequence[str] | None) -> Config:
         p.error("--agent-selector may not be empty (it would select every pod)")
     if ns.poll_interval <= 0:
         p.error("--poll-interval must be positive")
+    if not ns.relist_interval > 0:
+        p.error("--relist-interval must be positive")
     # The agents' own variable (the chart sets both from one Secret); a key list like the
     # agent's --api-key "k1,k2" authenticates with its first key. Never a flag: a command
     # line is visible to everyone on the node.
@@ -78,6 +95,8 @@ def parse_args(argv: Sequence[str] | None) -> Config:
         verbose=ns.verbose,
         agent_api_key=keys[0] if keys else None,
         liveness=ns.liveness,
+        relist_interval=ns.relist_interval,
+        events=not ns.no_events,
     )
 
 
@@ -126,6 +145,10 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if config.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not config.verbose:
+        # kopf logs "Handler … succeeded" at INFO for every watch event: a line per agent pod
+        # status change (500 a minute at 500 nodes), which says nothing our own lines do not.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     try:
         asyncio.run(run_operator(config))
     except KeyboardInterrupt:

@@ -23,6 +23,7 @@ import aiohttp
 
 from .agents import AgentPod, AgentUrl, poll_agents
 from .kube import Cluster, KubeError, ns_path, preset_status_path
+from .relist import MAX_PAGES, PAGE, Listing, page_items, resource_version, vanished
 from .render import CONFIGMAP_LIMIT, Rendering, configmap_patch, configmap_size, render
 from .status import AgentReport, compute_status, needs_write, transitions
 
@@ -74,14 +75,16 @@ class Config:
     # The agents' API key (they guard GET /models with it); never shown in a repr or a log.
     agent_api_key: str | None = field(default=None, repr=False)
     liveness: str | None = None  # kopf's liveness endpoint URL
+    # Seconds between the reconciler's own listings, which drop what vanished while no watch
+    # saw it go (relist.py).
+    relist_interval: float = 60.0
+    # Post Events about ModelPresets (in namespace `default`, the only one the apiserver takes
+    # them in for a cluster-scoped object): off where the operator may not write there.
+    events: bool = True
 
     @property
     def stale_after(self) -> dt.timedelta:
         return dt.timedelta(seconds=max(3 * self.poll_interval, 3 * self.poll_timeout))
-
-    @property
-    def seen_refresh(self) -> dt.timedelta:
-        return dt.timedelta(seconds=max(6 * self.poll_interval, 1.0))
 
 
 class Store(Protocol):
@@ -108,6 +111,25 @@ def _values(store: Store) -> list[Any]:
         except KeyError:  # removed between listing and reading
             continue
     return out
+
+
+def _items(store: Store, key: Any) -> list[Any]:
+    try:
+        return list(store[key])
+    except KeyError:  # removed between listing and reading
+        return []
+
+
+def _name_of(value: Any) -> str:
+    if isinstance(value, AgentPod):
+        return value.name
+    return str(value["metadata"]["name"])
+
+
+def _version_of(value: Any) -> str | None:
+    if isinstance(value, AgentPod):
+        return value.resource_version
+    return resource_version(value) if isinstance(value, Mapping) else None
 
 
 def _first(store: Store, key: str) -> Any | None:
@@ -146,6 +168,9 @@ class Reconciler:
         # Why the last pass could not write the presets ConfigMap (too large), if it could not.
         self.configmap_problem: str | None = None
         self.passes = 0
+        # kind → the (name, resourceVersion) index entries the last listing showed are gone.
+        self._gone: dict[str, frozenset[tuple[str, str | None]]] = {}
+        self._last_relist: float | None = None
 
     # --- called from kopf handlers -------------------------------------------------------
     def attach(self, indexes: Indexes) -> None:
@@ -165,6 +190,12 @@ class Reconciler:
             await asyncio.sleep(self.config.debounce)
             self._wake.clear()
             try:
+                loop_now = asyncio.get_running_loop().time()
+                if self._last_relist is None or (
+                    loop_now - self._last_relist >= self.config.relist_interval
+                ):
+                    self._last_relist = loop_now
+                    await self.relist()
                 await self.reconcile_once()
             except asyncio.CancelledError:
                 raise
@@ -177,19 +208,77 @@ class Reconciler:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=delay)
 
+    # --- what vanished while no watch saw it go (relist.py) ---------------------------------
+    def _listings(self) -> dict[str, tuple[str, dict[str, str]]]:
+        cfg = self.config
+        selector = ",".join(f"{k}={v}" for k, v in sorted(cfg.agent_selector.items()))
+        managed = ",".join(f"{k}={v}" for k, v in sorted(MANAGED_BY.items()))
+        return {
+            "presets": (f"/apis/{GROUP}/{VERSION}/modelpresets", {}),
+            "agents": (ns_path(cfg.namespace, "pods"), {"labelSelector": selector}),
+            "services": (ns_path(cfg.namespace, "services"), {"labelSelector": managed}),
+        }
+
+    async def _list(self, path: str, params: Mapping[str, str]) -> Listing:
+        names: set[str] = set()
+        version: str | None = None
+        token: str | None = None
+        for _ in range(MAX_PAGES):
+            page = {**params, "limit": str(PAGE), **({"continue": token} if token else {})}
+            found, rv, token = page_items(await self.cluster.list_metadata(path, page))
+            names.update(found)
+            version = version or rv  # the first page's: the listing's snapshot
+            if token is None:
+                return Listing(frozenset(names), version)
+        raise ValueError(f"listing {path} has more than {MAX_PAGES} pages")
+
+    async def relist(self) -> None:
+        """List each indexed kind; remember which index entries that shows are gone."""
+        idx = self._indexes
+        if idx is None:
+            return
+        stores: dict[str, Store] = {
+            "presets": idx.presets,
+            "agents": idx.agents,
+            "services": idx.services,
+        }
+        for kind, (path, params) in self._listings().items():
+            # The index is read before the listing: an entry learnt in between is newer than
+            # the listing and kept.
+            entries = [
+                (name, _version_of(v))
+                for name in list(stores[kind])
+                for v in _items(stores[kind], name)
+            ]
+            try:
+                listing = await self._list(path, params)
+            except (KubeError, aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                log.warning("listing %s failed: %s", kind, exc)
+                continue
+            gone = vanished(entries, listing)
+            if gone and gone != self._gone.get(kind):
+                log.info(
+                    "%s gone while no watch saw it: %s", kind, ", ".join(sorted(n for n, _ in gone))
+                )
+            self._gone[kind] = gone
+
+    def _live(self, kind: str, store: Store) -> list[Any]:
+        gone = self._gone.get(kind, frozenset())
+        return [v for v in _values(store) if (_name_of(v), _version_of(v)) not in gone]
+
     async def reconcile_once(self) -> None:
         idx = self._indexes
         if idx is None:
             return
         self.passes += 1
         now = self.clock()
-        presets = sorted(_values(idx.presets), key=lambda o: o["metadata"]["name"])
+        presets = sorted(self._live("presets", idx.presets), key=lambda o: o["metadata"]["name"])
         node_labels: dict[str, Mapping[str, str]] = {}
         for name in list(idx.nodes):
             labels = _first(idx.nodes, name)
             if labels is not None:
                 node_labels[name] = labels
-        pods: list[AgentPod] = sorted(_values(idx.agents), key=lambda p: p.name)
+        pods: list[AgentPod] = sorted(self._live("agents", idx.agents), key=lambda p: p.name)
         if self._last_poll is None or (
             (now - self._last_poll).total_seconds() >= self.config.poll_interval
         ):
@@ -348,9 +437,12 @@ class Reconciler:
         assert self._indexes is not None
         ns = self.config.namespace
         wanted = {o["metadata"]["name"]: self.desired_service(o) for o in presets}
+        services = {
+            s["metadata"]["name"]: s for s in self._live("services", self._indexes.services)
+        }
         conflicts: dict[str, str] = {}
         for name, want in wanted.items():
-            have = _first(self._indexes.services, name)
+            have = services.get(name)
             if have is None:
                 try:
                     await self.cluster.create(ns_path(ns, "services"), want)
@@ -377,7 +469,7 @@ class Reconciler:
                     f"patching Service {name}",
                     self.cluster.patch(ns_path(ns, "services", name), patch),
                 )
-        for name in list(self._indexes.services):
+        for name in services:
             if name not in wanted:
                 log.info("deleting Service %s (its ModelPreset is gone)", name)
                 await self._guard(
@@ -419,14 +511,14 @@ class Reconciler:
                     ),
                 ],
             )
-            if not needs_write(old, new, self.config.seen_refresh):
+            if not needs_write(old, new):
                 continue
             try:
                 await self.cluster.patch(preset_status_path(name), {"status": new})
             except KubeError as exc:
                 log.warning("writing the status of ModelPreset %s failed: %s", name, exc)
                 continue
-            for event in transitions(old, new):
+            for event in transitions(old, new) if self.config.events else ():
                 await self._guard(f"posting an event for {name}", self._post_event(obj, event, now))
 
     async def _post_event(self, obj: Mapping[str, Any], event: Any, now: dt.datetime) -> None:

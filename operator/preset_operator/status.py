@@ -1,8 +1,9 @@
 """ModelPreset.status from placement and what the agents report (pure: ``now`` is an argument).
 
-The operator is the only writer of the status. Per node: the model's state on that node, its
-memory figures, the last error, and when the node's agent was last seen; an agent not seen for
-``stale_after`` makes its nodes ``Unknown`` (never a stale ``Loaded``). Two conditions in the
+The operator is the only writer of the status. Every matched node is counted by state
+(``nodeCounts``); a few (those that need a look first) are detailed: the model's state on that
+node, its memory figures, the last error. An agent not seen for ``stale_after`` makes its nodes
+``Unknown`` (never a stale ``Loaded``). Two conditions in the
 standard shape (type, status, observedGeneration, lastTransitionTime, reason, message):
 
 - ``Ready``: every matched node offers the model and can serve it now (loaded or sleeping; or
@@ -42,15 +43,6 @@ _BAD = {"Failed", "Unknown", "Conflict"}
 
 def fmt_time(t: dt.datetime) -> str:
     return t.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(s: object) -> dt.datetime | None:
-    if not isinstance(s, str):
-        return None
-    try:
-        return dt.datetime.strptime(s, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
-    except ValueError:
-        return None
 
 
 @dataclass(frozen=True)
@@ -132,12 +124,10 @@ def node_entry(
     stale_after: dt.timedelta,
 ) -> dict[str, Any]:
     prev = previous or {}
+    # No per-node "last seen" time: it moved on every poll, a heartbeat rewritten into the
+    # status of every preset (Kubernetes moved Nodes' heartbeats to Lease objects for that).
     entry: dict[str, Any] = {"name": node}
     last_error = prev.get("lastError")
-    seen = report.last_seen if report is not None else None
-    seen = seen or parse_time(prev.get("lastSeen"))
-    if seen is not None:
-        entry["lastSeen"] = fmt_time(seen)
     if conflict is not None:
         entry["state"] = "Conflict"
         last_error = conflict
@@ -196,6 +186,46 @@ def _count(nodes: Sequence[Mapping[str, Any]], state: str) -> int:
     return sum(1 for n in nodes if n["state"] == state)
 
 
+# Bounds of what one status carries, whatever the number of nodes: the apiserver refuses a
+# condition message over the CRD's maxLength (32768) with a 422, and the status would freeze;
+# a status also travels in every watch event of the preset. Every node is counted
+# (``nodeCounts``); only the first NODES_SHOWN are detailed, the ones that need a look first.
+NODES_SHOWN = 32
+NAMES_IN_MESSAGE = 10
+ERROR_IN_MESSAGE = 200
+MESSAGE_LIMIT = 4096
+# Every state a node can be in, and the order nodes are detailed in: those that need a human
+# first, then those on their way.
+NODE_STATES = (
+    "Failed",
+    "Conflict",
+    "Unknown",
+    "Pending",
+    "Downloading",
+    "Loading",
+    "Unloaded",
+    "Sleeping",
+    "Loaded",
+)
+_ORDER = {state: i for i, state in enumerate(NODE_STATES)}
+
+
+def _names(nodes: Sequence[Mapping[str, Any]]) -> str:
+    """``a, b, c`` for a few nodes, ``a, b, … and 90 more`` past NAMES_IN_MESSAGE."""
+    shown = ", ".join(str(n["name"]) for n in nodes[:NAMES_IN_MESSAGE])
+    more = len(nodes) - NAMES_IN_MESSAGE
+    return f"{shown}, … and {more} more" if more > 0 else shown
+
+
+def _bounded(message: str) -> str:
+    return message if len(message) <= MESSAGE_LIMIT else message[: MESSAGE_LIMIT - 1] + "…"
+
+
+def _shown(nodes: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    ranked = sorted(nodes, key=lambda n: (_ORDER.get(n["state"], 0), n["name"]))
+    return sorted(ranked[:NODES_SHOWN], key=lambda n: n["name"])
+
+
 def compute_status(
     *,
     model_name: str,
@@ -233,7 +263,7 @@ def compute_status(
     not_ready = [n for n in nodes if n["state"] not in ok]
 
     def names(state: str) -> str:
-        return ", ".join(n["name"] for n in nodes if n["state"] == state)
+        return _names([n for n in nodes if n["state"] == state])
 
     if invalid is not None:
         ready = (False, "InvalidSpec", invalid)
@@ -251,8 +281,13 @@ def compute_status(
             ("Loading", "Loading"),
             ("Unloaded", "Loading"),
         ):
-            if any(n["state"] == state for n in not_ready):
-                ready = (False, reason, f"{state}: {names(state)}")
+            count = sum(1 for n in not_ready if n["state"] == state)
+            if count:
+                ready = (
+                    False,
+                    reason,
+                    f"{state} on {count} of {len(nodes)} node(s): {names(state)}",
+                )
                 break
         else:
             ready = (True, "AllNodesReady", f"serving on {len(nodes)} node(s)")
@@ -264,22 +299,31 @@ def compute_status(
             )
             detail = "; ".join(
                 f"{n['name']}: {n['state']}"
-                + (f" ({n['lastError']})" if n.get("lastError") else "")
-                for n in bad
+                + (f" ({n['lastError'][:ERROR_IN_MESSAGE]})" if n.get("lastError") else "")
+                for n in bad[:NAMES_IN_MESSAGE]
             )
-            degraded = (True, reason, detail[:32768])
+            if len(bad) > NAMES_IN_MESSAGE:
+                detail += f"; … and {len(bad) - NAMES_IN_MESSAGE} more node(s)"
+            degraded = (True, reason, _bounded(detail))
         else:
             degraded = (False, "AsExpected", "all matched nodes are healthy")
     if problems and invalid is None:
         messages = [message for _, message in problems]
         detail = "; ".join([*messages, degraded[2]] if degraded[0] else messages)
-        degraded = (True, problems[0][0], detail[:32768])
+        degraded = (True, problems[0][0], _bounded(detail))
+    # Every state, zeros included: the status is written with a JSON merge patch, which keeps
+    # a map's keys that the patch leaves out (a state no node is in any more would stay).
+    counts = dict.fromkeys(NODE_STATES, 0)
+    for n in nodes:
+        counts[n["state"]] = counts.get(n["state"], 0) + 1
+    ready = (ready[0], ready[1], _bounded(ready[2]))
     return {
         "observedGeneration": generation,
         "modelName": model_name,
         "matchedNodes": len(nodes),
         "loadedNodes": _count(nodes, "Loaded"),
-        "nodes": nodes,
+        "nodeCounts": dict(sorted(counts.items())),
+        "nodes": _shown(nodes),
         "conditions": [
             _condition("Ready", *ready, generation, prev_conds.get("Ready"), now),
             _condition("Degraded", *degraded, generation, prev_conds.get("Degraded"), now),
@@ -287,32 +331,10 @@ def compute_status(
     }
 
 
-def _without_seen(status: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(status)
-    out["nodes"] = [
-        {k: v for k, v in n.items() if k != "lastSeen"} for n in status.get("nodes") or []
-    ]
-    return out
-
-
-def needs_write(
-    old: Mapping[str, Any] | None, new: Mapping[str, Any], refresh: dt.timedelta
-) -> bool:
-    """Whether ``new`` differs from the stored status enough to be written.
-
-    ``lastSeen`` moves on every poll; writing each one would be a status PATCH per preset every
-    poll interval. It is written when anything else changes, or when it has moved by ``refresh``.
-    """
-    if old is None:
-        return True
-    if _without_seen(old) != _without_seen(new):
-        return True
-    old_seen = {n.get("name"): parse_time(n.get("lastSeen")) for n in old.get("nodes") or []}
-    for n in new.get("nodes") or []:
-        before, after = old_seen.get(n["name"]), parse_time(n.get("lastSeen"))
-        if after is not None and (before is None or after - before >= refresh):
-            return True
-    return False
+def needs_write(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
+    """Whether ``new`` differs from the stored status: nothing in it moves by itself (no
+    per-node heartbeat), so an unchanged world is no PATCH at all."""
+    return old is None or dict(old) != dict(new)
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@ scheduling on GPU nodes, and least-privilege RBAC."""
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -84,6 +85,8 @@ def test_every_pod_runs_restricted(scenario: Path) -> None:
         assert pod_sc["runAsUser"] != 0, owner
         assert pod_sc["seccompProfile"] == {"type": "RuntimeDefault"}, owner
         assert not spec.get("hostNetwork") and not spec.get("hostPID"), owner
+        # Pod Security's baseline and restricted levels refuse a hostPath volume outright.
+        assert not [v for v in spec.get("volumes", []) if "hostPath" in v], owner
         for container in spec["containers"] + spec.get("initContainers", []):
             sc = container["securityContext"]
             assert sc["readOnlyRootFilesystem"] is True, owner
@@ -224,12 +227,16 @@ def test_images_must_be_named(render: Render) -> None:
     assert "corral-dev" not in chart and "corral-dev" not in (CHART / "values.yaml").read_text()
 
 
-def test_downloads_go_to_a_persistent_cache(render: Render) -> None:
+def test_downloads_go_to_their_own_cache(render: Render) -> None:
     rendered = render()
     container = agent_container(rendered)
     assert env_of(container)["LLAMA_CACHE"] == {"name": "LLAMA_CACHE", "value": "/var/cache/corral"}
     (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/var/cache/corral"]
     volumes = {v["name"]: v for v in agent_pod(rendered)["volumes"]}
+    # By default an emptyDir: what a restricted namespace admits (a hostPath is by choice).
+    assert volumes[mount["name"]] == {"name": mount["name"], "emptyDir": {}}
+    host = render({"agent": {"downloadCache": {"type": "hostPath"}}})
+    volumes = {v["name"]: v for v in agent_pod(host)["volumes"]}
     assert volumes[mount["name"]]["hostPath"] == {
         "path": "/var/lib/corral/cache",
         "type": "DirectoryOrCreate",
@@ -250,6 +257,21 @@ def test_downloads_go_to_a_persistent_cache(render: Render) -> None:
     assert not mount["mountPath"].startswith("/tmp")
 
 
+def test_hostpath_caches_are_given_to_the_agents_user(render: Render) -> None:
+    # The kubelet creates a missing hostPath directory owned by root; uid 10001 could not write.
+    assert "initContainers" not in agent_pod(render())
+    pod = agent_pod(render({"agent": {"modelCache": {"type": "hostPath"}}}))
+    (init,) = pod["initContainers"]
+    assert init["command"] == ["chown", "10001:10001", "/models"]
+    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+    assert [m["name"] for m in init["volumeMounts"]] == ["models"]
+    both = {"modelCache": {"type": "hostPath"}, "downloadCache": {"type": "hostPath"}}
+    (init,) = agent_pod(render({"agent": both}))["initContainers"]
+    assert init["command"][2:] == ["/models", "/var/cache/corral"]
+    off = {**both, "hostPathOwnership": {"enabled": False}}
+    assert "initContainers" not in agent_pod(render({"agent": off}))
+
+
 def test_node_name_comes_from_the_downward_api(render: Render) -> None:
     env = env_of(agent_container(render()))
     assert env["NODE_NAME"] == {
@@ -258,11 +280,24 @@ def test_node_name_comes_from_the_downward_api(render: Render) -> None:
     }
 
 
-def test_api_key_comes_from_a_secret_only_when_set(render: Render) -> None:
+def test_api_key_is_on_by_default_from_a_generated_secret(render: Render) -> None:
+    rendered = render()
+    generated = {"secretKeyRef": {"name": f"{FULLNAME}-api-key", "key": "api-key"}}
+    assert env_of(agent_container(rendered))["LLAMA_API_KEY"]["valueFrom"] == generated
+    assert env_of(operator_container(rendered))["LLAMA_API_KEY"]["valueFrom"] == generated
+    secret = rendered.one("Secret", f"{FULLNAME}-api-key")
+    key = base64.b64decode(secret["data"]["api-key"]).decode()
+    assert len(key) == 48 and key.isalnum()
+    # Off only when asked.
+    off = render({"agent": {"apiKey": {"enabled": False}}})
+    assert "LLAMA_API_KEY" not in env_of(agent_container(off))
+    assert "LLAMA_API_KEY" not in env_of(operator_container(off))
+    assert "Secret" not in off.kinds()
+
+
+def test_api_key_comes_from_the_users_secret_when_named(render: Render) -> None:
     # LLAMA_API_KEY: the name llama-server and the agent read (node_agent's option table).
     assert llama_options().named("api-key").env == "LLAMA_API_KEY"
-    assert "LLAMA_API_KEY" not in env_of(agent_container(render()))
-    assert "LLAMA_API_KEY" not in env_of(operator_container(render()))
     rendered = render(scenario_values(API_KEY))
     secret_ref = {"secretKeyRef": {"name": "corral-api-key", "key": "api-key"}}
     assert env_of(agent_container(rendered))["LLAMA_API_KEY"]["valueFrom"] == secret_ref
@@ -273,7 +308,7 @@ def test_api_key_comes_from_a_secret_only_when_set(render: Render) -> None:
     # helm test checks the key is required, not only accepted.
     assert "%{http_code}" in test_container["command"][-1]
     assert "!= 401" in test_container["command"][-1]
-    assert not any(o["kind"] == "Secret" for o in rendered), "the chart never holds the key"
+    assert not any(o["kind"] == "Secret" for o in rendered), "the user's key: none generated"
 
 
 def test_presets_configmap_is_mounted_as_a_directory(scenario: Path) -> None:
@@ -303,7 +338,11 @@ def test_presets_configmap_renders_no_data(render: Render) -> None:
 @pytest.mark.parametrize(
     ("values", "volume"),
     [
-        ({}, {"hostPath": {"path": "/var/lib/corral/models", "type": "DirectoryOrCreate"}}),
+        ({}, {"emptyDir": {}}),
+        (
+            {"agent": {"modelCache": {"type": "hostPath"}}},
+            {"hostPath": {"path": "/var/lib/corral/models", "type": "DirectoryOrCreate"}},
+        ),
         (
             {"agent": {"modelCache": {"type": "emptyDir", "emptyDir": {"sizeLimit": "20Gi"}}}},
             {"emptyDir": {"sizeLimit": "20Gi"}},
@@ -313,7 +352,7 @@ def test_presets_configmap_renders_no_data(render: Render) -> None:
             {"persistentVolumeClaim": {"claimName": "corral-models", "readOnly": True}},
         ),
     ],
-    ids=["hostPath", "emptyDir", "pvc"],
+    ids=["default", "hostPath", "emptyDir", "pvc"],
 )
 def test_model_cache_is_mounted_at_models(
     render: Render, values: dict[str, Any], volume: Manifest
@@ -394,8 +433,10 @@ def test_operator_liveness_is_kopfs_own_probe(render: Render) -> None:
     assert container["ports"] == [{"name": "health", "containerPort": 8081, "protocol": "TCP"}]
     probe = container["livenessProbe"]["httpGet"]
     assert (probe["path"], probe["port"]) == ("/healthz", "health")
-    # No readiness: nothing routes to the operator.
-    assert not {"readinessProbe", "startupProbe"} & container.keys()
+    # Readiness too: nothing routes to the operator, but `helm --wait`, `kubectl rollout
+    # status` and the Deployment's availability go by it (issue 25).
+    assert container["readinessProbe"]["httpGet"] == probe
+    assert "startupProbe" not in container
 
 
 def test_grace_period_exceeds_the_stop_timeout(scenario: Path) -> None:
@@ -694,7 +735,9 @@ def test_service_monitor_scrapes_each_agent_once(render: Render) -> None:
     assert matching == [f"{FULLNAME}-agent-headless"]
     (endpoint,) = monitor["spec"]["endpoints"]
     assert endpoint["port"] == "http" and endpoint["path"] == "/metrics"
-    assert "authorization" not in endpoint
+    assert endpoint["authorization"]["credentials"]["name"] == f"{FULLNAME}-api-key"
+    off = render({"serviceMonitor": {"enabled": True}, "agent": {"apiKey": {"enabled": False}}})
+    assert "authorization" not in off.one("ServiceMonitor")["spec"]["endpoints"][0]
 
 
 def test_service_monitor_sends_the_api_key(render: Render) -> None:
@@ -815,3 +858,88 @@ def test_without_pools_the_daemonset_keeps_its_name_and_selector(render: Render)
 def test_a_pool_needs_a_name_and_a_node_selector(pool: dict[str, Any]) -> None:
     with pytest.raises(helm_python.HelmValuesError, match="/agent/pools/0"):
         helm_python.Chart.load(CHART).validate_schema(with_images({"agent": {"pools": [pool]}}))
+
+
+@pytest.mark.parametrize(
+    ("label", "term"),
+    [
+        ("cloud.google.com/gke-accelerator", {"operator": "Exists"}),
+        ("nvidia.com/gpu.present=true", {"operator": "In", "values": ["true"]}),
+        (
+            "nvidia.com/gpu.product in (NVIDIA-L4, NVIDIA-A100)",
+            {"operator": "In", "values": ["NVIDIA-L4", "NVIDIA-A100"]},
+        ),
+    ],
+    ids=["key-alone", "key=value", "key-in-set"],
+)
+def test_any_of_labels_takes_the_three_forms(
+    render: Render, label: str, term: dict[str, Any]
+) -> None:
+    # GKE labels GPU nodes cloud.google.com/gke-accelerator=<model>: "any value" must be sayable.
+    pod = agent_pod(render({"agent": {"gpu": {"anyOfLabels": [label]}}}))
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    key = label.split("=")[0].split(" in ")[0]
+    assert terms["nodeSelectorTerms"] == [{"matchExpressions": [{"key": key, **term}]}]
+
+
+@pytest.mark.parametrize("label", ["a b", "k in ()", "k=(x)", "k in (a", "=v"])
+def test_any_of_labels_refuses_other_shapes(label: str) -> None:
+    with pytest.raises(helm_python.HelmValuesError):
+        render_objects({"agent": {"gpu": {"anyOfLabels": [label]}}})
+
+
+def test_resource_mode_can_also_set_the_runtime_class(render: Render) -> None:
+    assert "runtimeClassName" not in agent_pod(render())
+    pod = agent_pod(render({"agent": {"gpu": {"useRuntimeClass": True}}}))
+    assert pod["runtimeClassName"] == "nvidia"
+    assert agent_container(render({"agent": {"gpu": {"useRuntimeClass": True}}}))["resources"][
+        "limits"
+    ] == {"nvidia.com/gpu": 1}
+    # In mode none there is no GPU, so no runtime class either.
+    none = {"agent": {"gpu": {"mode": "none", "useRuntimeClass": True}}}
+    assert "runtimeClassName" not in agent_pod(render(none))
+
+
+def test_agents_get_a_priority_class_of_their_own(render: Render) -> None:
+    rendered = render()
+    pc = rendered.one("PriorityClass", f"{FULLNAME}-agent")
+    assert pc["value"] == 1000000 and pc["preemptionPolicy"] == "PreemptLowerPriority"
+    assert pc["globalDefault"] is False
+    assert agent_pod(rendered)["priorityClassName"] == f"{FULLNAME}-agent"
+    mine = render({"agent": {"priorityClassName": "gpu-critical"}})
+    assert "PriorityClass" not in mine.kinds()
+    assert agent_pod(mine)["priorityClassName"] == "gpu-critical"
+    off = render({"agent": {"priorityClass": {"create": False}}})
+    assert "priorityClassName" not in agent_pod(off)
+
+
+def test_a_network_policy_admits_the_operator_the_agents_and_the_clients(render: Render) -> None:
+    policy = render().one("NetworkPolicy", f"{FULLNAME}-agent")
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"port": "http", "protocol": "TCP"}]
+    components = [
+        p.get("podSelector", {}).get("matchLabels", {}).get("app.kubernetes.io/component")
+        for p in rule["from"]
+    ]
+    assert components == ["agent", "operator", None]
+    assert rule["from"][2] == {"namespaceSelector": {}}
+    assert "NetworkPolicy" not in render({"networkPolicy": {"enabled": False}}).kinds()
+
+
+def test_operator_has_resources_and_a_readiness_probe(render: Render) -> None:
+    container = operator_container(render())
+    assert container["resources"]["requests"] == {"cpu": "50m", "memory": "128Mi"}
+    assert container["resources"]["limits"] == {"memory": "512Mi"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+
+
+def test_events_in_default_are_optional(render: Render) -> None:
+    # The only object outside the release namespace is the Events Role (and its binding).
+    rendered = render()
+    assert {r["metadata"]["namespace"] for r in rendered.all("Role")} == {NAMESPACE, "default"}
+    assert "--no-events" not in operator_container(rendered)["args"]
+    off = render({"operator": {"events": False}})
+    assert {r["metadata"]["namespace"] for r in off.all("Role")} == {NAMESPACE}
+    assert {b["metadata"]["namespace"] for b in off.all("RoleBinding")} == {NAMESPACE}
+    assert "--no-events" in operator_container(off)["args"]

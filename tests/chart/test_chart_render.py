@@ -61,7 +61,12 @@ def test_scenario_objects_validate_against_kubernetes_schemas(scenario: Path) ->
 
 
 def test_every_object_is_namespaced_in_the_release_or_cluster_scoped(scenario: Path) -> None:
-    cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}
+    cluster_scoped = {
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "CustomResourceDefinition",
+        "PriorityClass",
+    }
     for obj in Rendered(render_objects(scenario_values(scenario))):
         namespace = obj["metadata"].get("namespace")
         if obj["kind"] in cluster_scoped:

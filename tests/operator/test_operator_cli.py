@@ -14,6 +14,7 @@ def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
         "POD_NAMESPACE",
         "CORRAL_PRESETS_CONFIGMAP",
         "CORRAL_AGENT_SELECTOR",
+        "CORRAL_RELIST_INTERVAL",
     ):
         monkeypatch.delenv(name, raising=False)
     cfg = parse_args([])
@@ -23,6 +24,18 @@ def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
         AGENT,
     )
     assert (cfg.agent_port, cfg.poll_interval) == (8080, 10.0)
+    assert (cfg.relist_interval, cfg.events) == (60.0, True)
+
+
+def test_relist_interval_and_events(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CORRAL_RELIST_INTERVAL", "2.5")
+    cfg = parse_args(["--no-events"])
+    assert (cfg.relist_interval, cfg.events) == (2.5, False)
+    assert parse_args(["--relist-interval", "7"]).relist_interval == 7.0
+    for bad in ("0", "-1", "nan", "soon"):
+        monkeypatch.setenv("CORRAL_RELIST_INTERVAL", bad)
+        with pytest.raises(SystemExit):
+            parse_args([])
 
 
 def test_environment_fallbacks(monkeypatch: pytest.MonkeyPatch) -> None:

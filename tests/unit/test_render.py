@@ -15,6 +15,7 @@ from preset_operator.ini import render_ini
 from preset_operator.presets import InvalidPreset, parse_args, parse_preset
 from preset_operator.render import NODES_KEY, configmap_patch, file_key, render
 from preset_operator.status import (
+    NODE_STATES,
     AgentReport,
     ModelReport,
     compute_status,
@@ -259,12 +260,11 @@ def test_status_ready_when_every_node_serves() -> None:
         stale_after=STALE,
     )
     assert st["observedGeneration"] == 3 and st["matchedNodes"] == 2 and st["loadedNodes"] == 1
-    assert st["nodes"][0] == {
-        "name": "a",
-        "state": "Loaded",
-        "memory": {"host": 5},
-        "lastSeen": "2026-03-01T12:00:00Z",
-    }
+    # No per-node heartbeat time: it would make every poll a status write.
+    assert st["nodes"][0] == {"name": "a", "state": "Loaded", "memory": {"host": 5}}
+    assert {k: v for k, v in st["nodeCounts"].items() if v} == {"Loaded": 1, "Sleeping": 1}
+    # Every state is counted, zeros too: a merge patch would keep a state left out.
+    assert set(st["nodeCounts"]) == set(NODE_STATES)
     assert cond(st, "Ready")["status"] == "True" and cond(st, "Degraded")["status"] == "False"
     assert cond(st, "Ready")["observedGeneration"] == 3
 
@@ -345,8 +345,8 @@ def test_conditions_keep_transition_time_and_events_fire_on_transitions_only() -
     )
     assert cond(same, "Ready")["lastTransitionTime"] == "2026-03-01T12:00:00Z"
     assert transitions(first, same) == []
-    assert not needs_write(first, same, refresh=dt.timedelta(seconds=60))  # only lastSeen moved
-    assert needs_write(first, same, refresh=dt.timedelta(seconds=5))
+    # A later poll that found the same: nothing to write (no heartbeat in the status).
+    assert not needs_write(first, same)
     failed = compute_status(
         **kw,
         reports={"a": AgentReport(later, {"m": ModelReport("unloaded", failed=True)})},

@@ -120,6 +120,18 @@ scanner takes every subfolder for a model.
 /mnt/corral/pvc
 {{- end }}
 
+{{/*
+The agents' PriorityClass: the user's (agent.priorityClassName), else the chart's own when
+agent.priorityClass.create, else none (the cluster default).
+*/}}
+{{- define "corral.agent.priorityClassName" -}}
+{{- if .Values.agent.priorityClassName }}
+{{- .Values.agent.priorityClassName }}
+{{- else if .Values.agent.priorityClass.create }}
+{{- include "corral.agent.fullname" . }}
+{{- end }}
+{{- end }}
+
 {{- define "corral.agent.serviceAccountName" -}}
 {{- if .Values.agent.serviceAccount.create }}
 {{- default (include "corral.agent.fullname" .) .Values.agent.serviceAccount.name }}
@@ -216,11 +228,23 @@ The namespace of the ServiceMonitor.
 {{- end }}
 
 {{/*
+The Secret holding the agents' API key: the user's (agent.apiKey.existingSecret), else the one
+the chart generates (templates/api-key-secret.yaml); "" when agent.apiKey.enabled is off.
+*/}}
+{{- define "corral.apiKeySecret" -}}
+{{- if .Values.agent.apiKey.existingSecret }}
+{{- .Values.agent.apiKey.existingSecret }}
+{{- else if .Values.agent.apiKey.enabled }}
+{{- printf "%s-api-key" (include "corral.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+
+{{/*
 The API key environment variable, shared by the agent, the operator (which polls the agents)
 and the helm test pod. LLAMA_API_KEY is the name llama-server and the agent read.
 */}}
 {{- define "corral.apiKeyEnv" -}}
-{{- with .Values.agent.apiKey.existingSecret }}
+{{- with (include "corral.apiKeySecret" .) }}
 - name: LLAMA_API_KEY
   valueFrom:
     secretKeyRef:

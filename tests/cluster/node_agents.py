@@ -1,0 +1,214 @@
+"""Real ``corral agent`` processes standing in for the DaemonSet's pods on kwok's nodes.
+
+kwok gives every pod an IP from a loopback range (hack/k8s-env.sh), so each agent listens on
+its own pod's IP and port, with the command line of the pod's own container (the chart's), and
+the operator reaches it exactly as it would in a cluster: at ``http://<podIP>:<port>``. What a
+kubelet does for these pods is done here: the presets ConfigMap is copied into each pod's
+volume the way the kubelet lays it out (``..data`` swap), and the Secret's API key is put in
+its environment.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from tests.cluster.control_plane import REPO, ControlPlane
+from tests.cluster.release import Release
+from tests.integration.harness import http, stop_process
+from tests.kubelet import write_configmap_volume
+
+
+def admin_get(cp: ControlPlane, path: str) -> dict[str, Any] | None:
+    """A GET as the cluster admin (the kubelet's reads), without spawning kubectl."""
+    ctx = ssl.create_default_context(cafile=str(cp.ca))
+    pki = cp.run / "pki"
+    ctx.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+    try:
+        with urllib.request.urlopen(cp.server + path, context=ctx, timeout=10) as resp:
+            body: dict[str, Any] = json.loads(resp.read())
+            return body
+    except urllib.error.HTTPError as err:
+        if err.code == 404:
+            return None
+        raise
+
+
+def secret_value(cp: ControlPlane, namespace: str, name: str, key: str) -> str:
+    body = admin_get(cp, f"/api/v1/namespaces/{namespace}/secrets/{name}")
+    assert body is not None, f"no Secret {namespace}/{name}"
+    return base64.b64decode(body["data"][key]).decode()
+
+
+def container_env(cp: ControlPlane, namespace: str, container: dict[str, Any]) -> dict[str, str]:
+    """The plain and Secret-backed variables of a container (what a kubelet would set)."""
+    env: dict[str, str] = {}
+    for var in container.get("env") or []:
+        if "value" in var:
+            env[var["name"]] = var["value"]
+        ref = (var.get("valueFrom") or {}).get("secretKeyRef")
+        if ref:
+            env[var["name"]] = secret_value(cp, namespace, ref["name"], ref["key"])
+    return env
+
+
+@dataclass
+class NodeAgent:
+    pod: str
+    node: str
+    ip: str
+    port: int
+    volume: Path
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    log_file: IO[bytes]
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.ip}:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def _agent_argv(args: list[str], *, ip: str, models: Path, presets: Path) -> list[str]:
+    """The pod's container args, with the paths of this machine: the host is the pod's IP,
+    /models and /etc/corral/presets are folders here. The peers option is left out: it needs
+    the in-cluster API (``$KUBERNETES_SERVICE_HOST``), which a local process has not."""
+    out: list[str] = []
+    skip = False
+    mapping = {"0.0.0.0": ip, "/models": str(models), "/etc/corral/presets": str(presets)}
+    for i, arg in enumerate(args):
+        if skip:
+            skip = False
+            continue
+        if arg == "--peers-from-service":
+            skip = True
+            continue
+        out.append(
+            mapping.get(arg, arg)
+            if i and args[i - 1] in {"--host", "--models-dir", "--models-preset"}
+            else arg
+        )
+    return out
+
+
+@dataclass
+class NodeAgents:
+    cp: ControlPlane
+    release: Release
+    workdir: Path
+    llama_server: str
+    agents: dict[str, NodeAgent] = field(default_factory=dict)  # by pod name
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _sync: threading.Thread | None = None
+
+    def start(self, pods: list[dict[str, Any]], extra_args: list[str]) -> None:
+        for pod in pods:
+            name = pod["metadata"]["name"]
+            container = pod["spec"]["containers"][0]
+            assert container["command"] == ["corral"], container["command"]
+            ip = pod["status"]["podIP"]
+            port = int(container["ports"][0]["containerPort"])
+            base = self.workdir / name
+            volume, models, cache = base / "presets", base / "models", base / "cache"
+            for folder in (volume, models, cache):
+                folder.mkdir(parents=True, exist_ok=True)
+            write_configmap_volume(volume, {}, "v0")
+            env = container_env(self.cp, self.release.namespace, container)
+            env.update(
+                NODE_NAME=pod["spec"]["nodeName"],
+                POD_NAME=name,
+                POD_IP=ip,
+                LLAMA_CACHE=str(cache),
+            )
+            log_path = base / "agent.log"
+            log_file = log_path.open("wb")
+            argv = _agent_argv(container["args"], ip=ip, models=models, presets=volume)
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "node_agent.cli",
+                    *argv,
+                    "--llama-server",
+                    self.llama_server,
+                    *extra_args,
+                ],
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **env},
+                cwd=REPO,
+            )
+            self.agents[name] = NodeAgent(
+                name, pod["spec"]["nodeName"], ip, port, volume, proc, log_path, log_file
+            )
+        for agent in self.agents.values():
+            self._wait_healthy(agent)
+        self._sync = threading.Thread(target=self._kubelet, name="kubelet", daemon=True)
+        self._sync.start()
+
+    def _wait_healthy(self, agent: NodeAgent, within: float = 30) -> None:
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            assert agent.proc.poll() is None, f"agent {agent.pod} exited:\n{agent.log()}"
+            with contextlib.suppress(OSError):
+                if http("GET", agent.url + "/health", timeout=1)[0] == 200:
+                    return
+            time.sleep(0.05)
+        raise AssertionError(f"agent {agent.pod} never became healthy:\n{agent.log()}")
+
+    def _kubelet(self) -> None:
+        """Copy the presets ConfigMap into every pod's volume whenever it changes."""
+        ns, name = self.release.namespace, self.release.presets_configmap
+        path = f"/api/v1/namespaces/{ns}/configmaps/{name}"
+        seen: dict[str, str] | None = None
+        version = 0
+        while not self._stop.wait(0.2):
+            try:
+                body = admin_get(self.cp, path)
+            except OSError:  # the apiserver restarting (a test does that)
+                continue
+            data = dict((body or {}).get("data") or {})
+            if data != seen:
+                version += 1
+                for agent in self.agents.values():
+                    write_configmap_volume(agent.volume, data, f"v{version}")
+                seen = data
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._sync is not None:
+            self._sync.join(5)
+        for agent in self.agents.values():
+            stop_process(agent.proc)
+            agent.log_file.close()
+
+
+@contextlib.contextmanager
+def node_agents(
+    cp: ControlPlane,
+    release: Release,
+    pods: list[dict[str, Any]],
+    workdir: Path,
+    llama_server: str,
+    extra_args: list[str] | None = None,
+) -> Iterator[NodeAgents]:
+    agents = NodeAgents(cp, release, workdir, llama_server)
+    try:
+        agents.start(pods, extra_args or ["--memory-limit", "host=8GiB", "-c", "512"])
+        yield agents
+    finally:
+        agents.stop()
