@@ -202,9 +202,10 @@ class Fleet:
         models_dir: Path,
         models_max: int,
         extra: Sequence[str] = (),
+        corral_extra: Sequence[str] = (),
     ) -> None:
         spawned = {
-            kind: bench.launcher.router(kind, label, models_dir, models_max, extra)
+            kind: bench.launcher.router(kind, label, models_dir, models_max, extra, corral_extra)
             for kind in bench.routers()
         }
         await self.start(spawned)

@@ -231,6 +231,7 @@ class Launcher:
         models_dir: Path,
         models_max: int,
         extra: Sequence[str] = (),
+        corral_extra: Sequence[str] = (),
     ) -> Server:
         """Corral's agent or llama.cpp's router, with identical router flags (``extra``: more
         of them, which both pass on to their children, e.g. ``-np 1``)."""
@@ -251,7 +252,7 @@ class Launcher:
             if profile_dir:
                 Path(profile_dir).mkdir(parents=True, exist_ok=True)
                 python += ["-m", "cProfile", "-o", f"{profile_dir}/{label}-{port}.prof"]
-            argv = [*python, "-m", "node_agent.cli", "agent", *flags]
+            argv = [*python, "-m", "node_agent.cli", "agent", *flags, *corral_extra]
         elif kind == PEER:
             argv = [str(self.binary), *flags]
         else:

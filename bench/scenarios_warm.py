@@ -98,7 +98,9 @@ async def s9_warm_swaps(bench: Bench) -> ScenarioResult:
     ttfts: dict[str, list[float]] = {}
     first_n: list[float] = []
     with Fleet(result) as fleet:
-        await fleet.start_routers(bench, "S9", bench.models.dir, 1, CHILD_ARGS)
+        await fleet.start_routers(
+            bench, "S9", bench.models.dir, 1, CHILD_ARGS, ("--warm-cache-size", "2GiB")
+        )
         await fleet.start_direct(bench, "S9", REAL, CHILD_ARGS)
         evaluated = {t: [] for t in fleet.names}
         ttfts = {t: [] for t in fleet.names}

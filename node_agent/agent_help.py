@@ -51,9 +51,9 @@ Corral's own:
                               a preset's ttl wins)
   --queue-timeout SECONDS     a request waiting longer for its model gets 503 + Retry-After
   --max-queue N               at most N requests wait per model; more get 503 + Retry-After
-  --warm-cache-size SIZE      prompt caches saved at an unload and restored at the next load
-                              of the same model (warm swaps) use at most this much disk
-                              (default 2GiB; 0: off)
+  --warm-cache-size SIZE      warm swaps: prompt caches saved at an unload and restored at
+                              the next load of the same model, using at most this much disk
+                              (e.g. 2GiB; default 0: off)
   --max-child-errors N        a child that fails N requests in a row with its own 5xx, or
                               stalls one for --timeout, is killed as wedged and loads again
                               when asked (default 5; 0: only stalls)

@@ -32,6 +32,7 @@ def state() -> Path:
 @pytest.fixture
 def agent(demo_dir: Path, state: Path) -> Iterator[AgentProcess]:
     args = ["--models-dir", str(demo_dir), "--models-max", "1", "-np", "1", "-c", "4096"]
+    args += ["--warm-cache-size", "2GiB"]  # off by default
     process = AgentProcess(args, env={"XDG_STATE_HOME": str(state)})
     try:
         yield process

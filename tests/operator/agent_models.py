@@ -13,7 +13,6 @@ from node_agent.models_schema import (
     ModelEntry,
     ModelList,
     ModelStatus,
-    WarmCache,
     dump,
 )
 
@@ -67,7 +66,6 @@ def model_entry(
                 failures=1 if exit_code is not None else 0,
                 retry_in=0.0,
                 conversation_streams=None,  # no child of the binary asked yet
-                warm=WarmCache(files=0, bytes=0),  # warm swaps: nothing saved yet
                 **figures,
             ),
         }
