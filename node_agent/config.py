@@ -94,8 +94,8 @@ class AgentOptions:
     """5xx answers in a row after which a child is restarted as wedged; 0: never."""
     warm_cache_size: int = 0
     """Bytes of saved prompt caches (warm swaps) the agent keeps; 0 (the default): off. Off
-    by default until a stall seen once under load is understood (two streams made no
-    progress for 10 s after four slots were restored into a child with a small context)."""
+    by default until a stall seen twice under load is understood (streams made no progress
+    for 10 s after four slots were restored into a child with a small context)."""
     client_timeout: float = 30.0
     """A client must send its request head, its body, or take streamed data within this long,
     and an idle keep-alive connection closes after it (api/connections.py)."""
