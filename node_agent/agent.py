@@ -249,6 +249,19 @@ class Agent:
         log.info("memory ledger on: devices %s", ", ".join(watch.devices))
         return watch
 
+    def _missing_gpus(self) -> str | None:
+        """Why the agent is not ready, when it sees fewer GPUs than ``--expect-gpus`` (said
+        once, as an error; ``/health`` then answers 503 with it)."""
+        if not self.options.expect_gpus:
+            return None
+        from node_agent.memory.devices import missing_gpus, open_probes
+
+        probe = self.memory.probe if self.memory is not None else open_probes()
+        problem = missing_gpus(self.options.expect_gpus, probe)
+        if problem is not None:
+            log.error("not ready: %s", problem)
+        return problem
+
     def _make_child(self, spec: ModelSpec, on_event: Callable[[ChildEvent], None]) -> ChildProcess:
         config = child_config(spec, self.binary, self.options.load_timeout, self.tag)
         return ChildProcess(config, on_event=on_event, logs=self.logs_for(spec.name))
@@ -319,6 +332,7 @@ class Agent:
             browser=startup.browser_policy(self.options, tools_enabled=self._tools_enabled),
             vertex=vertex_from_env(self.env),
             cors_proxy=self.options.ui_mcp_proxy,
+            unready=self._missing_gpus(),
         )
         if self.builtin_tools is not None:
             await self.builtin_tools.start()  # its container, before listening

@@ -54,6 +54,9 @@ Corral's own:
   --warm-cache-size SIZE      warm swaps: prompt caches saved at an unload and restored at
                               the next load of the same model, using at most this much disk
                               (e.g. 2GiB; default 0: off)
+  --expect-gpus N             the agent must see N NVIDIA GPUs: with fewer, /health answers
+                              503 and says why (a pod that would serve on the CPU is not
+                              ready; /livez answers 200 while the agent runs)
   --max-child-errors N        a child that fails N requests in a row with its own 5xx, or
                               stalls one for --timeout, is killed as wedged and loads again
                               when asked (default 5; 0: only stalls)

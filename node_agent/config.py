@@ -92,6 +92,9 @@ class AgentOptions:
     """Refuse requests beyond this many waiting; None = no limit."""
     max_child_errors: int = 5
     """5xx answers in a row after which a child is restarted as wedged; 0: never."""
+    expect_gpus: int = 0
+    """NVIDIA GPUs the agent must see; fewer and ``/health`` answers 503 (a GPU node's pod
+    that would serve on its CPU is not ready)."""
     warm_cache_size: int = 0
     """Bytes of saved prompt caches (warm swaps) the agent keeps; 0 (the default): off. Off
     by default until a stall seen twice under load is understood (streams made no progress
@@ -524,6 +527,7 @@ _OWN_FLAGS: dict[str, tuple[str, str, Callable[[str], object]]] = {
     "--max-queue": ("max_queue", "a count (0: no limit)", _count_or_unlimited),
     "--max-child-errors": ("max_child_errors", "a count (0: never)", _int_at_least(0)),
     "--warm-cache-size": ("warm_cache_size", "a size like 2GiB (0: off)", _size_or_off),
+    "--expect-gpus": ("expect_gpus", "a count (0: none)", _int_at_least(0)),
     "--shutdown-timeout": ("shutdown_timeout", "seconds (> 0)", _positive_seconds),
     "--client-timeout": ("client_timeout", "seconds (> 0)", _positive_seconds),
     "--max-connections": ("max_connections", "a count (>= 1)", _int_at_least(1)),

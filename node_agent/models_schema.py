@@ -70,6 +70,9 @@ class CorralInfo(_Schema):
     conversation_streams: bool | None = None
     # Warm swaps: its saved prompt caches (absent when warm swaps are off, or do not apply).
     warm: WarmCache | None = None
+    # Which version of its preset section it serves (the running child's, else the next
+    # load's); absent without a preset section. The operator's Ready waits for it.
+    preset_hash: str | None = None
 
 
 class ModelEntry(_Schema):

@@ -58,7 +58,7 @@ log = logging.getLogger("corral.http")
 
 # Routes that answer without an API key (llama.cpp: /health is for load balancers' probes).
 # The status page is static and holds no data (it asks for the key itself).
-PUBLIC = frozenset({"/health", "/v1/health", "/", "/ui", "/ui/"})
+PUBLIC = frozenset({"/health", "/v1/health", "/livez", "/", "/ui", "/ui/"})
 
 # llama.cpp reads request lines and headers of up to ~32 KiB (a long ``?model=`` name gets its
 # JSON "not found"); aiohttp's default of 8 KiB would answer those with a plain-text 400.
@@ -251,6 +251,18 @@ async def props(request: web.Request) -> web.StreamResponse:
 
 
 async def health(request: web.Request) -> web.StreamResponse:
+    """llama.cpp's readiness answer (its own is 503 while a model loads): Corral's is 503
+    while the agent cannot serve as it was told to (``--expect-gpus``)."""
+    why = request.app[STATE].settings.unready
+    if why is not None:
+        error = {"code": 503, "message": why, "type": "unavailable_error"}
+        return json_reply({"error": error}, 503)
+    return json_reply({"status": "ok"})
+
+
+async def livez(request: web.Request) -> web.StreamResponse:
+    """Corral: the agent runs and its loop answers (a liveness probe's question, apart from
+    readiness: a pod without its GPUs is not ready, and restarting it would not help)."""
     return json_reply({"status": "ok"})
 
 
@@ -289,6 +301,7 @@ def build_app(state: AgentState) -> web.Application:
     routes = [
         web.get("/health", health),
         web.get("/v1/health", health),
+        web.get("/livez", livez),
         web.get("/ledger", ledger),
         web.get("/props", props),
         *(web.post(path, proxy_post) for path in PROXIED_POST),

@@ -76,6 +76,7 @@ class RouterSettings:
     browser: BrowserPolicy = field(default_factory=BrowserPolicy)
     vertex: Vertex | None = None  # Google Cloud's prediction routes (AIP_MODE=PREDICTION)
     cors_proxy: bool = False  # --ui-mcp-proxy
+    unready: str | None = None  # why /health answers 503 (GPUs expected and not seen)
 
 
 Reloader = Callable[[], Awaitable[None]]

@@ -123,11 +123,11 @@ def model_entry(
     shown: dict[str, Any] = {}
     if view.state in (ModelState.LOADED, ModelState.SLEEPING) and isinstance(meta, Mapping):
         shown = {"meta": dict(meta)}
-    memory: dict[str, Any] = {}
+    optional: dict[str, Any] = {}  # keys left out when they do not apply
     unestimated = None
     if registry.memory is not None:
         # Estimated off the loop beforehand (app.py): a model still on its way has none yet.
-        memory["memory"] = Memory(**registry.memory.figures(name))
+        optional["memory"] = Memory(**registry.memory.figures(name))
         unestimated = registry.memory.unestimated(name)
     # The child's last error line, why the agent's download of its file failed, or why the
     # ledger cannot estimate it (its GGUF header: issue 26, rows 6 and 8).
@@ -136,7 +136,10 @@ def model_entry(
         error = f"cannot estimate its memory: {unestimated}"
     warm = registry.warm_held(name)
     if warm is not None:
-        memory["warm"] = WarmCache(files=warm[0], bytes=warm[1])
+        optional["warm"] = WarmCache(files=warm[0], bytes=warm[1])
+    served = registry.preset_hash(name)
+    if served is not None:
+        optional["preset_hash"] = served
     corral = CorralInfo(
         stopping=view.stopping,
         in_flight=view.in_flight,
@@ -146,7 +149,7 @@ def model_entry(
         failures=view.failures,
         retry_in=math.ceil(max(0.0, view.retry_at - registry.now()) * 10) / 10,
         conversation_streams=streams,
-        **memory,
+        **optional,
     )
     modalities = ["text", "image"] if spec.mmproj else ["text"]
     entry = ModelEntry(

@@ -20,6 +20,7 @@ same as capping ``total`` while keeping ``free`` real (see ``node_agent.core.led
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import re
 from collections.abc import Collection, Sequence
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from node_agent.core.ledger import DeviceReading
+from node_agent.extras import install_hint
 from node_agent.memory.cgroup import cgroup_memory
 
 log = logging.getLogger("corral.devices")
@@ -190,6 +192,24 @@ def open_probes(nvml: NvmlLibrary | None = None, *, use_nvml: bool = True) -> Co
             if gpu.handles:
                 probes.append(gpu)
     return CompositeProbe(probes)
+
+
+def missing_gpus(expected: int, probe: DeviceProbe) -> str | None:
+    """What is wrong when ``probe`` sees fewer than ``expected`` GPUs (``--expect-gpus``)."""
+    gpus = [reading.name for reading in probe.read() if reading.name != HOST]
+    if len(gpus) >= expected:
+        return None
+    if gpus:
+        why = f"NVML sees only {', '.join(gpus)}"
+    elif importlib.util.find_spec("pynvml"):
+        why = "NVML sees no NVIDIA GPU"
+    else:
+        why = f"NVML is not installed ({install_hint('nvidia')})"
+    return (
+        f"--expect-gpus {expected}: {why}, so models would run on the CPU; give the agent its "
+        "GPUs (in Kubernetes: the NVIDIA runtime, the chart's agent.gpu.runtimeClassName) "
+        "and restart it"
+    )
 
 
 def _kib_fields(path: Path, names: Sequence[str]) -> dict[str, int]:

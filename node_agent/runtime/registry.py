@@ -169,6 +169,9 @@ class Registry:
         # identity each model's child last started with.
         self.warm = warm
         self._warm_keys: dict[str, str] = {}
+        # Which version of its preset each running child serves (``ModelSpec.preset_hash``):
+        # a reload that restarts a child leaves the old hash until the old child is gone.
+        self._served_hash: dict[str, str | None] = {}
         self._clock = clock
         self._tasks = TaskSet("registry")
         self._hub = EventHub()
@@ -262,6 +265,12 @@ class Registry:
         run = self._runs.get(name)
         return run.child if run is not None else None
 
+    def preset_hash(self, name: str) -> str | None:
+        """The preset version ``name`` serves: its running child's, else its next load's."""
+        if name in self._served_hash:
+            return self._served_hash[name]
+        return self._specs[name].preset_hash
+
     async def reload(self, catalog: Catalog, changed: set[str]) -> None:
         """Apply a re-read catalog: stop models that vanished or whose arguments changed;
         returns once they have stopped.
@@ -274,15 +283,20 @@ class Registry:
         gone = [name for name in self._specs if name not in specs]
         # Gone models stay known until their children have stopped (draining).
         self._set_specs({**{n: self._specs[n] for n in gone}, **specs}, catalog.aliases)
+        for name in self._served_hash.keys() & specs.keys() - changed:
+            # Updated in place (a TTL, a pin): the running child serves the new version.
+            self._served_hash[name] = specs[name].preset_hash
         configs = {name: self._config(spec) for name, spec in specs.items()}
         self._submit(CatalogEvent(configs, frozenset(n for n in changed if n in configs)))
         await _wait_all([self._run_tasks.get(name) for name in (*gone, *changed)])
         self._publish("*", "models_reload", None)
         if not self._sched.closing:
-            # Presets added (or switched to load-on-startup) at runtime load now, as at start.
+            # Presets added (or switched to load-on-startup) at runtime load now, as at start,
+            # and so do those just stopped for new arguments.
             for name, spec in specs.items():
                 was = before.get(name)
-                if spec.load_on_startup and (was is None or not was.load_on_startup):
+                again = name in changed and self.state(name) is ModelState.UNLOADED
+                if spec.load_on_startup and (was is None or not was.load_on_startup or again):
                     self._load_on_startup(name)
 
     # -- requests ----------------------------------------------------------------------------
@@ -578,6 +592,7 @@ class Registry:
             spec = self.warm.child_spec(spec)
             self._warm_keys[name] = key
             restore = functools.partial(self._restore, name, key, spec.slots)
+        self._served_hash[name] = self._specs[name].preset_hash
         run = self._runs[name] = ModelRun(
             spec,
             self._factory,
@@ -617,6 +632,7 @@ class Registry:
             if self._runs.get(name) is run:
                 del self._runs[name]
                 del self._run_tasks[name]
+                del self._served_hash[name]
         if self.memory is not None:
             # Still "stopping" to the scheduler meanwhile: nobody loads into memory that does
             # not show free yet.

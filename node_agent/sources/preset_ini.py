@@ -33,7 +33,9 @@ uses 10).
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import hashlib
 import json
 import math
 import re
@@ -74,6 +76,7 @@ AGENT_KEYS = frozenset(
         "peers-from-service",
         "kube-api",
         "log-level",
+        "expect-gpus",
     }
 )
 # Preset-only keys, with llama.cpp's pseudo env names for the two it defines.
@@ -140,8 +143,26 @@ def parse_preset_text(text: str, path: str, policy: Restricted | None = None) ->
         if section.name == GLOBAL_SECTION:
             global_layer = layer
         else:
-            layers[section.name] = layer
+            layers[section.name] = dataclasses.replace(layer, preset_hash=_hash(section))
     return PresetFile(path=path, global_layer=global_layer, sections=layers)
+
+
+def section_hashes(text: str, path: str) -> dict[str, str]:
+    """Each ``[name]`` section's hash, as an agent computes it reading the operator's file
+    (JSON-quoted values): the operator's expectation of what its agents report."""
+    return {
+        section.name: _hash(section)
+        for section in _split_sections(text, path, quoted=True)
+        if section.name != GLOBAL_SECTION
+    }
+
+
+def _hash(section: _Section) -> str:
+    """A section's keys and values as read, in order (12 hex digits): the agent reports it
+    for the child it runs (``corral.preset_hash``), so whoever wrote the file can tell which
+    version a node serves."""
+    pairs = [[key, value] for key, value, _ in section.entries]
+    return hashlib.sha256(json.dumps(pairs).encode()).hexdigest()[:12]
 
 
 def _split_sections(text: str, path: str, *, quoted: bool) -> list[_Section]:

@@ -8,6 +8,7 @@ a layer sets replace earlier values (``common_preset::merge``).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -85,6 +86,8 @@ class PresetLayer:
     """``file:line`` of the INI section, for error messages."""
     env: Env = ()
     """Only the variables this layer sets (merged key by key, like options)."""
+    preset_hash: str | None = None
+    """A ``[name]`` section's own hash (``preset_ini``); None for ``[*]`` and other sources."""
 
     def over(self, below: PresetLayer) -> PresetLayer:
         """This layer merged on top of ``below`` (the ``[*]`` cascade)."""
@@ -101,7 +104,15 @@ class PresetLayer:
             dedup_cache_models=_pick(self.dedup_cache_models, below.dedup_cache_models),
             origin=self.origin or below.origin,
             env=_merge_env(below.env, self.env),
+            preset_hash=_chain_hash(below.preset_hash, self.preset_hash),
         )
+
+
+def _chain_hash(below: str | None, top: str | None) -> str | None:
+    """One section merged over another's (two files name one model): a hash of both."""
+    if below is None or top is None:
+        return top or below
+    return hashlib.sha256(f"{below}:{top}".encode()).hexdigest()[:12]
 
 
 def _merge_env(below: Env, top: Env) -> Env:
@@ -151,6 +162,9 @@ class ModelSpec:
     """A cache entry hidden by a preset's ``dedup-cache-models``: unlisted, still usable."""
     env: Env = ()
     """The child's own environment variables, on top of the agent's (``env.NAME`` keys)."""
+    preset_hash: str | None = None
+    """Its preset section's hash (``preset_ini``), None without one: which version of its
+    preset it is, for the operator (``GET /models``' ``corral.preset_hash``)."""
 
     def get(self, name: str) -> OptionValue | None:
         """An option's value by canonical name (``ctx-size``), or None when unset."""
@@ -208,6 +222,7 @@ class ModelSpec:
             hf_revision=_pick(layer.hf_revision, self.hf_revision),
             dedup_cache_models=_or(layer.dedup_cache_models, self.dedup_cache_models),
             env=_merge_env(self.env, layer.env),
+            preset_hash=_pick(layer.preset_hash, self.preset_hash),
         )
 
 

@@ -498,6 +498,7 @@ class Reconciler:
                 conflicts=rendering.conflicts.get(name),
                 invalid=rendering.invalid.get(name),
                 load_on_startup=bool(preset and preset.lifecycle.load_on_startup),
+                preset_hash=rendering.hashes.get(name),
                 problems=[
                     *(
                         [("ServiceConflict", self.service_conflicts[name])]

@@ -18,6 +18,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from node_agent.sources.preset_ini import section_hashes
+
 from .ini import render_ini, section_keys
 from .presets import InvalidPreset, Preset, parse_preset
 
@@ -51,6 +53,9 @@ class Rendering:
     conflicts: dict[str, dict[str, str]]  # preset name → node → why it is not offered there
     invalid: dict[str, str]  # preset name → why it cannot be rendered at all
     presets: dict[str, Preset] = field(default_factory=dict)  # the valid ones, by name
+    # preset name → its section's hash as an agent reads it (what a node that serves this
+    # version reports); only for presets offered on some node
+    hashes: dict[str, str] = field(default_factory=dict)
 
     def configmap_data(self) -> dict[str, str]:
         data = dict(self.files)
@@ -114,10 +119,12 @@ def render(
             per_node.setdefault(node, []).append(preset)
     files: dict[str, str] = {}
     keys: dict[str, str] = {}  # preset name → its file key
+    hashes: dict[str, str] = {}
     for preset in {p.name: p for chosen in per_node.values() for p in chosen}.values():
         text = render_ini([preset])
         keys[preset.name] = file_key(text)
         files[keys[preset.name]] = text
+        hashes[preset.name] = section_hashes(text, keys[preset.name])[preset.model_name]
     node_sets = {
         node: tuple(keys[p.name] for p in sorted(chosen, key=lambda p: p.model_name))
         for node, chosen in per_node.items()
@@ -129,6 +136,7 @@ def render(
         conflicts=conflicts,
         invalid=invalid,
         presets={p.name: p for p in presets},
+        hashes=hashes,
     )
 
 

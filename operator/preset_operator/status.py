@@ -6,8 +6,11 @@ node, its memory figures, the last error. An agent not seen for ``stale_after`` 
 ``Unknown`` (never a stale ``Loaded``). Two conditions in the
 standard shape (type, status, observedGeneration, lastTransitionTime, reason, message):
 
-- ``Ready``: every matched node offers the model and can serve it now (loaded or sleeping; or
-  unloaded-and-healthy for a model loaded on first request).
+- ``Ready``: every matched node offers the model, in the preset's current version (the agent
+  reports the hash of the preset section it serves), and can serve it now (loaded or sleeping;
+  or unloaded-and-healthy for a model loaded on first request). ``observedGeneration`` moves to
+  the preset's generation only then: until every node confirms that version (or cannot be
+  offered it), the status keeps the generation it last confirmed.
 - ``Degraded``: something needs a human: a node failed to run it, an agent is not answering, its
   name collides with another preset on a node, the spec cannot be rendered, a Service of its
   name exists that the operator did not create (it is never adopted), or the presets would not
@@ -39,6 +42,9 @@ _STATES = {
 }
 _SERVING = {"Loaded", "Sleeping"}
 _BAD = {"Failed", "Unknown", "Conflict"}
+# Nodes that have not taken up the preset's current version yet (or cannot say: an agent
+# not seen recently).
+_TAKING_UP = {"Pending", "Outdated", "Unknown"}
 
 
 def fmt_time(t: dt.datetime) -> str:
@@ -54,6 +60,7 @@ class ModelReport:
     exit_code: int | None = None
     memory: Mapping[str, Any] | None = None
     error: str | None = None
+    preset_hash: str | None = None  # the version of its preset section the node serves
 
 
 @dataclass(frozen=True)
@@ -85,6 +92,7 @@ def parse_models(body: object) -> dict[str, ModelReport]:
             exit_code=entry.status.exit_code,
             memory=dump(memory) if memory is not None else None,
             error=corral.error if corral is not None else None,
+            preset_hash=corral.preset_hash if corral is not None else None,
         )
     for refusal in _refused(body):
         # A preset the agent refused alone: Failed on this node, with the agent's file:line
@@ -122,7 +130,10 @@ def node_entry(
     conflict: str | None,
     now: dt.datetime,
     stale_after: dt.timedelta,
+    preset_hash: str | None = None,
 ) -> dict[str, Any]:
+    """One node's detail. With ``preset_hash`` (the current version's), a node that reports
+    another version (or none) is ``Outdated``, whatever its model's state."""
     prev = previous or {}
     # No per-node "last seen" time: it moved on every poll, a heartbeat rewritten into the
     # status of every preset (Kubernetes moved Nodes' heartbeats to Lease objects for that).
@@ -139,6 +150,10 @@ def node_entry(
         model = report.models.get(model_name)
         if model is None:
             entry["state"] = "Pending"  # the agent has not picked up the new file yet
+        elif preset_hash is not None and model.preset_hash != preset_hash:
+            # It still serves (or offers) an earlier version: the kubelet has not synced the
+            # new file yet, or the agent is restarting the child with the new arguments.
+            entry["state"] = "Outdated"
         else:
             state = _STATES.get(model.value, "Unknown")
             if model.value == "unloaded" and model.failed:
@@ -201,6 +216,7 @@ NODE_STATES = (
     "Conflict",
     "Unknown",
     "Pending",
+    "Outdated",
     "Downloading",
     "Loading",
     "Unloaded",
@@ -239,10 +255,12 @@ def compute_status(
     invalid: str | None = None,
     load_on_startup: bool = False,
     problems: Sequence[tuple[str, str]] = (),
+    preset_hash: str | None = None,
 ) -> dict[str, Any]:
     """The whole status of one preset. ``problems``: (reason, message) of what keeps the
     operator from carrying it out (a foreign Service of its name, a ConfigMap too large), each
-    a reason to be Degraded."""
+    a reason to be Degraded. ``preset_hash``: the hash of its section as rendered now, which
+    each node must report before it counts (None: not checked)."""
     prev = previous or {}
     prev_nodes = {n.get("name"): n for n in prev.get("nodes") or [] if isinstance(n, Mapping)}
     prev_conds = {c.get("type"): c for c in prev.get("conditions") or [] if isinstance(c, Mapping)}
@@ -256,6 +274,7 @@ def compute_status(
             conflicts.get(node),
             now,
             stale_after,
+            preset_hash,
         )
         for node in sorted(matched)
     ]
@@ -277,6 +296,7 @@ def compute_status(
             ("Unknown", "AgentsUnknown"),
             ("Conflict", "NameConflict"),
             ("Pending", "Pending"),
+            ("Outdated", "Updating"),
             ("Downloading", "Downloading"),
             ("Loading", "Loading"),
             ("Unloaded", "Loading"),
@@ -317,8 +337,15 @@ def compute_status(
     for n in nodes:
         counts[n["state"]] = counts.get(n["state"], 0) + 1
     ready = (ready[0], ready[1], _bounded(ready[2]))
+    # This generation is observed once no node is still to take it up; until then the status
+    # keeps the one it last confirmed (absent for a new preset), so kstatus, Argo CD and Flux
+    # see the rollout in progress.
+    observed: dict[str, Any] = {"observedGeneration": generation}
+    if invalid is None and any(n["state"] in _TAKING_UP for n in nodes):
+        confirmed = prev.get("observedGeneration")
+        observed = {} if confirmed is None else {"observedGeneration": confirmed}
     return {
-        "observedGeneration": generation,
+        **observed,
         "modelName": model_name,
         "matchedNodes": len(nodes),
         "loadedNodes": _count(nodes, "Loaded"),

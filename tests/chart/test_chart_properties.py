@@ -420,9 +420,37 @@ def test_nothing_is_mounted_under_the_models_dir(scenario: Path, with_pvc_mounts
 
 
 def test_agent_probes_health(render: Render) -> None:
+    """Ready is /health (503 when the agent cannot see the GPUs it expects); alive is /livez
+    (a restart would not bring the GPUs back)."""
     container = agent_container(render())
-    for probe in ("livenessProbe", "readinessProbe"):
-        assert container[probe]["httpGet"] == {"path": "/health", "port": "http"}, probe
+    assert container["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "http"}
+
+
+@pytest.mark.parametrize(
+    ("gpu", "expected"),
+    [
+        ({}, "1"),
+        ({"count": 4}, "4"),
+        ({"mode": "runtimeClass"}, "1"),
+        ({"mode": "none"}, None),
+        ({"expectVisible": False}, None),
+    ],
+)
+def test_the_agent_expects_the_gpus_its_pod_gets(
+    render: Render, gpu: dict[str, Any], expected: str | None
+) -> None:
+    args = agent_container(render({"agent": {"gpu": gpu}}))["args"]
+    given = args[args.index("--expect-gpus") + 1] if "--expect-gpus" in args else None
+    assert given == expected, args
+
+
+def test_a_pools_gpu_count_is_what_its_agents_expect(render: Render) -> None:
+    counts = {}
+    for ds in render(POOLS).all("DaemonSet"):
+        args = ds["spec"]["template"]["spec"]["containers"][0]["args"]
+        counts[ds["metadata"]["name"]] = args[args.index("--expect-gpus") + 1]
+    assert counts == {f"{FULLNAME}-agent-a100x8": "8", f"{FULLNAME}-agent-l4": "1"}
 
 
 def test_operator_liveness_is_kopfs_own_probe(render: Render) -> None:

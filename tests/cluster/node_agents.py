@@ -112,6 +112,7 @@ class NodeAgents:
     workdir: Path
     llama_server: str
     agents: dict[str, NodeAgent] = field(default_factory=dict)  # by pod name
+    held: set[str] = field(default_factory=set)  # pods whose volumes are not synced for now
     _stop: threading.Event = field(default_factory=threading.Event)
     _sync: threading.Thread | None = None
 
@@ -165,16 +166,19 @@ class NodeAgents:
         while time.monotonic() < deadline:
             assert agent.proc.poll() is None, f"agent {agent.pod} exited:\n{agent.log()}"
             with contextlib.suppress(OSError):
-                if http("GET", agent.url + "/health", timeout=1)[0] == 200:
+                # /livez: /health is 503 here, where kwok's GPU nodes have no GPU to see.
+                if http("GET", agent.url + "/livez", timeout=1)[0] == 200:
                     return
             time.sleep(0.05)
         raise AssertionError(f"agent {agent.pod} never became healthy:\n{agent.log()}")
 
     def _kubelet(self) -> None:
-        """Copy the presets ConfigMap into every pod's volume whenever it changes."""
+        """Copy the presets ConfigMap into every pod's volume whenever it changes (except
+        into the volumes of ``held`` pods: a kubelet that syncs late, as real ones do within
+        their 60–90 s)."""
         ns, name = self.release.namespace, self.release.presets_configmap
         path = f"/api/v1/namespaces/{ns}/configmaps/{name}"
-        seen: dict[str, str] | None = None
+        written: dict[str, dict[str, str]] = {}  # pod → the data its volume shows
         version = 0
         while not self._stop.wait(0.2):
             try:
@@ -182,11 +186,11 @@ class NodeAgents:
             except OSError:  # the apiserver restarting (a test does that)
                 continue
             data = dict((body or {}).get("data") or {})
-            if data != seen:
-                version += 1
-                for agent in self.agents.values():
+            for pod, agent in self.agents.items():
+                if pod not in self.held and written.get(pod) != data:
+                    version += 1
                     write_configmap_volume(agent.volume, data, f"v{version}")
-                seen = data
+                    written[pod] = data
 
     def stop(self) -> None:
         self._stop.set()

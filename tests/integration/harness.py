@@ -121,8 +121,8 @@ class AgentProcess:
         if wait:  # not over TLS: the wait speaks plain HTTP
             self.wait_healthy()
 
-    def wait_healthy(self, timeout: float = 30) -> None:
-        wait_healthy(self.proc, self.port, self.log, "the agent", timeout)
+    def wait_healthy(self, timeout: float = 30, path: str = "/health") -> None:
+        wait_healthy(self.proc, self.port, self.log, "the agent", timeout, path)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -166,14 +166,15 @@ def wait_healthy(
     log: Callable[[], str],
     what: str,
     timeout: float = 30,
+    path: str = "/health",
 ) -> None:
-    """Wait for ``GET /health`` 200 from a server we started; fail with its log if it dies."""
+    """Wait for ``GET path`` 200 from a server we started; fail with its log if it dies."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise AssertionError(f"{what} exited with {proc.returncode}:\n{log()}")
         try:
-            status, _ = http("GET", f"http://127.0.0.1:{port}/health", timeout=1)
+            status, _ = http("GET", f"http://127.0.0.1:{port}{path}", timeout=1)
             if status == 200:
                 return
         except OSError:

@@ -141,3 +141,20 @@ def test_warns_about_sources_that_give_no_model(tmp_path: Path) -> None:
         f"WARNING corral.agent: {preset}:4: preset [ghost]: its model file gone/ghost.gguf "
         f"(relative to {REPO}) does not exist; loading it will fail until it does"
     ) in log
+
+
+def test_an_agent_without_the_gpus_it_expects_is_alive_but_not_ready() -> None:
+    """Issue 25: a GPU node's pod that cannot see its GPUs (a device plugin without the
+    runtime that injects them) served on the CPU and stayed Ready. No machine here has 64."""
+    agent = AgentProcess(["--expect-gpus", "64"], wait=False)
+    try:
+        agent.wait_healthy(path="/livez")
+        code, body = agent.get("/health")
+        assert code == 503, body
+        message = body["error"]["message"]
+        assert message.startswith("--expect-gpus 64: NVML ") and "restart it" in message
+        assert agent.get("/livez") == (200, {"status": "ok"})
+        assert agent.get("/v1/models")[0] == 200  # it serves what it can meanwhile
+        assert f"not ready: {message}" in agent.log()
+    finally:
+        agent.stop()

@@ -24,6 +24,7 @@ def model_entry(
     exit_code: int | None = None,
     error: str | None = None,
     memory: Mapping[str, int] | None = None,
+    preset_hash: str | None = None,
 ) -> dict[str, Any]:
     """One entry; ``exit_code`` makes it a failed one (``status.failed``, ``corral.error``)."""
     crash: dict[str, Any] = {}
@@ -66,6 +67,7 @@ def model_entry(
                 failures=1 if exit_code is not None else 0,
                 retry_in=0.0,
                 conversation_streams=None,  # no child of the binary asked yet
+                preset_hash=preset_hash,
                 **figures,
             ),
         }

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 import threading
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -19,6 +18,7 @@ from preset_operator.kube import Credentials
 from preset_operator.main import run_operator
 from preset_operator.reconcile import EVENTS_NAMESPACE, Config
 
+from node_agent.sources.preset_ini import section_hashes
 from tests.integration.harness import free_port
 from tests.operator.apiserver import OPERATOR_TOKEN
 
@@ -152,9 +152,15 @@ async def operator_running(
 
 def node_models(data: dict[str, str], node: str) -> list[str]:
     """The model names (INI sections) of one node's files in the presets ConfigMap's data."""
+    return list(node_sections(data, node))
+
+
+def node_sections(data: dict[str, str], node: str) -> dict[str, str]:
+    """Model name → the hash of its section (what an agent that read it reports), for one
+    node's files in the presets ConfigMap's data."""
     index = json.loads(data.get("nodes.json", '{"files": [], "nodes": {}}'))
     keys = [index["files"][i] for i in index["nodes"].get(node, [])]
-    return [name for key in keys for name in re.findall(r"^\[(.+)\]$", data[key], re.M)]
+    return {name: h for key in keys for name, h in section_hashes(data[key], key).items()}
 
 
 async def configmap(kmock: Any) -> tuple[dict[str, str], dict[str, str]]:

@@ -35,7 +35,7 @@ from tests.operator.cluster import (
     eventually,
     get,
     node,
-    node_models,
+    node_sections,
     operator_running,
     pod,
     prepare,
@@ -66,10 +66,14 @@ class FakeAgents:
             if node in self.down:
                 return aiohttp.web.json_response({"error": "down"}, status=503)
             data = await get(self.kmock, f"/api/v1/namespaces/{NS}/configmaps/{CM}")
-            names = node_models((data or {}).get("data") or {}, node)
+            sections = node_sections((data or {}).get("data") or {}, node)
             entries = [
-                model_entry(name, **self.overrides.get(node, {}).get(name, {"memory": {"host": 1}}))
-                for name in names
+                model_entry(
+                    name,
+                    preset_hash=sections[name],
+                    **self.overrides.get(node, {}).get(name, {"memory": {"host": 1}}),
+                )
+                for name in sections
             ]
             return aiohttp.web.json_response(model_list(entries))
 

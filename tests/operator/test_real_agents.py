@@ -146,7 +146,10 @@ def test_the_fake_agents_serve_the_real_agents_keys(
     folder.mkdir()
     (folder / "tiny.gguf").symlink_to(demo_dir / "demo-tiny.gguf")
     (folder / "broken.gguf").write_bytes(b"not a gguf\n" * 64)
-    agent = AgentProcess(["--models-dir", str(folder), "--memory-limit", "host=8GiB"])
+    # As the operator's agents have them: from preset sections (so with their hashes).
+    ini = tmp_path / "presets.ini"
+    ini.write_text("".join(f"[{m}]\nmodel = {folder / m}.gguf\n" for m in ("tiny", "broken")))
+    agent = AgentProcess(["--models-preset", str(ini), "--memory-limit", "host=8GiB"])
     try:
         assert agent.post("/models/load", {"model": "tiny"})[0] == 200
         agent.wait_state("tiny", "loaded")
@@ -174,8 +177,10 @@ def test_the_fake_agents_serve_the_real_agents_keys(
                 out |= keys(inner, f"{prefix}{key}.")
         return out
 
-    fake_loaded = model_entry("tiny", memory={"host": 1})
-    fake_failed = model_entry("broken", "unloaded", exit_code=1, error="x", memory={"host": 1})
+    fake_loaded = model_entry("tiny", memory={"host": 1}, preset_hash="0123456789ab")
+    fake_failed = model_entry(
+        "broken", "unloaded", exit_code=1, error="x", memory={"host": 1}, preset_hash="x"
+    )
     assert keys(fake_loaded) == keys(real["tiny"]) - {"meta"}
     assert keys(fake_failed) == keys(real["broken"])
     # And the real answer round-trips through the schema unchanged: nothing is unmodelled.

@@ -186,3 +186,16 @@ def test_with_a_gpu_the_composite_probe_lists_both() -> None:
     assert [r.name for r in probe.read()] == ["host", "CUDA0"]
     assert probe.process_usage([7]) == {"CUDA0": GIB}
     assert CHILD_ENV == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+
+def test_missing_gpus_says_what_is_missing_and_how_to_fix_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    one_gpu = open_probes(FakeNvml(total=8 * GIB))
+    assert devices.missing_gpus(1, one_gpu) is None
+    short = devices.missing_gpus(2, one_gpu)
+    assert short is not None and short.startswith("--expect-gpus 2: NVML sees only CUDA0, ")
+    assert "runtimeClassName" in short
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    none = devices.missing_gpus(1, open_probes())
+    assert none is not None and "NVML is not installed" in none and "pip install" in none

@@ -464,3 +464,53 @@ async def test_an_event_stream_client_that_went_away_is_no_error(
         monkeypatch.undo()
         sse.close()
         assert "unexpected error" not in caplog.text, caplog.text
+
+
+async def test_the_listed_preset_hash_is_the_running_childs_until_a_changed_one_restarts() -> None:
+    """Issue 25: the operator's Ready waits for each node's ``corral.preset_hash``; a reload
+    that restarts a child must not report the new version while the old child still runs,
+    and one that updates a model in place (its TTL) serves the new version at once."""
+    plan = Plan()
+    v1 = spec("m", stop_timeout=5.0, preset_hash="v1")
+    async with fake_agent(plan, [v1]) as agent:
+        assert (await _listed(agent, "m"))["corral"]["preset_hash"] == "v1"
+        stream = await open_stream(agent, "m")  # keeps the v1 child draining
+        v2 = spec("m", stop_timeout=5.0, preset_hash="v2", options=(("ctx-size", "64"),))
+        reloading = asyncio.create_task(agent.registry.reload(Catalog({"m": v2}), {"m"}))
+        await asyncio.sleep(0.2)
+        assert (await _listed(agent, "m"))["corral"]["preset_hash"] == "v1"
+        stream.close()
+        await reloading
+        assert (await _listed(agent, "m"))["corral"]["preset_hash"] == "v2"
+        await agent.client.post(f"{agent.url}/models/load", json={"model": "m"})
+        v3 = spec("m", stop_timeout=5.0, preset_hash="v3", options=(("ctx-size", "64"),), ttl=60)
+        await agent.registry.reload(Catalog({"m": v3}), set())
+        assert (await _listed(agent, "m"))["corral"]["preset_hash"] == "v3"
+        assert plan.spawned == ["m", "m"]  # the TTL took no restart
+
+
+async def test_a_load_on_startup_model_whose_arguments_changed_is_loaded_again() -> None:
+    """Found by the cluster tier (issue 25): a loadOnStartup preset whose ``args`` changed
+    stopped for the new arguments and stayed unloaded until a request came."""
+    plan = Plan()
+    v1 = spec("m", load_on_startup=True)
+    async with fake_agent(plan, [v1]) as agent:
+        events = agent.registry.events()
+        waiting = asyncio.ensure_future(anext(events))
+        await asyncio.sleep(0)  # the subscription starts before the check
+
+        async def loaded() -> None:
+            nonlocal waiting
+            async with asyncio.timeout(5):
+                while ((await waiting).data or {}).get("status") != "loaded":
+                    waiting = asyncio.ensure_future(anext(events))
+            waiting = asyncio.ensure_future(anext(events))
+
+        if agent.registry.state("m") is not ModelState.LOADED:
+            await loaded()  # its load at start
+        v2 = spec("m", load_on_startup=True, options=(("ctx-size", "64"),))
+        await agent.registry.reload(Catalog({"m": v2}), {"m"})
+        await loaded()
+        waiting.cancel()
+        await events.aclose()
+        assert plan.spawned == ["m", "m"]

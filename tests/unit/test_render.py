@@ -432,6 +432,13 @@ def test_every_condition_fits_the_crds_condition_schema() -> None:
         compute_status(
             **base, matched=["a"], reports={}, previous=None, problems=[("ConfigMapTooLarge", "x")]
         ),
+        compute_status(
+            **base,
+            matched=["a"],
+            reports={"a": report(m=ModelReport("loaded"))},
+            previous=None,
+            preset_hash="new",
+        ),
     ]
     reasons = set()
     for st in statuses:
@@ -439,3 +446,64 @@ def test_every_condition_fits_the_crds_condition_schema() -> None:
             assert patterns["type"].match(c["type"]) and patterns["reason"].match(c["reason"]), c
             reasons.add(c["reason"])
     assert len(reasons) >= 10  # the scenarios above reach most of them
+
+
+def test_a_node_that_serves_an_earlier_version_is_outdated_until_it_reports_this_one() -> None:
+    """Ready and observedGeneration wait until every node reports the section's current hash
+    (issue 25): after an args change a node keeps listing its old child as loaded until its
+    kubelet syncs the file and the agent restarts the child."""
+    kw: dict[str, Any] = {"model_name": "m", "matched": ["a", "b"], "stale_after": STALE}
+    both_v1 = {
+        "a": report(m=ModelReport("loaded", preset_hash="v1")),
+        "b": report(m=ModelReport("loaded", preset_hash="v1")),
+    }
+    first = compute_status(
+        **kw, generation=1, reports=both_v1, previous=None, now=NOW, preset_hash="v1"
+    )
+    assert first["observedGeneration"] == 1 and cond(first, "Ready")["status"] == "True"
+
+    # Generation 2: a took it up, b still runs v1, and one agent without a hash (an older
+    # one) cannot confirm it either.
+    mixed = {
+        "a": report(m=ModelReport("loaded", preset_hash="v2")),
+        "b": report(m=ModelReport("loaded", preset_hash="v1")),
+    }
+    st = compute_status(
+        **kw, generation=2, reports=mixed, previous=first, now=NOW, preset_hash="v2"
+    )
+    ready = cond(st, "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "Updating")
+    assert ready["message"] == "Outdated on 1 of 2 node(s): b"
+    assert st["observedGeneration"] == 1  # the last generation every node confirmed
+    assert [n["state"] for n in st["nodes"]] == ["Loaded", "Outdated"]
+    assert st["nodeCounts"]["Outdated"] == 1 and st["loadedNodes"] == 1
+    assert cond(st, "Degraded")["status"] == "False"  # on its way, not broken
+    assert [(e.type, e.reason) for e in transitions(first, st)] == [("Warning", "NotReady")]
+    unhashed = {**mixed, "b": report(m=ModelReport("loaded"))}
+    assert (
+        compute_status(
+            **kw, generation=2, reports=unhashed, previous=first, now=NOW, preset_hash="v2"
+        )["nodes"][1]["state"]
+        == "Outdated"
+    )
+
+    done = {**mixed, "b": report(m=ModelReport("unloaded", preset_hash="v2"))}
+    st = compute_status(**kw, generation=2, reports=done, previous=st, now=NOW, preset_hash="v2")
+    assert st["observedGeneration"] == 2 and cond(st, "Ready")["status"] == "True"
+
+
+def test_a_new_preset_has_no_observed_generation_until_its_nodes_take_it_up() -> None:
+    kw: dict[str, Any] = {
+        "model_name": "m",
+        "generation": 1,
+        "matched": ["a"],
+        "previous": None,
+        "now": NOW,
+        "stale_after": STALE,
+        "preset_hash": "v1",
+    }
+    assert "observedGeneration" not in compute_status(**kw, reports={"a": report()})  # Pending
+    assert "observedGeneration" not in compute_status(**kw, reports={})  # Unknown
+    # An invalid spec or no node to serve it on: the operator has done all it can.
+    assert compute_status(**{**kw, "matched": []}, reports={})["observedGeneration"] == 1
+    assert compute_status(**kw, reports={}, invalid="bad")["observedGeneration"] == 1
