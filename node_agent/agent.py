@@ -333,6 +333,7 @@ class Agent:
             vertex=vertex_from_env(self.env),
             cors_proxy=self.options.ui_mcp_proxy,
             unready=self._missing_gpus(),
+            metrics_keys=self.options.metrics_keys,
         )
         if self.builtin_tools is not None:
             await self.builtin_tools.start()  # its container, before listening

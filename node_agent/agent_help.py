@@ -54,6 +54,8 @@ Corral's own:
   --warm-cache-size SIZE      warm swaps: prompt caches saved at an unload and restored at
                               the next load of the same model, using at most this much disk
                               (e.g. 2GiB; default 0: off)
+  --metrics-key-file FILE     keys (one a line; or $CORRAL_METRICS_KEY) that open GET
+                              /metrics only, for a scraper (needs --api-key)
   --expect-gpus N             the agent must see N NVIDIA GPUs: with fewer, /health answers
                               503 and says why (a pod that would serve on the CPU is not
                               ready; /livez answers 200 while the agent runs)

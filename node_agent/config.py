@@ -48,6 +48,9 @@ class AgentOptions:
     models_autoload: bool = True
     api_keys: tuple[str, ...] = ()
     """From ``--api-key`` (comma-separated) and ``--api-key-file`` (one a line)."""
+    metrics_keys: tuple[str, ...] = ()
+    """Keys that open ``GET /metrics`` only (a scraper's), from ``--metrics-key-file`` and
+    ``$CORRAL_METRICS_KEY``: the inference key need not be handed to the monitoring stack."""
     ssl_key_file: str | None = None
     ssl_cert_file: str | None = None
     """PEM files: the agent serves HTTPS when both are given (llama-server's TLS flags)."""
@@ -247,9 +250,17 @@ def parse_agent_args(argv: Sequence[str], env: Mapping[str, str]) -> AgentOption
     keys = list(api_keys)
     for path in api_key_files:
         keys.extend(_read_key_file(path))
+    metrics_keys = _metrics_keys(values.pop("metrics_key_file", None), env)
+    if metrics_keys and not keys:
+        raise ConfigError(
+            "a metrics key (--metrics-key-file or $CORRAL_METRICS_KEY) guards /metrics only "
+            "behind an API key, and there is none: /metrics is open to everyone; give "
+            "--api-key or --api-key-file too, or leave the metrics key out"
+        )
     return AgentOptions(
         **values,  # type: ignore[arg-type]
         api_keys=tuple(keys),
+        metrics_keys=metrics_keys,
         memory_limits=tuple(limits.items()),
         peers=tuple(dict.fromkeys(peers)),
         child_options=tuple(children.items()),
@@ -469,16 +480,28 @@ def _split_keys(raw: str, where: str) -> list[str]:
     return keys
 
 
-def _read_key_file(path: str) -> list[str]:
+def _read_key_file(path: str, flag: str = "--api-key-file") -> list[str]:
     # llama.cpp: one key a line; lines starting with '#' are comments.
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except OSError as e:
-        raise ConfigError(f"--api-key-file {path!r} cannot be read: {e.strerror}") from e
+        raise ConfigError(f"{flag} {path!r} cannot be read: {e.strerror}") from e
     keys = [ln.strip() for ln in lines if ln.strip() and not ln.strip().startswith("#")]
     if not keys:
-        raise ConfigError(f"--api-key-file {path!r} holds no key (one a line; '#' comments)")
+        raise ConfigError(f"{flag} {path!r} holds no key (one a line; '#' comments)")
     return keys
+
+
+METRICS_KEY_ENV = "CORRAL_METRICS_KEY"
+
+
+def _metrics_keys(path: object, env: Mapping[str, str]) -> tuple[str, ...]:
+    keys = (
+        _split_keys(env[METRICS_KEY_ENV], f"${METRICS_KEY_ENV}") if env.get(METRICS_KEY_ENV) else []
+    )
+    if isinstance(path, str):
+        keys.extend(_read_key_file(path, "--metrics-key-file"))
+    return tuple(keys)
 
 
 # --- flag tables ------------------------------------------------------------------------
@@ -528,6 +551,7 @@ _OWN_FLAGS: dict[str, tuple[str, str, Callable[[str], object]]] = {
     "--max-child-errors": ("max_child_errors", "a count (0: never)", _int_at_least(0)),
     "--warm-cache-size": ("warm_cache_size", "a size like 2GiB (0: off)", _size_or_off),
     "--expect-gpus": ("expect_gpus", "a count (0: none)", _int_at_least(0)),
+    "--metrics-key-file": ("metrics_key_file", "a file", _identity),
     "--shutdown-timeout": ("shutdown_timeout", "seconds (> 0)", _positive_seconds),
     "--client-timeout": ("client_timeout", "seconds (> 0)", _positive_seconds),
     "--max-connections": ("max_connections", "a count (>= 1)", _int_at_least(1)),

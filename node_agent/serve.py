@@ -125,6 +125,7 @@ def main(argv: Sequence[str], probe: BinaryProbe | None = None) -> int:
     )
     # Secrets never reach the log: the keys and the token by value, the rest by shape.
     add_secrets(options.api_keys)
+    add_secrets(options.metrics_keys)
     add_secret(download_settings(options, env).token)
     for handler in logging.getLogger().handlers:
         handler.addFilter(RedactingFilter())

@@ -107,13 +107,18 @@ def key_matches(given: str, keys: tuple[str, ...]) -> bool:
     return found
 
 
-def auth_middleware(keys: tuple[str, ...]) -> Any:
+def auth_middleware(keys: tuple[str, ...], metrics_keys: tuple[str, ...] = ()) -> Any:
+    """The API key for everything but the public routes; a metrics key for GET /metrics."""
+
     @web.middleware
     async def check(
         request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
-        if request.path not in PUBLIC and not key_matches(given_api_key(request.headers), keys):
-            raise ApiError(401, "Invalid API Key")
+        if request.path not in PUBLIC:
+            given = given_api_key(request.headers)
+            scrape = request.path == "/metrics" and request.method == "GET"
+            if not key_matches(given, keys) and not (scrape and key_matches(given, metrics_keys)):
+                raise ApiError(401, "Invalid API Key")
         return await handler(request)
 
     return check
@@ -288,7 +293,7 @@ def build_app(state: AgentState) -> web.Application:
     guard = guard_middleware(browser, loading_gets=frozenset(PROXIED_GET))
     middlewares: list[Any] = [errors_middleware, guard, serve_chat_ui]
     if state.settings.api_keys:
-        middlewares.append(auth_middleware(state.settings.api_keys))
+        middlewares.append(auth_middleware(state.settings.api_keys, state.settings.metrics_keys))
     app = web.Application(
         middlewares=middlewares,
         client_max_size=state.settings.max_body_bytes,

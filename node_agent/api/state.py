@@ -77,6 +77,7 @@ class RouterSettings:
     vertex: Vertex | None = None  # Google Cloud's prediction routes (AIP_MODE=PREDICTION)
     cors_proxy: bool = False  # --ui-mcp-proxy
     unready: str | None = None  # why /health answers 503 (GPUs expected and not seen)
+    metrics_keys: tuple[str, ...] = ()  # they open GET /metrics only
 
 
 Reloader = Callable[[], Awaitable[None]]

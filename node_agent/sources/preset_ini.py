@@ -77,6 +77,7 @@ AGENT_KEYS = frozenset(
         "kube-api",
         "log-level",
         "expect-gpus",
+        "metrics-key-file",
     }
 )
 # Preset-only keys, with llama.cpp's pseudo env names for the two it defines.

@@ -768,12 +768,24 @@ def test_service_monitor_scrapes_each_agent_once(render: Render) -> None:
     assert "authorization" not in off.one("ServiceMonitor")["spec"]["endpoints"][0]
 
 
-def test_service_monitor_sends_the_api_key(render: Render) -> None:
-    (endpoint,) = render(scenario_values(API_KEY)).one("ServiceMonitor")["spec"]["endpoints"]
+def test_service_monitor_sends_the_scrape_key_not_the_api_key(render: Render) -> None:
+    """Issue 25: the monitoring stack held the inference key. The scrape key opens GET
+    /metrics only (the agent's $CORRAL_METRICS_KEY)."""
+    rendered = render(scenario_values(API_KEY))
+    (endpoint,) = rendered.one("ServiceMonitor")["spec"]["endpoints"]
     assert endpoint["authorization"] == {
         "type": "Bearer",
-        "credentials": {"name": "corral-api-key", "key": "api-key"},
+        "credentials": {"name": "corral-api-key", "key": "metrics-key"},
     }
+    scrape = {"name": "corral-api-key", "key": "metrics-key", "optional": True}
+    assert env_of(agent_container(rendered))["CORRAL_METRICS_KEY"]["valueFrom"] == {
+        "secretKeyRef": scrape
+    }
+    assert "CORRAL_METRICS_KEY" not in env_of(operator_container(rendered))
+    generated = render().one("Secret", f"{FULLNAME}-api-key")["data"]
+    keys = {name: base64.b64decode(value).decode() for name, value in generated.items()}
+    assert set(keys) == {"api-key", "metrics-key"} and keys["api-key"] != keys["metrics-key"]
+    assert len(keys["metrics-key"]) == 48 and keys["metrics-key"].isalnum()
 
 
 def test_crd_comes_from_crds_dir(render: Render) -> None:

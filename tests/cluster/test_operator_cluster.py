@@ -39,6 +39,13 @@ def test_a_preset_is_served_by_the_real_agents_and_collected_with_its_service(wo
     assert http("GET", agent.url + "/v1/models")[0] == 401
     code, body = http("GET", agent.url + "/v1/models", headers={"Authorization": f"Bearer {key}"})
     assert code == 200 and "tiny" in {m["id"] for m in body["data"]}, body
+    # The ServiceMonitor's scrape key (the chart's Secret) opens /metrics and nothing else.
+    scrape = secret_value(
+        cp, world.release.namespace, f"{world.release.fullname}-api-key", "metrics-key"
+    )
+    bearer = {"Authorization": f"Bearer {scrape}"}
+    assert http("GET", agent.url + "/metrics", headers=bearer)[0] == 200
+    assert http("GET", agent.url + "/v1/models", headers=bearer)[0] == 401
     # The chart's agent expects its node's GPU: where it sees none, as on kwok's nodes here,
     # it is not ready, and says why.
     missing = missing_gpus(1, open_probes())

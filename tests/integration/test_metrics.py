@@ -169,3 +169,22 @@ def test_metrics_need_the_api_key(start_agent: Any, demo_dir: Path) -> None:
     status, text = agent.get("/metrics", headers={"Authorization": "Bearer sekret"})
     assert status == 200
     assert "corral_model_state" in text
+
+
+def test_a_scrape_key_opens_the_metrics_and_nothing_else(demo_dir: Path) -> None:
+    """Issue 25: the ServiceMonitor scraped with the full inference key."""
+    agent = AgentProcess(
+        ["--models-dir", str(demo_dir), "--api-key", "sekret"], env={"CORRAL_METRICS_KEY": "scrape"}
+    )
+    try:
+        scrape = {"Authorization": "Bearer scrape"}
+        status, text = agent.get("/metrics", headers=scrape)
+        assert status == 200 and "corral_model_state" in text
+        assert agent.get(f"/metrics?model={TINY}", headers=scrape)[0] != 401
+        assert agent.get("/v1/models", headers=scrape)[0] == 401
+        assert agent.get("/models", headers=scrape)[0] == 401
+        assert agent.post("/models/unload", {"model": TINY}, headers=scrape)[0] == 401
+        assert agent.get("/metrics", headers={"Authorization": "Bearer sekret"})[0] == 200
+        assert "scrape" not in agent.log()
+    finally:
+        agent.stop()

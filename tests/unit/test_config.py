@@ -77,6 +77,20 @@ def test_an_api_key_list_with_no_key_is_an_error(raw: str, tmp_path: Path) -> No
     assert parse_agent_args([], {"LLAMA_API_KEY": ""}).api_keys == ()  # empty = unset
 
 
+def test_a_metrics_key_from_a_file_and_the_environment_needs_an_api_key(tmp_path: Path) -> None:
+    f = tmp_path / "scrape"
+    f.write_text("# the scraper's\nm2\n")
+    env = {"CORRAL_METRICS_KEY": "m1"}
+    o = parse_agent_args(["--api-key", "k", "--metrics-key-file", str(f)], env)
+    assert (o.api_keys, o.metrics_keys) == (("k",), ("m1", "m2"))
+    # Without an API key /metrics is open to all: a metrics key would guard nothing.
+    with pytest.raises(ConfigError, match=r"metrics key .* guards /metrics only behind an API"):
+        parse_agent_args([], env)
+    with pytest.raises(ConfigError, match=r"--metrics-key-file '.*nope' cannot be read"):
+        parse("--api-key", "k", "--metrics-key-file", str(tmp_path / "nope"))
+    assert parse_agent_args([], {"CORRAL_METRICS_KEY": ""}).metrics_keys == ()  # empty = unset
+
+
 def test_corral_flags() -> None:
     o = parse(
         "--llama-server", "/bin/ls",

@@ -240,6 +240,21 @@ the chart generates (templates/api-key-secret.yaml); "" when agent.apiKey.enable
 {{- end }}
 
 {{/*
+The scrape key, for the agent container only (the operator and the test pod use the API key).
+Optional: an existingSecret may not hold one yet.
+*/}}
+{{- define "corral.metricsKeyEnv" -}}
+{{- with (include "corral.apiKeySecret" .) }}
+- name: CORRAL_METRICS_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ . }}
+      key: {{ $.Values.agent.apiKey.metricsSecretKey }}
+      optional: true
+{{- end }}
+{{- end }}
+
+{{/*
 The API key environment variable, shared by the agent, the operator (which polls the agents)
 and the helm test pod. LLAMA_API_KEY is the name llama-server and the agent read.
 */}}
