@@ -41,6 +41,7 @@ from node_agent.api.long_lived import setup_long_lived
 from node_agent.api.metrics import setup_metrics
 from node_agent.api.missing_endpoint import NOT_FOUND, endpoint_missing, route_of
 from node_agent.api.models_routes import setup_models_routes
+from node_agent.api.peer_view import setup_peer_view
 from node_agent.api.replies import error_response, json_reply
 from node_agent.api.request_record import Exchange, begin_exchange
 from node_agent.api.state import PROXIED_GET, PROXIED_POST, STATE, AgentState, RouterSettings
@@ -321,6 +322,7 @@ def build_app(state: AgentState) -> web.Application:
             app, state.settings.vertex, PROXIED_POST, partial(post_body, buffered=True), health
         )
     setup_metrics(app)
+    setup_peer_view(app)
     setup_conversations(app)
     setup_models_routes(app, state.logs_for)
     setup_ui(app)

@@ -1,14 +1,14 @@
 """The agent's peers (``--peer URL``, ``--peers-from-service``): what each one has loaded, and
 one-hop forwarding to it.
 
-A background task polls every peer's ``GET /models`` and ``GET /props`` each second with the
-agent's own ``--api-key`` (one key cluster-wide): per peer, whether it answered, and per model
-its state and queue depth (``corral.in_flight`` + ``corral.queued``) and whether it has a free
-``--models-max`` slot; where the peer's memory ledger is on, each model's ``min`` (its
-``corral.memory``) and the peer's free memory per device (``GET /ledger?probe=0``: as of its
-last device reading, so that polls do not probe its devices each second), so that "fits with no
-eviction" means a free slot and the memory for it. A peer that fails a poll drops out until it
-answers again. Which node
+The agent keeps one subscription open to every peer (``GET /peer-view``, ``api/peer_view.py``,
+with the agent's own ``--api-key``: one key cluster-wide), and the peer writes its view when it
+changes: per model its state and queue depth (in flight + queued), its ``--models-max``, and,
+where its memory ledger is on, each model's ``min`` and its free memory per device, so that
+"fits with no eviction" means a free slot and the memory for it. Nothing travels at rest but a
+newline every 2 s (it used to be 2–3 polls per peer per second, each a full ``GET /models``
+parsed). A peer whose subscription breaks, or that stays silent for three keepalives, drops
+out until it answers again. Which node
 serves a request is the pure core's decision (``core/peer_rank.py``); this module gathers the
 figures and carries it out.
 
@@ -22,6 +22,7 @@ proxy's error event (a 502 JSON before any byte was sent), never a hang.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,8 +40,48 @@ from node_agent.runtime.registry import Registry
 log = logging.getLogger("corral.peers")
 
 FORWARDED = "X-Corral-Forwarded"
-POLL_SECONDS = 1.0
-POLL_TIMEOUT = aiohttp.ClientTimeout(total=2.0)
+ROUTE = "/peer-view"  # each agent's view for its peers (api/peer_view.py)
+KEEPALIVE = 2.0  # seconds without a view: a bare newline (peers drop one silent for 3 times it)
+RECONCILE_SECONDS = 1.0  # how soon a peer discovered (or gone) is followed (or left)
+RETRY_SECONDS = 1.0  # between a broken subscription and the next try
+# A peer that sends nothing, not even its keepalive, for this long is left out.
+SUBSCRIPTION_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=2.0, sock_read=3 * KEEPALIVE)
+MAX_VIEW_BYTES = 8 * 1024 * 1024  # a peer's view is input too: bounded
+
+# (models_max, models: name -> (state, queue), needs: name -> min per device, free per device)
+PeerView = tuple[
+    int, dict[str, tuple[str, int]], dict[str, dict[str, int]], dict[str, int | None] | None
+]
+
+
+def parse_view(line: bytes) -> PeerView:
+    """One line of a peer's ``GET /peer-view`` (``api/peer_view.py``), checked: ValueError
+    names what is wrong."""
+    try:
+        raw = json.loads(line)
+        models_max = raw["models_max"]
+        models = {
+            name: (state, queue)
+            for name, (state, queue) in raw["models"].items()
+            if isinstance(state, str) and _count(queue)
+        }
+        needs = {
+            name: {str(d): n for d, n in need.items() if _count(n)}
+            for name, need in raw["needs"].items()
+            if isinstance(need, dict)
+        }
+        free = raw["free"]
+        if free is not None:
+            free = {str(d): n for d, n in free.items() if n is None or isinstance(n, int)}
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise ValueError(f"a malformed view ({type(exc).__name__}: {exc})") from exc
+    if not _count(models_max) or len(models) != len(raw["models"]):
+        raise ValueError("a malformed view (models_max, or a model's state or queue)")
+    return models_max, models, needs, free
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 @dataclass
@@ -102,53 +143,68 @@ class Peers:
             log.info("peers: %d (added %s; gone %s)", len(self.peers), added or "-", gone or "-")
 
     async def run(self) -> None:
-        """Poll every peer each second, for as long as the agent runs."""
-        while True:
-            await asyncio.gather(*(self._poll(peer) for peer in self.peers.values()))
-            await asyncio.sleep(POLL_SECONDS)
-
-    async def _poll(self, peer: PeerState) -> None:
-        from node_agent.models_schema import parse_entries  # pydantic: lazily (start-up time)
-
+        """Follow every peer's view, one subscription each, for as long as the agent runs;
+        the peer set may change meanwhile (``use_discovered``)."""
+        followers: dict[str, asyncio.Task[None]] = {}
         try:
-            models = await self._get(peer.url + "/models")
-            props = await self._get(peer.url + "/props")
-            entries, _ = parse_entries(models)
-            peer.models = {
-                name: (
-                    (
-                        effective_state(e.status.value, e.corral.queued),
-                        e.corral.in_flight + e.corral.queued,
-                    )
-                    if e.corral is not None
-                    else (e.status.value, 0)
-                )
-                for name, e in entries.items()
-            }
-            peer.models_max = int(props.get("max_instances", 0))
-            peer.needs = {
-                name: dict(e.corral.memory.min)
-                for name, e in entries.items()
-                if e.corral is not None and e.corral.memory is not None
-            }
-            ledger = await self._get(peer.url + "/ledger?probe=0") if peer.needs else None
-            peer.free = free_memory(ledger) if ledger is not None else None
-        except (aiohttp.ClientError, TimeoutError, ValueError, TypeError, KeyError) as exc:
-            if peer.reachable:
-                log.warning("peer %s does not answer, left out: %s", peer.url, exc or type(exc))
-            elif peer.error is None:  # never reached yet: peers start together
-                log.info("peer %s does not answer yet: %s", peer.url, exc or type(exc))
-            peer.reachable, peer.models, peer.error = False, {}, str(exc) or type(exc).__name__
+            while True:
+                for url in self.peers.keys() - followers.keys():
+                    followers[url] = asyncio.create_task(self._follow(url), name=f"peer:{url}")
+                for url in followers.keys() - self.peers.keys():
+                    followers.pop(url).cancel()
+                await asyncio.sleep(RECONCILE_SECONDS)
+        finally:
+            for task in followers.values():
+                task.cancel()
+            await asyncio.gather(*followers.values(), return_exceptions=True)
+
+    async def _follow(self, url: str) -> None:
+        """Keep ``url``'s subscription open; while it is not, the peer is left out."""
+        while url in self.peers:
+            try:
+                await self._subscribe(url)
+                error = "its view ended (it is shutting down)"
+            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                error = str(exc) or type(exc).__name__
+            self._lost(url, error)
+            await asyncio.sleep(RETRY_SECONDS)
+
+    async def _subscribe(self, url: str) -> None:
+        async with self._client().get(
+            url + ROUTE, headers=self._auth, timeout=SUBSCRIPTION_TIMEOUT
+        ) as answer:
+            if answer.status != 200:
+                older = " (an agent without peer views: upgrade it)" if answer.status == 404 else ""
+                raise ValueError(f"GET {ROUTE} answered {answer.status}{older}")
+            pending = bytearray()
+            async for chunk in answer.content.iter_any():
+                pending += chunk
+                *lines, rest = bytes(pending).split(b"\n")
+                if len(rest) > MAX_VIEW_BYTES:
+                    raise ValueError(f"a view over {MAX_VIEW_BYTES} bytes")
+                pending = bytearray(rest)
+                for line in lines:
+                    if line.strip():  # else a keepalive
+                        self._seen(url, parse_view(line))
+
+    def _seen(self, url: str, view: PeerView) -> None:
+        peer = self.peers.get(url)
+        if peer is None:  # it left the peer set meanwhile
             return
+        peer.models_max, peer.models, peer.needs, peer.free = view
         if not peer.reachable:
-            log.info("peer %s answers (%d models)", peer.url, len(peer.models))
+            log.info("peer %s answers (%d models)", url, len(peer.models))
         peer.reachable, peer.error = True, None
 
-    async def _get(self, url: str) -> Any:
-        async with self._client().get(url, headers=self._auth, timeout=POLL_TIMEOUT) as answer:
-            if answer.status != 200:
-                raise ValueError(f"GET {urlsplit(url).path} answered {answer.status}")
-            return await answer.json(content_type=None)
+    def _lost(self, url: str, error: str) -> None:
+        peer = self.peers.get(url)
+        if peer is None:
+            return
+        if peer.reachable:
+            log.warning("peer %s does not answer, left out: %s", url, error)
+        elif peer.error is None:  # never reached yet: peers start together
+            log.info("peer %s does not answer yet: %s", url, error)
+        peer.reachable, peer.models, peer.error = False, {}, error
 
     def choose(self, name: str, request: web.Request) -> Choice:
         """Where the request for ``name`` is served (the pure core decides)."""
@@ -185,7 +241,7 @@ class Peers:
         ]
         choice = choose(here, peers, forwarded=FORWARDED in request.headers)
         if choice.peer is not None:
-            # Until the next poll, count what was just sent there: the next requests for this
+            # Until its next view, count what was just sent there: the next requests for this
             # model follow it, and a peer given a model to load is no longer one that fits.
             peer = self.peers[choice.peer]
             state, queue = peer.models[name]
@@ -207,7 +263,7 @@ class Peers:
             return await self._proxy.forward_to(self._client(), request, peer, port, body, headers)
         except ApiError:
             # It did not answer, or died mid-answer: the client gets the 502; the requests
-            # after it do not wait for the next poll to stop going there.
+            # after it do not wait for its subscription to break to stop going there.
             state = self.peers.get(peer)  # (None: it left the peer set meanwhile)
             if state is not None:
                 state.reachable, state.models = False, {}
@@ -222,7 +278,7 @@ class Peers:
 
 def free_memory(ledger: Mapping[str, Any]) -> dict[str, int | None]:
     """Bytes a new load may use per device, margin deducted (None: no limit there), from the
-    ledger's ``GET /ledger`` body (``MemoryWatch.statistics()``), this agent's or a peer's."""
+    ledger's ``GET /ledger`` body (``MemoryWatch.statistics()``)."""
     return {
         str(d["name"]): None if d["available"] is None else int(d["available"]) - int(d["margin"])
         for d in ledger["devices"]

@@ -25,7 +25,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from node_agent.aio import TaskSet
+from node_agent.aio import Changed, TaskSet
 from node_agent.core.model_state import ModelState, Transition
 from node_agent.core.scheduler import Scheduler
 from node_agent.core.scheduler_events import (
@@ -184,6 +184,10 @@ class Registry:
         self._waiters: dict[int, _Waiter] = {}
         self._ids = itertools.count(1)
         self._inbox: collections.deque[Event] = collections.deque()
+        # Once per handled batch of events: who shows the runtime's state elsewhere (the
+        # peers' subscriptions, api/peer_view.py) looks again then, not on a timer.
+        self.changed = Changed()
+        self.version = 0
         self._handling = False
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
@@ -456,6 +460,8 @@ class Registry:
                 )
         finally:
             self._handling = False
+            self.version += 1
+            self.changed.notify()
         if rearm:
             self._arm_timer()
 

@@ -4,6 +4,8 @@ mid-stream is an error event to the client, quickly, never a hang."""
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
 import os
 import signal
@@ -12,7 +14,7 @@ import time
 from collections.abc import Iterator
 from http.client import HTTPConnection, HTTPResponse
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -255,3 +257,51 @@ def test_a_client_that_goes_away_mid_stream_ends_the_peers_work(
     while in_flight(b, TINY) != 0:
         assert time.monotonic() < deadline, "B still serves a request nobody reads"
         time.sleep(0.05)
+
+
+class _CountingPeer(http.server.BaseHTTPRequestHandler):
+    """A peer that counts what it is asked and answers its view subscription: one view,
+    then a keepalive every second until the subscriber leaves (or the test ends)."""
+
+    requests: ClassVar[list[str]] = []
+    view = b'{"models_max":4,"models":{"far-model":["loaded",0]},"needs":{},"free":null}\n'
+
+    def do_GET(self) -> None:
+        self.requests.append(self.path)
+        if self.path != "/peer-view":
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-ndjson")
+        self.end_headers()
+        with contextlib.suppress(OSError):
+            self.wfile.write(self.view)
+            self.wfile.flush()
+            for _ in range(60):
+                time.sleep(1)
+                self.wfile.write(b"\n")
+                self.wfile.flush()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_peer_at_rest_is_asked_nothing_after_its_subscription(demo_dir: Path) -> None:
+    """Issue 25: peers polled each other's GET /models and /props every second (and /ledger),
+    2-3 requests per peer per agent each second. Now one subscription: its view comes when it
+    changes, and a newline keeps it alive."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _CountingPeer)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    peer = f"http://127.0.0.1:{server.server_address[1]}"
+    agent = AgentProcess(["--models-dir", str(demo_dir), "--peer", peer, "--log-level", "debug"])
+    try:
+        deadline = time.monotonic() + 30
+        while f"peer {peer} answers (1 models)" not in agent.log():
+            assert time.monotonic() < deadline, agent.log()[-2000:]
+            time.sleep(0.1)
+        time.sleep(5)
+        assert _CountingPeer.requests == ["/peer-view"], (_CountingPeer.requests, agent.log())
+    finally:
+        agent.stop()
+        server.shutdown()
