@@ -92,12 +92,20 @@ def redact(text: str) -> str:
     return _HF_TOKEN.sub("hf_" + MASK, text)
 
 
-def redact_clipped(text: str, limit: int) -> str:
+def redact_clipped(text: str, limit: int, *, length: int | None = None) -> str:
     """``redact(text)`` cut to about ``limit`` characters, with work bounded by ``limit``
-    rather than by ``text`` (a line a child or a client wrote may be megabytes)."""
-    if len(text) <= limit:
+    rather than by ``text`` (a line a child or a client wrote may be megabytes). ``length``:
+    the whole text's, when ``text`` is already a :func:`kept_for_redaction` cut of it."""
+    length = len(text) if length is None else length
+    if length <= limit:
         return redact(text)
-    return clip(redact(text[: limit + _CLIP_MARGIN]), limit, length=len(text))
+    return clip(redact(text[: limit + _CLIP_MARGIN]), limit, length=length)
+
+
+def kept_for_redaction(text: str, limit: int) -> str:
+    """As much of ``text`` as :func:`redact_clipped` reads for ``limit``: what to keep of a
+    line that is redacted later, when someone reads it."""
+    return text[: limit + _CLIP_MARGIN]
 
 
 def _hide_user_info(text: str) -> str:

@@ -16,7 +16,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Final
 
-from node_agent.redact import redact_clipped
+from node_agent.redact import kept_for_redaction, redact_clipped
 
 # The most of one line a ring keeps (llama.cpp's own lines are a few hundred characters).
 MAX_LINE_CHARS: Final = 4096
@@ -78,7 +78,10 @@ class LogRing:
     def __init__(self, capacity: int = 1000) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1, not {capacity}")
-        self._lines: deque[str] = deque(maxlen=capacity)
+        # Each line as written (cut to what its redaction reads) and its whole length: lines
+        # are masked when read (GET /models/logs, the error line in GET /models, the
+        # operator's lastError), rarely, not as written, ~9 per request (36 µs each).
+        self._lines: deque[tuple[str, int]] = deque(maxlen=capacity)
         self._next_seq = 0  # sequence number of the next line appended
         self._closed = False
         # Replaced on every append: followers wait on the event current when they looked.
@@ -96,11 +99,10 @@ class LogRing:
     def append(self, line: str) -> None:
         if self._closed:
             return
-        # A child prints its command line and URLs: masked once here for every reader
-        # (GET /models/logs, the error line in GET /models, the operator's lastError). Cut
-        # first: the work per line is bounded, whatever a child writes (40 MB of stderr in
-        # 64 KB lines cost the loop 0.4 s a second, issue 26 row 16).
-        self._lines.append(redact_clipped(line, MAX_LINE_CHARS))
+        # Cut now: the memory and the later work per line are bounded, whatever a child
+        # writes (40 MB of stderr in 64 KB lines cost the loop 0.4 s a second, issue 26
+        # row 16). A child prints its command line and URLs: every reader gets them masked.
+        self._lines.append((kept_for_redaction(line, MAX_LINE_CHARS), len(line)))
         self._next_seq += 1
         self._wake()
 
@@ -114,28 +116,19 @@ class LogRing:
         self._changed = asyncio.Event()
 
     def snapshot(self) -> list[str]:
-        return list(self._lines)
+        return [_shown(entry) for entry in self._lines]
 
     def tail(self, n: int) -> list[str]:
         if n <= 0:
             return []
-        return list(self._lines)[-n:]
-
-    def last_matching(self, *needles: str) -> str | None:
-        """The newest line containing any of ``needles`` (case-insensitive)."""
-        lowered = [needle.lower() for needle in needles]
-        for line in reversed(self._lines):
-            text = line.lower()
-            if any(needle in text for needle in lowered):
-                return line
-        return None
+        return [_shown(entry) for entry in list(self._lines)[-n:]]
 
     def lines_since(self, seq: int) -> tuple[int, list[str]]:
         """Lines numbered ``seq`` and later still held, and the sequence number to ask next."""
         oldest = self._next_seq - len(self._lines)
         start = max(seq, oldest)
         held = list(self._lines)
-        return self._next_seq, held[start - oldest :]
+        return self._next_seq, [_shown(entry) for entry in held[start - oldest :]]
 
     async def follow(self, backlog: int = 0) -> AsyncGenerator[str, None]:
         """Yield the last ``backlog`` lines, then each new line as it comes, until closed."""
@@ -157,3 +150,9 @@ class LogRing:
             appended=self._next_seq,
             closed=self._closed,
         )
+
+
+def _shown(entry: tuple[str, int]) -> str:
+    """A held line as readers see it: masked and cut (``redact_clipped``)."""
+    kept, length = entry
+    return redact_clipped(kept, MAX_LINE_CHARS, length=length)

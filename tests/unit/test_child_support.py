@@ -32,12 +32,14 @@ class TestLogRing:
         assert ring.lines_since(3) == (4, ["3"])
         assert ring.lines_since(4) == (4, [])
 
-    def test_last_matching(self) -> None:
-        ring = LogRing(10)
-        for line in ["a ERROR one", "b", "c error two", "d"]:
-            ring.append(line)
-        assert ring.last_matching("error") == "c error two"
-        assert ring.last_matching("nothing") is None
+    def test_lines_are_masked_and_cut_when_read(self) -> None:
+        ring = LogRing(4)
+        ring.append("GET http://user:pw@host/x?api_key=sekret1234")
+        ring.append("x" * 100_000)
+        masked, long_line = ring.snapshot()
+        assert "pw" not in masked and "sekret1234" not in masked
+        assert len(long_line) < 5_000 and "100000" in long_line.replace(",", "")
+        assert ring.tail(1) == [long_line] and ring.lines_since(0)[1] == [masked, long_line]
 
     def test_closed_ring_takes_no_more_lines(self) -> None:
         ring = LogRing(2)
