@@ -52,6 +52,9 @@ DOCUMENTED: tuple[tuple[int, str], ...] = (
 )
 # Agent log lines that mean a request met a child that was not there to answer it.
 PROXY_FAILURES = ("did not answer", "stopped mid-response", "is not running")
+# The agent's lines about a child going, shown when the soak fails (the last STOPS_SHOWN).
+STOP_WORDS = ("stopping model=", "exited", "wedged", "killing", "drain", "mid-response")
+STOPS_SHOWN = 40
 SAMPLE_EVERY = 0.05
 
 
@@ -88,6 +91,7 @@ class Figures:
     ledger_limit: int = 0
     violations: list[str] = field(default_factory=list)
     error_log: list[str] = field(default_factory=list)  # when, which model, which kind
+    agent_stops: list[str] = field(default_factory=list)  # the agent's stop lines, on failure
     leaks: dict[str, Any] = field(default_factory=dict)
     baseline: dict[str, Any] = field(default_factory=dict)  # the idle agent's fds and tasks
     seconds: float = 0.0
@@ -116,6 +120,7 @@ class Figures:
             f"violations          {len(self.violations)} {self.violations[:5]}",
             *(f"  error at {line}" for line in self.error_log[:10]),
             f"leaks found         {self.leaks_found} {self.leaks} (idle baseline: {self.baseline})",
+            *(f"  agent: {line[:240]}" for line in self.agent_stops),
         ]
         return "\n".join(lines)
 
@@ -458,6 +463,11 @@ def run_soak(config: SoakConfig, models: Path, workdir: Path) -> Figures:
         for needle in PROXY_FAILURES:
             if needle in log:
                 figures.violations.append(f"agent log: {log.count(needle)}x {needle!r}")
+        if figures.errors or figures.violations:
+            # Why a child went (the agent's own words), for a failure seen only under load.
+            figures.agent_stops = [
+                line for line in log.splitlines() if any(w in line for w in STOP_WORDS)
+            ][-STOPS_SHOWN:]
         if "Traceback" in log:
             figures.violations.append("agent log: a traceback")
     finally:
