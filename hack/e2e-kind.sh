@@ -111,7 +111,9 @@ docker exec "$CLUSTER-control-plane" install -d -o 10001 -g 10001 /var/lib/corra
 log "creating the API key Secret"
 kubectl create namespace "$NAMESPACE"
 api_key="$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')"
-kubectl -n "$NAMESPACE" create secret generic corral-api-key --from-literal=api-key="$api_key"
+scrape_key="$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+kubectl -n "$NAMESPACE" create secret generic corral-api-key --from-literal=api-key="$api_key" \
+  --from-literal=metrics-key="$scrape_key"
 
 log "installing the chart (release $RELEASE in $NAMESPACE)"
 helm upgrade --install "$RELEASE" charts/corral \
