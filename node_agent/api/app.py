@@ -117,7 +117,12 @@ def auth_middleware(keys: tuple[str, ...], metrics_keys: tuple[str, ...] = ()) -
     ) -> web.StreamResponse:
         if request.path not in PUBLIC:
             given = given_api_key(request.headers)
-            scrape = request.path == "/metrics" and request.method == "GET"
+            # The agent's own figures only: /metrics?model=X asks (and may load) a model.
+            scrape = (
+                request.path == "/metrics"
+                and request.method == "GET"
+                and "model" not in request.query
+            )
             if not key_matches(given, keys) and not (scrape and key_matches(given, metrics_keys)):
                 raise ApiError(401, "Invalid API Key")
         return await handler(request)

@@ -11,11 +11,11 @@ the pod's service-account token (read per request: projected tokens rotate) and 
 ``--kube-api URL`` it is asked at that URL as is (``kubectl proxy`` adds the credentials). No
 Kubernetes client library: two GET requests do not need one, and start-up stays light.
 
-An apiserver that cannot be reached, or that refuses, leaves the peer set as it was (the poller
-already drops peers that stop answering) and is asked again after a growing pause; so does an
-answer of a shape nobody expected (the task must outlive it: a discovery that ended would freeze
-the peer set until a restart), and a watch that ends as soon as it began (no pause would hammer
-the apiserver).
+An apiserver that cannot be reached, or that refuses, leaves the peer set as it was (the
+peers' subscriptions already drop peers that stop answering) and is asked again after a
+growing pause; so does an answer of a shape nobody expected (the task must outlive it: a
+discovery that ended would freeze the peer set until a restart), and a watch that ends as
+soon as it began (no pause would hammer the apiserver).
 """
 
 from __future__ import annotations

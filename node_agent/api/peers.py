@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -32,6 +32,7 @@ from urllib.parse import urlsplit
 import aiohttp
 from aiohttp import web
 
+from node_agent.aio import TaskSet
 from node_agent.api.proxy import Proxy
 from node_agent.core.peer_rank import LOADING, RESIDENT, Choice, Node, choose, effective_state, fits
 from node_agent.errors import ApiError
@@ -46,7 +47,7 @@ RECONCILE_SECONDS = 1.0  # how soon a peer discovered (or gone) is followed (or 
 RETRY_SECONDS = 1.0  # between a broken subscription and the next try
 # A peer that sends nothing, not even its keepalive, for this long is left out.
 SUBSCRIPTION_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=2.0, sock_read=3 * KEEPALIVE)
-MAX_VIEW_BYTES = 8 * 1024 * 1024  # a peer's view is input too: bounded
+MAX_VIEW_BYTES = 4 * 1024 * 1024  # a peer's view is input too: bounded (1,000 models: ~100 KB)
 
 # (models_max, models: name -> (state, queue), needs: name -> min per device, free per device)
 PeerView = tuple[
@@ -72,12 +73,35 @@ def parse_view(line: bytes) -> PeerView:
         }
         free = raw["free"]
         if free is not None:
-            free = {str(d): n for d, n in free.items() if n is None or isinstance(n, int)}
-    except (ValueError, TypeError, KeyError, AttributeError) as exc:
-        raise ValueError(f"a malformed view ({type(exc).__name__}: {exc})") from exc
+            free = {str(d): n for d, n in free.items() if n is None or _int(n)}
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+        raise ValueError(f"a malformed view ({type(exc).__name__}: {str(exc)[:200]})") from exc
     if not _count(models_max) or len(models) != len(raw["models"]):
         raise ValueError("a malformed view (models_max, or a model's state or queue)")
     return models_max, models, needs, free
+
+
+async def _lines(chunks: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
+    """The lines of a peer's view stream, each at most MAX_VIEW_BYTES (ValueError past it),
+    in time linear in what it sends: only the new chunk is searched for the line's end."""
+    parts: list[bytes] = []
+    held = 0
+    async for chunk in chunks:
+        while chunk:
+            end = chunk.find(b"\n")
+            if end < 0:
+                parts.append(chunk)
+                held += len(chunk)
+                break
+            parts.append(chunk[:end])
+            yield b"".join(parts)
+            parts, held, chunk = [], 0, chunk[end + 1 :]
+        if held > MAX_VIEW_BYTES:
+            raise ValueError(f"a view over {MAX_VIEW_BYTES} bytes")
+
+
+def _int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _count(value: object) -> bool:
@@ -133,8 +157,8 @@ class Peers:
 
     def use_discovered(self, urls: Sequence[str]) -> None:
         """The peer set is now ``--peer``'s and these (``api/peer_discovery.py``): a peer
-        still there keeps its view, a new one is polled from the next round, a gone one is
-        dropped (a request already forwarded to it finishes or fails on its own)."""
+        still there keeps its view, a new one is followed within RECONCILE_SECONDS, a gone one
+        is dropped (a request already forwarded to it finishes or fails on its own)."""
         wanted = dict.fromkeys((*self._given, *urls))
         added = [url for url in wanted if url not in self.peers]
         gone = [url for url in self.peers if url not in wanted]
@@ -145,18 +169,18 @@ class Peers:
     async def run(self) -> None:
         """Follow every peer's view, one subscription each, for as long as the agent runs;
         the peer set may change meanwhile (``use_discovered``)."""
+        tasks = TaskSet("peers")
         followers: dict[str, asyncio.Task[None]] = {}
         try:
             while True:
+                for url in list(followers):
+                    if url not in self.peers or followers[url].done():
+                        followers.pop(url).cancel()
                 for url in self.peers.keys() - followers.keys():
-                    followers[url] = asyncio.create_task(self._follow(url), name=f"peer:{url}")
-                for url in followers.keys() - self.peers.keys():
-                    followers.pop(url).cancel()
+                    followers[url] = tasks.spawn(self._follow(url), f"follow:{url}")
                 await asyncio.sleep(RECONCILE_SECONDS)
         finally:
-            for task in followers.values():
-                task.cancel()
-            await asyncio.gather(*followers.values(), return_exceptions=True)
+            await tasks.close()
 
     async def _follow(self, url: str) -> None:
         """Keep ``url``'s subscription open; while it is not, the peer is left out."""
@@ -176,22 +200,24 @@ class Peers:
             if answer.status != 200:
                 older = " (an agent without peer views: upgrade it)" if answer.status == 404 else ""
                 raise ValueError(f"GET {ROUTE} answered {answer.status}{older}")
-            pending = bytearray()
-            async for chunk in answer.content.iter_any():
-                pending += chunk
-                *lines, rest = bytes(pending).split(b"\n")
-                if len(rest) > MAX_VIEW_BYTES:
-                    raise ValueError(f"a view over {MAX_VIEW_BYTES} bytes")
-                pending = bytearray(rest)
-                for line in lines:
-                    if line.strip():  # else a keepalive
-                        self._seen(url, parse_view(line))
+            last: PeerView | None = None
+            async for line in _lines(answer.content.iter_any()):
+                if line.strip():
+                    last = parse_view(line)
+                if last is not None:
+                    # A keepalive says the view still holds: it is applied again, since this
+                    # agent counts its own forwards into its copy (``choose``) and a failed
+                    # forward empties it (``forward``); the peer says only what it changed.
+                    self._seen(url, last)
 
     def _seen(self, url: str, view: PeerView) -> None:
         peer = self.peers.get(url)
         if peer is None:  # it left the peer set meanwhile
             return
-        peer.models_max, peer.models, peer.needs, peer.free = view
+        models_max, models, needs, free = view
+        # Copies: ``choose`` edits them until the next line.
+        peer.models_max, peer.models, peer.needs = models_max, dict(models), needs
+        peer.free = dict(free) if free is not None else None
         if not peer.reachable:
             log.info("peer %s answers (%d models)", url, len(peer.models))
         peer.reachable, peer.error = True, None

@@ -78,10 +78,11 @@ class LogRing:
     def __init__(self, capacity: int = 1000) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1, not {capacity}")
-        # Each line as written (cut to what its redaction reads) and its whole length: lines
-        # are masked when read (GET /models/logs, the error line in GET /models, the
-        # operator's lastError), rarely, not as written, ~9 per request (36 µs each).
-        self._lines: deque[tuple[str, int]] = deque(maxlen=capacity)
+        # Each line as written (cut to what its redaction reads), its whole length, and its
+        # masked form once someone read it: lines are masked when first read (GET
+        # /models/logs, the error line in GET /models, the operator's lastError), not as
+        # written, ~9 per request (36 µs each).
+        self._lines: deque[_Held] = deque(maxlen=capacity)
         self._next_seq = 0  # sequence number of the next line appended
         self._closed = False
         # Replaced on every append: followers wait on the event current when they looked.
@@ -102,7 +103,7 @@ class LogRing:
         # Cut now: the memory and the later work per line are bounded, whatever a child
         # writes (40 MB of stderr in 64 KB lines cost the loop 0.4 s a second, issue 26
         # row 16). A child prints its command line and URLs: every reader gets them masked.
-        self._lines.append((kept_for_redaction(line, MAX_LINE_CHARS), len(line)))
+        self._lines.append(_Held(kept_for_redaction(line, MAX_LINE_CHARS), len(line)))
         self._next_seq += 1
         self._wake()
 
@@ -125,10 +126,17 @@ class LogRing:
 
     def lines_since(self, seq: int) -> tuple[int, list[str]]:
         """Lines numbered ``seq`` and later still held, and the sequence number to ask next."""
+        return self._next_seq, [_shown(entry) for entry in self._since(seq)]
+
+    def failure_since(self, seq: int) -> str | None:
+        """:func:`failure_line` of the lines numbered ``seq`` and later, masked: chosen from
+        the lines as written, so that only the one chosen is masked."""
+        line = failure_line([held.kept for held in self._since(seq)])
+        return None if line is None else redact_clipped(line, MAX_LINE_CHARS)
+
+    def _since(self, seq: int) -> list[_Held]:
         oldest = self._next_seq - len(self._lines)
-        start = max(seq, oldest)
-        held = list(self._lines)
-        return self._next_seq, [_shown(entry) for entry in held[start - oldest :]]
+        return list(self._lines)[max(seq, oldest) - oldest :]
 
     async def follow(self, backlog: int = 0) -> AsyncGenerator[str, None]:
         """Yield the last ``backlog`` lines, then each new line as it comes, until closed."""
@@ -152,7 +160,15 @@ class LogRing:
         )
 
 
-def _shown(entry: tuple[str, int]) -> str:
-    """A held line as readers see it: masked and cut (``redact_clipped``)."""
-    kept, length = entry
-    return redact_clipped(kept, MAX_LINE_CHARS, length=length)
+@dataclass(slots=True)
+class _Held:
+    kept: str  # as written, cut to what its redaction reads
+    length: int  # the whole line's
+    shown: str | None = None  # masked and cut, once someone read it
+
+
+def _shown(held: _Held) -> str:
+    """A held line as readers see it: masked and cut (``redact_clipped``), once."""
+    if held.shown is None:
+        held.shown = redact_clipped(held.kept, MAX_LINE_CHARS, length=held.length)
+    return held.shown

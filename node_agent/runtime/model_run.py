@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from node_agent.child.logs import LogRing, failure_line
+from node_agent.child.logs import LogRing
 from node_agent.child.process import EXIT_NOT_RUN
 from node_agent.child.state import ChildEvent, EventKind
 from node_agent.sources.spec import ModelSpec
@@ -167,4 +167,4 @@ class ModelRun:
         logs = self.child.logs
         if logs is None:
             return ""
-        return failure_line(logs.lines_since(self._log_seq)[1]) or ""
+        return logs.failure_since(self._log_seq) or ""

@@ -288,8 +288,10 @@ class Registry:
         # Gone models stay known until their children have stopped (draining).
         self._set_specs({**{n: self._specs[n] for n in gone}, **specs}, catalog.aliases)
         for name in self._served_hash.keys() & specs.keys() - changed:
-            # Updated in place (a TTL, a pin): the running child serves the new version.
-            self._served_hash[name] = specs[name].preset_hash
+            # Updated in place (a TTL, a pin): the running child serves the new version, unless
+            # it is on its way out (a child stopped by an earlier reload still runs the old).
+            if not self._sched.view(name).stopping:
+                self._served_hash[name] = specs[name].preset_hash
         configs = {name: self._config(spec) for name, spec in specs.items()}
         self._submit(CatalogEvent(configs, frozenset(n for n in changed if n in configs)))
         await _wait_all([self._run_tasks.get(name) for name in (*gone, *changed)])
@@ -634,11 +636,13 @@ class Registry:
         name = run.name
         try:
             outcome = await run.run()
+        except BaseException:
+            self._served_hash.pop(name, None)
+            raise
         finally:
             if self._runs.get(name) is run:
                 del self._runs[name]
                 del self._run_tasks[name]
-                del self._served_hash[name]
         if self.memory is not None:
             # Still "stopping" to the scheduler meanwhile: nobody loads into memory that does
             # not show free yet.
@@ -647,6 +651,8 @@ class Registry:
                 log.warning("model=%s: its memory did not show free in time", name)
             self.memory.unloaded(name)
         reason = self._stop_reasons.pop(name, None)
+        # Its version until the scheduler hears it is gone (it shows as loaded till then).
+        self._served_hash.pop(name, None)
         if outcome.withdrawn:
             self._submit(SpawnFailed(name, outcome.reason, count=False))
             return

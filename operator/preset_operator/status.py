@@ -9,8 +9,8 @@ standard shape (type, status, observedGeneration, lastTransitionTime, reason, me
 - ``Ready``: every matched node offers the model, in the preset's current version (the agent
   reports the hash of the preset section it serves), and can serve it now (loaded or sleeping;
   or unloaded-and-healthy for a model loaded on first request). ``observedGeneration`` moves to
-  the preset's generation only then: until every node confirms that version (or cannot be
-  offered it), the status keeps the generation it last confirmed.
+  the preset's generation once no node is still to take it up (``_TAKING_UP``); until then the
+  status keeps the generation it last confirmed.
 - ``Degraded``: something needs a human: a node failed to run it, an agent is not answering, its
   name collides with another preset on a node, the spec cannot be rendered, a Service of its
   name exists that the operator did not create (it is never adopted), or the presets would not
@@ -42,9 +42,10 @@ _STATES = {
 }
 _SERVING = {"Loaded", "Sleeping"}
 _BAD = {"Failed", "Unknown", "Conflict"}
-# Nodes that have not taken up the preset's current version yet (or cannot say: an agent
-# not seen recently).
-_TAKING_UP = {"Pending", "Outdated", "Unknown"}
+# Nodes that have not taken up the preset's current version yet. (An agent not seen recently
+# cannot say either, but it is Degraded and keeps Ready False: holding observedGeneration for
+# it too would show every preset on a lost node as a rollout in progress forever.)
+_TAKING_UP = {"Pending", "Outdated"}
 
 
 def fmt_time(t: dt.datetime) -> str:
@@ -150,7 +151,7 @@ def node_entry(
         model = report.models.get(model_name)
         if model is None:
             entry["state"] = "Pending"  # the agent has not picked up the new file yet
-        elif preset_hash is not None and model.preset_hash != preset_hash:
+        elif preset_hash is not None and model.preset_hash != preset_hash and not model.failed:
             # It still serves (or offers) an earlier version: the kubelet has not synced the
             # new file yet, or the agent is restarting the child with the new arguments.
             entry["state"] = "Outdated"

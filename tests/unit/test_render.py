@@ -24,6 +24,8 @@ from preset_operator.status import (
     transitions,
 )
 
+from node_agent.sources.preset_ini import parse_preset_text
+from node_agent.sources.trust import Restricted
 from tests.operator.agent_models import model_entry, model_list
 from tests.operator.presets import preset
 
@@ -503,7 +505,50 @@ def test_a_new_preset_has_no_observed_generation_until_its_nodes_take_it_up() ->
         "preset_hash": "v1",
     }
     assert "observedGeneration" not in compute_status(**kw, reports={"a": report()})  # Pending
-    assert "observedGeneration" not in compute_status(**kw, reports={})  # Unknown
+    # An agent not seen does not hold it (it is Degraded, and Ready stays False).
+    unknown = compute_status(**kw, reports={})
+    assert unknown["observedGeneration"] == 1 and cond(unknown, "Ready")["status"] == "False"
     # An invalid spec or no node to serve it on: the operator has done all it can.
     assert compute_status(**{**kw, "matched": []}, reports={})["observedGeneration"] == 1
     assert compute_status(**kw, reports={}, invalid="bad")["observedGeneration"] == 1
+
+
+def test_a_node_that_failed_is_failed_whatever_version_it_reports() -> None:
+    """A refused preset (no hash: the agent never ran it) or a failed child is a reason for a
+    human to look: it must not hide as Outdated (issue 25, review)."""
+    refused = AgentReport(
+        last_seen=NOW,
+        models=parse_models(
+            {
+                "object": "list",
+                "data": [],
+                "refused": [{"origin": "p.ini:1", "reason": "bad", "models": ["m"]}],
+            }
+        ),
+    )
+    st = compute_status(
+        model_name="m",
+        generation=2,
+        matched=["a"],
+        reports={"a": refused},
+        previous=None,
+        now=NOW,
+        stale_after=STALE,
+        preset_hash="v2",
+    )
+    assert st["nodes"][0]["state"] == "Failed" and "p.ini:1" in st["nodes"][0]["lastError"]
+    assert cond(st, "Degraded")["status"] == "True"
+
+
+def test_the_operator_expects_the_hash_an_agent_computes_reading_its_file(tmp_path: Path) -> None:
+    """The operator's expected hash (``Rendering.hashes``) is what an agent reports once it
+    read the operator's file with the restricted policy (JSON-quoted values and all)."""
+    objs = [preset("q", args=["--temp=0.5"], env={"CUDA_VISIBLE_DEVICES": "0,1"})]
+    r = render(objs, {"n1": {}})
+    ((key, text),) = r.files.items()
+    agent_view = parse_preset_text(text, key, Restricted.under(["/models"]))
+    assert agent_view.sections[r.presets["q"].model_name].preset_hash == r.hashes["q"]
+    changed = render(
+        [preset("q", args=["--temp=0.6"], env={"CUDA_VISIBLE_DEVICES": "0,1"})], {"n1": {}}
+    )
+    assert changed.hashes["q"] != r.hashes["q"]
