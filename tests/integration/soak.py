@@ -158,6 +158,13 @@ class Agent:
             f"host={config.memory_limit}",
             "-c",
             str(config.ctx_size),
+            # One compute thread per child. llama-server's default (one per core: 2 here) has
+            # --models-max 2 children spin-wait for each other's threads on a machine whose
+            # cores are taken: with two busy loops, a plain request of 8 tokens took 7.3 s,
+            # streams outlived the unload's 10 s drain and were cut (two loaded CI runs). The
+            # soak checks the agent's admission and drains, not llama.cpp's threading.
+            "-t",
+            "1",
         ]
         if config.binary:
             args += ["--llama-server", config.binary]

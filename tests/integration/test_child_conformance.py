@@ -39,7 +39,9 @@ def make_child(request: pytest.FixtureRequest, tiny_model: Path) -> MakeChild:
         spec = ModelSpec(name="tiny", source="preset", stop_timeout=5.0)
         return lambda events: FakeChild(spec, events, Plan())
     binary = find_llama_server(None, os.environ)
-    args = ("-m", str(tiny_model), "-c", "512", "-np", "1", "--no-warmup")
+    # -c 8192: a stream of 100,000 tokens runs ~8,000 (over 2 s at the tiny model's 3,600
+    # tokens/s); at -c 512 it ended in 0.14 s, before a stop on a busy machine could cut it.
+    args = ("-m", str(tiny_model), "-c", "8192", "-np", "1", "--no-warmup")
     config = ChildConfig(name="tiny", binary=binary, args=args)
     return lambda events: ChildProcess(config, events)
 
