@@ -264,6 +264,7 @@ class _CountingPeer(http.server.BaseHTTPRequestHandler):
     then a keepalive every second until the subscriber leaves (or the test ends)."""
 
     requests: ClassVar[list[str]] = []
+    done: ClassVar[threading.Event] = threading.Event()  # the test is over: stop answering
     view = b'{"models_max":4,"models":{"far-model":["loaded",0]},"needs":{},"free":null}\n'
 
     def do_GET(self) -> None:
@@ -277,8 +278,7 @@ class _CountingPeer(http.server.BaseHTTPRequestHandler):
         with contextlib.suppress(OSError):
             self.wfile.write(self.view)
             self.wfile.flush()
-            for _ in range(60):
-                time.sleep(1)
+            while not self.done.wait(1):
                 self.wfile.write(b"\n")
                 self.wfile.flush()
 
@@ -290,8 +290,9 @@ def test_a_peer_at_rest_is_asked_nothing_after_its_subscription(demo_dir: Path) 
     """Issue 25: peers polled each other's GET /models and /props every second (and /ledger),
     2-3 requests per peer per agent each second. Now one subscription: its view comes when it
     changes, and a newline keeps it alive."""
+    # Not daemon threads: server_close() joins them, so no socket outlives the test (one
+    # that did was reported, unclosed, in whichever test ran when its thread ended).
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _CountingPeer)
-    server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     peer = f"http://127.0.0.1:{server.server_address[1]}"
     agent = AgentProcess(["--models-dir", str(demo_dir), "--peer", peer, "--log-level", "debug"])
@@ -304,4 +305,6 @@ def test_a_peer_at_rest_is_asked_nothing_after_its_subscription(demo_dir: Path) 
         assert _CountingPeer.requests == ["/peer-view"], (_CountingPeer.requests, agent.log())
     finally:
         agent.stop()
+        _CountingPeer.done.set()
         server.shutdown()
+        server.server_close()
