@@ -72,15 +72,10 @@ async def list_models(request: web.Request) -> web.StreamResponse:
         # The memory figures: each model's GGUF header read and its estimate made off the
         # loop, once per file version, waited for a bounded time (a crafted header froze
         # GET /models: issue 26, row 6).
-        listed = [spec for spec in registry.specs().values() if not spec.hidden]
-        await registry.memory.prepare_off_loop(listed, wait=LIST_HEADER_WAIT)
+        await registry.memory.prepare_off_loop(registry.listed().values(), wait=LIST_HEADER_WAIT)
     now = int(time.time())
     streams = request.app[CONVERSATIONS].supported
-    data = [
-        model_entry(registry, name, state.binary, now, streams)
-        for name, spec in registry.specs().items()
-        if not spec.hidden  # a cache entry a preset's dedup-cache-models hides
-    ]
+    data = [model_entry(registry, name, state.binary, now, streams) for name in registry.listed()]
     data += download_entries(state, now)
     body: dict[str, Any] = {"data": data, "object": "list"}
     refused = state.refused() if state.refused is not None else []

@@ -47,9 +47,7 @@ def build_view(registry: Registry, models_max: int) -> dict[str, Any]:
     sched, memory = registry.scheduler, registry.memory
     models: dict[str, list[Any]] = {}
     needs: dict[str, dict[str, int]] = {}
-    for name, spec in registry.specs().items():
-        if spec.hidden:
-            continue
+    for name in registry.listed():
         view = sched.view(name)
         state = DOWNLOADING if registry.downloads.active(name) else view.state.value
         models[name] = [effective_state(state, view.queued), view.in_flight + view.queued]
@@ -99,8 +97,7 @@ async def _lines(cache: ViewCache, registry: Registry) -> AsyncGenerator[bytes, 
         specs = registry.specs()  # a new mapping after each reload
         if registry.memory is not None and specs is not prepared:
             # Each model's ``min`` needs its estimate: made off the loop, once per file.
-            listed = [spec for spec in specs.values() if not spec.hidden]
-            await registry.memory.prepare_off_loop(listed, wait=PREPARE_WAIT)
+            await registry.memory.prepare_off_loop(registry.listed().values(), wait=PREPARE_WAIT)
             prepared = specs
         changed = registry.changed.current()  # before the look: no change slips between
         line = cache.line()

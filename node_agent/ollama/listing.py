@@ -99,7 +99,7 @@ def model_facts(name: str, path: str | None) -> dict[str, Any]:
 
 async def tags(request: web.Request) -> web.StreamResponse:
     registry = request.app[STATE].registry
-    paths = [(n, spec.model_path) for n, spec in registry.specs().items() if not spec.hidden]
+    paths = [(n, spec.model_path) for n, spec in registry.listed().items()]
     # Off the loop: one stat per model, and a node may have a thousand.
     models = await asyncio.to_thread(lambda: [model_facts(n, path) for n, path in paths])
     return web.json_response({"models": models})

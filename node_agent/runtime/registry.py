@@ -230,6 +230,11 @@ class Registry:
     def specs(self) -> Mapping[str, ModelSpec]:
         return self._specs
 
+    def listed(self) -> dict[str, ModelSpec]:
+        """The models ``GET /models`` lists: all but the cache entries a preset's
+        ``dedup-cache-models`` hides (still usable by name)."""
+        return {name: spec for name, spec in self._specs.items() if not spec.hidden}
+
     @property
     def scheduler(self) -> Scheduler:
         """Read access for snapshots (``/models``, metrics, tests); never mutate it."""
