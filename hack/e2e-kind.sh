@@ -219,24 +219,29 @@ done
 port="$(kubectl -n "$NAMESPACE" get service "$service" -o jsonpath='{.spec.ports[0].port}')"
 log "Service $service, port $port"
 
-log "chat completion through http://$service.$NAMESPACE.svc:$port (from a pod in the cluster)"
+log "chat completion through https://$service.$NAMESPACE.svc:$port (from a pod in the cluster)"
 # The client runs the agent image (already loaded: no pull, and it has curl), restricted like
 # every pod of the chart. jq builds the JSON, so no quoting can go wrong.
-url="http://$service.$NAMESPACE.svc:$port/v1/chat/completions"
+# HTTPS (the chart's agent.tls): the client trusts the release's CA, from its Secret.
+url="https://$service.$NAMESPACE.svc:$port/v1/chat/completions"
 body="$(jq -cn --arg model "$PRESET" \
   '{model: $model, max_tokens: 8, messages: [{role: "user", content: "Say hello."}]}')"
 overrides="$(jq -cn --arg image "$AGENT_IMAGE" --arg url "$url" --arg body "$body" \
-  --arg key "$api_key" '{
+  --arg key "$api_key" --arg ca_secret "$RELEASE-agent-tls" '{
   spec: {
     securityContext: {runAsNonRoot: true, runAsUser: 10001, seccompProfile: {type: "RuntimeDefault"}},
     containers: [{
       name: "e2e-client", image: $image, imagePullPolicy: "Never",
-      command: ["curl", "-fsS", "--retry", "10", "--retry-delay", "3", "--retry-all-errors",
+      command: ["curl", "-fsS", "--cacert", "/etc/corral/agent-ca/ca.crt",
+                "--retry", "10", "--retry-delay", "3", "--retry-all-errors",
                 "-H", "Content-Type: application/json", "-H", ("Authorization: Bearer " + $key),
                 "-d", $body, $url],
       securityContext: {allowPrivilegeEscalation: false, readOnlyRootFilesystem: true,
-                        capabilities: {drop: ["ALL"]}}
-    }]
+                        capabilities: {drop: ["ALL"]}},
+      volumeMounts: [{name: "agent-ca", mountPath: "/etc/corral/agent-ca", readOnly: true}]
+    }],
+    volumes: [{name: "agent-ca", secret: {secretName: $ca_secret,
+                                          items: [{key: "ca.crt", path: "ca.crt"}]}}]
   }
 }')"
 response="$(kubectl -n "$NAMESPACE" run e2e-client --rm -i --quiet --restart=Never \

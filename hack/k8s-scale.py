@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import json
 import os
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -45,8 +46,10 @@ class FakeAgents:
     node's answer is built once per ConfigMap version (a real agent answers from memory too;
     building 39 entries per request would make this process, not the operator, the bottleneck)."""
 
-    def __init__(self, cp: ControlPlane, namespace: str, configmap: str, key: str) -> None:
-        self.cp, self.key = cp, key
+    def __init__(
+        self, cp: ControlPlane, namespace: str, configmap: str, key: str, tls: ssl.SSLContext
+    ) -> None:
+        self.cp, self.key, self.tls = cp, key, tls  # tls: the chart's certificate, as agents
         self.path = f"/api/v1/namespaces/{namespace}/configmaps/{configmap}"
         self.answers: dict[str, bytes] = {}  # node → its GET /models body
         self.by_ip: dict[str, str] = {}  # pod IP → node
@@ -68,7 +71,7 @@ class FakeAgents:
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         for ip in ips:
-            await web.TCPSite(runner, ip, 8080).start()
+            await web.TCPSite(runner, ip, 8080, ssl_context=self.tls).start()
 
     async def _kubelet(self) -> None:
         seen: dict[str, str] | None = None
@@ -163,7 +166,11 @@ def main() -> int:
             (f"DaemonSet pods Running on {args.nodes} nodes (s)", f"{time.monotonic() - t0:.0f}")
         )
         key = secret_value(cp, ns, f"{release.fullname}-api-key", "api-key")
-        agents = FakeAgents(cp, ns, release.presets_configmap, key)
+        tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)  # the chart's default: HTTPS
+        for name in ("tls.crt", "tls.key"):
+            (work / name).write_text(secret_value(cp, ns, f"{release.fullname}-agent-tls", name))
+        tls.load_cert_chain(work / "tls.crt", work / "tls.key")
+        agents = FakeAgents(cp, ns, release.presets_configmap, key, tls)
         agents.start({pod["status"]["podIP"]: pod["spec"]["nodeName"] for pod in pods})
         with operator_running(cp, release, work) as op:
             pid = op.proc.pid

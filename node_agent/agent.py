@@ -145,6 +145,8 @@ class Agent:
                 models_max=options.models_max,
                 proxy=self.proxy,
                 timeout=options.timeout,
+                tls=startup.peer_tls_context(options),
+                server_name=options.peer_server_name,
             )
             if options.peers or options.peers_from_service
             else None

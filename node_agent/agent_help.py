@@ -81,6 +81,11 @@ Corral's own:
   --kube-api URL              the Kubernetes API for --peers-from-service, asked as is (e.g.
                               kubectl proxy's http://127.0.0.1:8001; default: in-cluster, with
                               the pod's service-account token and CA)
+  --peer-ca-file FILE         PEM certificates (a CA) that sign the peers' own: HTTPS peers
+                              are checked against these instead of the system's
+  --peer-server-name NAME     the name in the peers' certificates, checked instead of each
+                              peer's address (agents that share a certificate for their
+                              Service's name, e.g. corral-agent.corral.svc)
   --allowed-hosts NAMES       Host names answered besides local ones (comma-separated; '*':
                               no check; default: a loopback-bound agent answers only to
                               localhost names and IP literals, a guard against DNS rebinding)

@@ -118,6 +118,12 @@ class AgentOptions:
     the peers are the ready agents behind that headless Service (api/peer_discovery.py)."""
     kube_api: str | None = None
     """``--kube-api URL``: the apiserver for ``--peers-from-service``; None = in-cluster."""
+    peer_ca_file: str | None = None
+    """``--peer-ca-file``: PEM certificates that sign the peers' own (HTTPS peers only);
+    None = the system's trusted ones."""
+    peer_server_name: str | None = None
+    """``--peer-server-name``: the name the peers' certificates are checked against instead
+    of the address each is reached at (pods share one certificate for their Service's name)."""
     allowed_hosts: str | None = None
     """``--allowed-hosts``: Host names answered besides local ones; None = by the bind address."""
     child_options: tuple[tuple[str, OptionValue], ...] = ()
@@ -247,6 +253,7 @@ def parse_agent_args(argv: Sequence[str], env: Mapping[str, str]) -> AgentOption
         )
     if "kube_api" in values and "peers_from_service" not in values:
         raise ConfigError("--kube-api is only used by --peers-from-service: give both, or neither")
+    _check_peer_tls(values, peers)
     keys = list(api_keys)
     for path in api_key_files:
         keys.extend(_read_key_file(path))
@@ -452,6 +459,24 @@ def _peer_url(raw: str) -> str:
     return url
 
 
+def _check_peer_tls(values: dict[str, object], peers: Sequence[str]) -> None:
+    """``--peer-ca-file`` and ``--peer-server-name`` check HTTPS peers: with none they would
+    change nothing, and a flag given is never ignored."""
+    tls_flags = [f for f in ("peer_ca_file", "peer_server_name") if f in values]
+    if not tls_flags:
+        return
+    https_given = any(p.startswith("https://") for p in peers)
+    # Discovered peers are asked over HTTPS when this agent serves it (one DaemonSet's flags).
+    https_found = "peers_from_service" in values and "ssl_cert_file" in values
+    if not (https_given or https_found):
+        flag = "--" + tls_flags[0].replace("_", "-")
+        raise ConfigError(
+            f"{flag} checks peers asked over HTTPS, and there is none: give --peer "
+            "https://HOST:PORT, or --peers-from-service with --ssl-cert-file and --ssl-key-file "
+            f"(this agent's own TLS, which its peers serve too), or leave {flag} out"
+        )
+
+
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
@@ -461,6 +486,15 @@ def _service(raw: str) -> tuple[str | None, str]:
     if not _DNS_LABEL.fullmatch(name) or (namespace and not _DNS_LABEL.fullmatch(namespace)):
         raise ValueError("lower-case letters, digits and '-', e.g. corral/corral-agent-headless")
     return namespace or None, name
+
+
+def _server_name(raw: str) -> str:
+    """``--peer-server-name``: a DNS name (dot-separated labels), as a certificate names it."""
+    name = raw.strip().lower().rstrip(".")
+    labels = name.split(".")
+    if not name or len(name) > 253 or not all(_DNS_LABEL.fullmatch(label) for label in labels):
+        raise ValueError("a DNS name, e.g. corral-agent.corral.svc")
+    return name
 
 
 def _api_url(raw: str) -> str:
@@ -559,6 +593,8 @@ _OWN_FLAGS: dict[str, tuple[str, str, Callable[[str], object]]] = {
     "--peer": ("peers", "a URL (http://HOST:PORT)", _peer_url),
     "--peers-from-service": ("peers_from_service", "a Service, [NAMESPACE/]NAME", _service),
     "--kube-api": ("kube_api", "the Kubernetes API's URL", _api_url),
+    "--peer-ca-file": ("peer_ca_file", "a PEM file of CA certificates", _identity),
+    "--peer-server-name": ("peer_server_name", "a DNS name", _server_name),
     "--allowed-hosts": ("allowed_hosts", "host names (comma-separated; *: no check)", _identity),
 }
 

@@ -75,6 +75,23 @@ def tls_context(options: AgentOptions) -> ssl.SSLContext | None:
     return context
 
 
+def peer_tls_context(options: AgentOptions) -> ssl.SSLContext | bool:
+    """How HTTPS peers' certificates are checked: against ``--peer-ca-file``'s CA
+    certificates, or (True) the system's trusted ones; ConfigError when the file cannot be
+    used."""
+    if options.peer_ca_file is None:
+        return True
+    try:
+        return ssl.create_default_context(cafile=options.peer_ca_file)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"--peer-ca-file: {options.peer_ca_file} does not exist") from exc
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(
+            f"--peer-ca-file {options.peer_ca_file}: no CA certificates read ({exc}): it must "
+            "be a PEM file of certificates (e.g. the ca.crt of the agents' TLS Secret)"
+        ) from exc
+
+
 async def listen(
     runner: web.AppRunner, host: str, port: int, tls: ssl.SSLContext | None = None
 ) -> Listening:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import ssl
 from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -132,6 +133,8 @@ class Peers:
         models_max: int,
         proxy: Proxy,
         timeout: float,
+        tls: ssl.SSLContext | bool = True,
+        server_name: str | None = None,
     ) -> None:
         self.agent_id = agent_id
         self._given = tuple(urls)  # --peer: always peers; discovered ones come and go
@@ -141,6 +144,10 @@ class Peers:
         self._models_max = models_max
         self._proxy = proxy
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout)
+        # HTTPS peers: checked against --peer-ca-file (or the system's CAs), and by
+        # --peer-server-name instead of their addresses (pod IPs no certificate names).
+        self._tls = tls
+        self._server_name = server_name
         self._session: aiohttp.ClientSession | None = None
 
     def _client(self) -> aiohttp.ClientSession:
@@ -148,7 +155,7 @@ class Peers:
             # As the proxy's own sessions: the peer's bytes go to the client as they are, and
             # no connection limit here (aiohttp's default is 100): the peer's own gate limits.
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0),
+                connector=aiohttp.TCPConnector(limit=0, ssl=self._tls),
                 timeout=self._timeout,
                 auto_decompress=False,
                 skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
@@ -195,7 +202,10 @@ class Peers:
 
     async def _subscribe(self, url: str) -> None:
         async with self._client().get(
-            url + ROUTE, headers=self._auth, timeout=SUBSCRIPTION_TIMEOUT
+            url + ROUTE,
+            headers=self._auth,
+            timeout=SUBSCRIPTION_TIMEOUT,
+            server_hostname=self._server_name,
         ) as answer:
             if answer.status != 200:
                 older = " (an agent without peer views: upgrade it)" if answer.status == 404 else ""
@@ -286,7 +296,9 @@ class Peers:
         headers = {FORWARDED: self.agent_id, **self._auth}
         port = urlsplit(peer).port or 0
         try:
-            return await self._proxy.forward_to(self._client(), request, peer, port, body, headers)
+            return await self._proxy.forward_to(
+                self._client(), request, peer, port, body, headers, self._server_name
+            )
         except ApiError:
             # It did not answer, or died mid-answer: the client gets the 502; the requests
             # after it do not wait for its subscription to break to stop going there.

@@ -208,11 +208,17 @@ class Proxy:
         body: bytes | None,
         port: int,
         exchange: Exchange | None,
+        server_name: str | None,
     ) -> aiohttp.ClientResponse:
         for attempt in (1, 2):
             try:
                 return await session.request(
-                    request.method, url, headers=headers, data=body, allow_redirects=False
+                    request.method,
+                    url,
+                    headers=headers,
+                    data=body,
+                    allow_redirects=False,
+                    server_hostname=server_name,
                 )
             except aiohttp.ServerDisconnectedError:
                 # A pooled keep-alive connection the child had already closed (it does so
@@ -272,10 +278,14 @@ class Proxy:
         port: int,
         body: bytes | None,
         headers: Mapping[str, str],
+        server_name: str | None = None,
     ) -> web.StreamResponse:
         """Send ``request`` to a peer agent at ``base`` (``api/peers.py``), with ``headers``
-        added: the same streaming, cancellation and mid-answer errors as towards a child."""
-        return await self._forward(session, request, port, body, None, base=base, extra=headers)
+        added (``server_name``: the name its certificate is checked against, None: its
+        host): the same streaming, cancellation and mid-answer errors as towards a child."""
+        return await self._forward(
+            session, request, port, body, None, base=base, extra=headers, server_name=server_name
+        )
 
     async def _forward(
         self,
@@ -289,6 +299,7 @@ class Proxy:
         *,
         base: str | None = None,
         extra: Mapping[str, str] | None = None,
+        server_name: str | None = None,
     ) -> web.StreamResponse:
         url = f"{base or f'http://{CHILD_HOST}:{port}'}{request.rel_url}"
         headers = forward_headers(request.headers)
@@ -298,7 +309,9 @@ class Proxy:
             headers.popall("X-Api-Key", None)
             headers["Authorization"] = f"Bearer {child_key(port)}"
         headers.update(extra or {})
-        upstream = await self._send(session, request, url, headers, body, port, exchange)
+        upstream = await self._send(
+            session, request, url, headers, body, port, exchange, server_name
+        )
         if upstream.status in _CHILD_ERRORS:
             _fault(exchange, ChildFault.SERVER_ERROR)
         async with upstream:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import ssl
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -30,25 +31,44 @@ class AgentPod:
 AgentUrl = Callable[[AgentPod], str | None]
 
 
-def pod_url(port: int) -> AgentUrl:
+@dataclass(frozen=True)
+class AgentTls:
+    """The agents serve HTTPS: their certificates are checked against ``context``'s CAs and,
+    when given, by ``server_name`` instead of the pod IP (which no certificate names: the
+    chart's names the agents' Service)."""
+
+    context: ssl.SSLContext
+    server_name: str | None = None
+
+
+def pod_url(port: int, *, https: bool = False) -> AgentUrl:
     """The agent's base URL from its pod IP (the production mapping; tests inject their own)."""
+    scheme = "https" if https else "http"
 
     def url(pod: AgentPod) -> str | None:
         if not pod.ip:
             return None
         host = f"[{pod.ip}]" if ":" in pod.ip else pod.ip  # IPv6 pod IPs
-        return f"http://{host}:{port}"
+        return f"{scheme}://{host}:{port}"
 
     return url
 
 
 async def _poll_one(
-    session: aiohttp.ClientSession, base: str, limit_s: float, api_key: str | None
+    session: aiohttp.ClientSession,
+    base: str,
+    limit_s: float,
+    api_key: str | None,
+    tls: AgentTls | None,
 ) -> tuple[bool, object]:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    checks = {} if tls is None else {"ssl": tls.context, "server_hostname": tls.server_name}
     try:
         async with session.get(
-            f"{base}/models", headers=headers, timeout=aiohttp.ClientTimeout(total=limit_s)
+            f"{base}/models",
+            headers=headers,
+            timeout=aiohttp.ClientTimeout(total=limit_s),
+            **checks,  # type: ignore[arg-type]
         ) as resp:
             if resp.status == 401:
                 return False, (
@@ -70,6 +90,7 @@ async def poll_agents(
     now: dt.datetime,
     limit_s: float,
     api_key: str | None = None,
+    tls: AgentTls | None = None,
 ) -> dict[str, AgentReport]:
     """Poll every scheduled agent; one report per node.
 
@@ -87,7 +108,8 @@ async def poll_agents(
             for pod in sorted(node_pods, key=lambda p: p.name):
                 base = url_for(pod)
                 if base is not None:
-                    jobs.append((node, tg.create_task(_poll_one(session, base, limit_s, api_key))))
+                    job = _poll_one(session, base, limit_s, api_key, tls)
+                    jobs.append((node, tg.create_task(job)))
     reports: dict[str, AgentReport] = {}
     for node, task in jobs:
         ok, result = task.result()

@@ -6,12 +6,13 @@ import argparse
 import asyncio
 import logging
 import os
+import ssl
 import threading
 from collections.abc import Sequence
 
 import aiohttp
 
-from .agents import AgentUrl, pod_url
+from .agents import AgentTls, AgentUrl, pod_url
 from .handlers import LoginFn, build_registry, operator_settings
 from .kube import Credentials, HttpCluster, load_credentials
 from .reconcile import Config, Reconciler, parse_selector
@@ -45,6 +46,20 @@ def parse_args(argv: Sequence[str] | None) -> Config:
         f"(env CORRAL_AGENT_SELECTOR; default {DEFAULT_SELECTOR})",
     )
     p.add_argument("--agent-port", type=int, default=8080, help="the agents' HTTP port (8080)")
+    p.add_argument(
+        "--agent-ca-file",
+        metavar="FILE",
+        default=env.get("CORRAL_AGENT_CA_FILE") or None,
+        help="the agents serve HTTPS: check their certificates against the CA certificates in "
+        "this PEM file (env CORRAL_AGENT_CA_FILE; default: plain HTTP)",
+    )
+    p.add_argument(
+        "--agent-server-name",
+        metavar="NAME",
+        default=env.get("CORRAL_AGENT_SERVER_NAME") or None,
+        help="the name in the agents' certificates, checked instead of each pod's IP, e.g. "
+        "corral-agent.corral.svc (env CORRAL_AGENT_SERVER_NAME; needs --agent-ca-file)",
+    )
     p.add_argument(
         "--poll-interval", type=float, default=10.0, help="seconds between agent polls (10)"
     )
@@ -81,6 +96,15 @@ def parse_args(argv: Sequence[str] | None) -> Config:
         p.error("--poll-interval must be positive")
     if not ns.relist_interval > 0:
         p.error("--relist-interval must be positive")
+    tls = None
+    if ns.agent_ca_file is not None:
+        try:
+            context = ssl.create_default_context(cafile=ns.agent_ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            p.error(f"--agent-ca-file {ns.agent_ca_file}: no CA certificates read ({exc})")
+        tls = AgentTls(context, ns.agent_server_name)
+    elif ns.agent_server_name is not None:
+        p.error("--agent-server-name checks the agents' certificates: give --agent-ca-file too")
     # The agents' own variable (the chart sets both from one Secret); a key list like the
     # agent's --api-key "k1,k2" authenticates with its first key. Never a flag: a command
     # line is visible to everyone on the node.
@@ -94,6 +118,7 @@ def parse_args(argv: Sequence[str] | None) -> Config:
         poll_timeout=min(3.0, ns.poll_interval),
         verbose=ns.verbose,
         agent_api_key=keys[0] if keys else None,
+        agent_tls=tls,
         liveness=ns.liveness,
         relist_interval=ns.relist_interval,
         events=not ns.no_events,
@@ -118,9 +143,8 @@ async def run_operator(
 
     creds = credentials if credentials is not None else load_credentials()
     async with aiohttp.ClientSession() as session:
-        reconciler = Reconciler(
-            config, HttpCluster(session, creds), session, agent_url or pod_url(config.agent_port)
-        )
+        url = agent_url or pod_url(config.agent_port, https=config.agent_tls is not None)
+        reconciler = Reconciler(config, HttpCluster(session, creds), session, url)
         registry = build_registry(reconciler, login=login)
         async with asyncio.TaskGroup() as tg:
             loop = tg.create_task(reconciler.run(), name="corral reconcile loop")

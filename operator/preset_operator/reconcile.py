@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from .agents import AgentPod, AgentUrl, poll_agents
+from .agents import AgentPod, AgentTls, AgentUrl, poll_agents
 from .kube import Cluster, KubeError, ns_path, preset_status_path
 from .relist import MAX_PAGES, PAGE, Listing, page_items, resource_version, vanished
 from .render import CONFIGMAP_LIMIT, Rendering, configmap_patch, configmap_size, render
@@ -74,6 +74,8 @@ class Config:
     verbose: bool = False
     # The agents' API key (they guard GET /models with it); never shown in a repr or a log.
     agent_api_key: str | None = field(default=None, repr=False)
+    # The agents serve HTTPS (--agent-ca-file): how their certificates are checked.
+    agent_tls: AgentTls | None = field(default=None, repr=False)
     liveness: str | None = None  # kopf's liveness endpoint URL
     # Seconds between the reconciler's own listings, which drop what vanished while no watch
     # saw it go (relist.py).
@@ -290,6 +292,7 @@ class Reconciler:
                 now,
                 self.config.poll_timeout,
                 self.config.agent_api_key,
+                self.config.agent_tls,
             )
             self._last_poll = now
         agent_nodes = {

@@ -292,7 +292,7 @@ def test_api_key_is_on_by_default_from_a_generated_secret(render: Render) -> Non
     off = render({"agent": {"apiKey": {"enabled": False}}})
     assert "LLAMA_API_KEY" not in env_of(agent_container(off))
     assert "LLAMA_API_KEY" not in env_of(operator_container(off))
-    assert "Secret" not in off.kinds()
+    assert [o["metadata"]["name"] for o in off.all("Secret")] == [f"{FULLNAME}-agent-tls"]
 
 
 def test_api_key_comes_from_the_users_secret_when_named(render: Render) -> None:
@@ -308,7 +308,8 @@ def test_api_key_comes_from_the_users_secret_when_named(render: Render) -> None:
     # helm test checks the key is required, not only accepted.
     assert "%{http_code}" in test_container["command"][-1]
     assert "!= 401" in test_container["command"][-1]
-    assert not any(o["kind"] == "Secret" for o in rendered), "the user's key: none generated"
+    generated = [o["metadata"]["name"] for o in rendered.all("Secret")]
+    assert generated == [f"{FULLNAME}-agent-tls"], "the user's key: none generated"
 
 
 def test_presets_configmap_is_mounted_as_a_directory(scenario: Path) -> None:
@@ -423,8 +424,11 @@ def test_agent_probes_health(render: Render) -> None:
     """Ready is /health (503 when the agent cannot see the GPUs it expects); alive is /livez
     (a restart would not bring the GPUs back)."""
     container = agent_container(render())
-    assert container["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
-    assert container["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "http"}
+    https = {"port": "http", "scheme": "HTTPS"}  # agent.tls, on by default
+    assert container["readinessProbe"]["httpGet"] == {"path": "/health", **https}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/livez", **https}
+    plain = agent_container(render({"agent": {"tls": {"enabled": False}}}))
+    assert plain["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
 
 
 @pytest.mark.parametrize(
@@ -632,6 +636,8 @@ def test_operator_command_is_the_contract(render: Render) -> None:
         "app.kubernetes.io/component=agent",
         "--agent-port", "8080",
         "--liveness", "http://0.0.0.0:8081/healthz",
+        "--agent-ca-file", "/etc/corral/agent-ca/ca.crt",
+        "--agent-server-name", f"{FULLNAME}-agent.{NAMESPACE}.svc",
     ]  # fmt: skip
     assert env_of(container)["POD_NAMESPACE"]["valueFrom"] == {
         "fieldRef": {"fieldPath": "metadata.namespace"}
@@ -744,8 +750,9 @@ def test_helm_test_pod_calls_health_and_models(render: Render) -> None:
     assert pod["spec"]["restartPolicy"] == "Never"
     (container,) = pod["spec"]["containers"]
     script = container["command"][-1]
-    base = f"http://{FULLNAME}-agent.{NAMESPACE}.svc:8080"
+    base = f"https://{FULLNAME}-agent.{NAMESPACE}.svc:8080"
     assert f'base="{base}"' in script
+    assert "--cacert /etc/corral/agent-ca/ca.crt" in script
     assert '"$base/health"' in script and '"$base/v1/models"' in script
     assert "curl -fsS" in script  # -f: an HTTP error fails the test
 
@@ -983,3 +990,59 @@ def test_events_in_default_are_optional(render: Render) -> None:
     assert {r["metadata"]["namespace"] for r in off.all("Role")} == {NAMESPACE}
     assert {b["metadata"]["namespace"] for b in off.all("RoleBinding")} == {NAMESPACE}
     assert "--no-events" in operator_container(off)["args"]
+
+
+def test_agents_serve_https_checked_by_their_services_name(render: Render) -> None:
+    """Issue 25: peers forwarded prompts and the API key in plain HTTP. By default the chart
+    generates a CA and a certificate for the agents' Service; every client of the agents
+    checks it against that CA, by that name (pods are reached at IPs no certificate names)."""
+    rendered = render({"serviceMonitor": {"enabled": True}})
+    name = f"{FULLNAME}-agent.{NAMESPACE}.svc"
+    secret = rendered.one("Secret", f"{FULLNAME}-agent-tls")
+    assert secret["type"] == "kubernetes.io/tls"
+    assert set(secret["data"]) == {"tls.crt", "tls.key", "ca.crt"}
+    args = agent_container(rendered)["args"]
+
+    def value(flag: str) -> str:
+        return str(args[args.index(flag) + 1])
+
+    assert value("--ssl-cert-file") == "/etc/corral/tls/tls.crt"
+    assert value("--ssl-key-file") == "/etc/corral/tls/tls.key"
+    assert (value("--peer-ca-file"), value("--peer-server-name")) == (
+        "/etc/corral/tls/ca.crt",
+        name,
+    )
+    volumes = {v["name"]: v for v in agent_pod(rendered)["volumes"]}
+    assert volumes["tls"]["secret"] == {"secretName": f"{FULLNAME}-agent-tls"}
+    # The operator and the test pod get the CA only, never the key.
+    operator_volumes = {
+        v["name"]: v
+        for v in rendered.one("Deployment", f"{FULLNAME}-operator")["spec"]["template"]["spec"][
+            "volumes"
+        ]
+    }
+    ca_only = {
+        "secretName": f"{FULLNAME}-agent-tls",
+        "items": [{"key": "ca.crt", "path": "ca.crt"}],
+    }
+    assert operator_volumes["agent-ca"]["secret"] == ca_only
+    assert rendered.one("Pod")["spec"]["volumes"][0]["secret"] == ca_only
+    (endpoint,) = rendered.one("ServiceMonitor")["spec"]["endpoints"]
+    assert endpoint["scheme"] == "https"
+    assert endpoint["tlsConfig"] == {
+        "ca": {"secret": {"name": f"{FULLNAME}-agent-tls", "key": "ca.crt"}},
+        "serverName": name,
+    }
+    # The user's Secret (cert-manager's layout) instead: nothing generated.
+    theirs = render({"agent": {"tls": {"existingSecret": "agents-cert"}}})
+    assert f"{FULLNAME}-agent-tls" not in {o["metadata"]["name"] for o in theirs.all("Secret")}
+    assert {v["name"]: v for v in agent_pod(theirs)["volumes"]}["tls"]["secret"] == {
+        "secretName": "agents-cert"
+    }
+    # Off: plain HTTP, no flag, no volume, no Secret.
+    off = render({"agent": {"tls": {"enabled": False}}, "serviceMonitor": {"enabled": True}})
+    off_args = agent_container(off)["args"]
+    assert not {"--ssl-cert-file", "--peer-ca-file"} & set(off_args)
+    assert "tls" not in {v["name"] for v in agent_pod(off)["volumes"]}
+    assert off.one("ServiceMonitor")["spec"]["endpoints"][0]["scheme"] == "http"
+    assert "--agent-ca-file" not in operator_container(off)["args"]

@@ -4,8 +4,10 @@ kwok gives every pod an IP from a loopback range (hack/k8s-env.sh), so each agen
 its own pod's IP and port, with the command line of the pod's own container (the chart's), and
 the operator reaches it exactly as it would in a cluster: at ``http://<podIP>:<port>``. What a
 kubelet does for these pods is done here: the presets ConfigMap is copied into each pod's
-volume the way the kubelet lays it out (``..data`` swap), and the Secret's API key is put in
-its environment.
+volume the way the kubelet lays it out (``..data`` swap), the Secret's API key is put in its
+environment, and its Secret volumes (the agents' TLS certificate) are written into folders here
+that its command line's paths are mapped to. Over HTTPS (the chart's default) the test checks
+each agent's certificate as its peers do: against the release's CA, by the Service's name.
 """
 
 from __future__ import annotations
@@ -52,6 +54,59 @@ def secret_value(cp: ControlPlane, namespace: str, name: str, key: str) -> str:
     return base64.b64decode(body["data"][key]).decode()
 
 
+def secret_volumes(
+    cp: ControlPlane, namespace: str, pod_spec: dict[str, Any], container: dict[str, Any], at: Path
+) -> dict[str, Path]:
+    """A kubelet's work for a container's Secret volumes: each Secret's keys (or the volume's
+    ``items``) written into a folder under ``at``; the mount path → that folder."""
+    volumes = {v["name"]: v for v in pod_spec.get("volumes") or []}
+    mounts: dict[str, Path] = {}
+    for mount in container.get("volumeMounts") or []:
+        secret = (volumes.get(mount["name"]) or {}).get("secret")
+        if secret is None:
+            continue
+        body = admin_get(cp, f"/api/v1/namespaces/{namespace}/secrets/{secret['secretName']}")
+        assert body is not None, f"no Secret {secret['secretName']} for {mount['name']}"
+        data = body["data"]
+        items = secret.get("items") or [{"key": key, "path": key} for key in data]
+        folder = at / mount["name"]
+        folder.mkdir(parents=True, exist_ok=True)
+        for item in items:
+            (folder / item["path"]).write_bytes(base64.b64decode(data[item["key"]]))
+        mounts[mount["mountPath"]] = folder
+    return mounts
+
+
+def local_paths(args: list[str], mounts: dict[str, Path]) -> list[str]:
+    """``args`` with every path under a mount (``/etc/corral/tls/tls.crt``) made a path here."""
+    out = []
+    for arg in args:
+        for path, folder in mounts.items():
+            if arg.startswith(path + "/"):
+                arg = str(folder / arg[len(path) + 1 :])
+                break
+        out.append(arg)
+    return out
+
+
+class _NamedContext(ssl.SSLContext):
+    """Checks a server's certificate by ``name``, whatever address it was reached at: what
+    the agents' ``--peer-server-name`` and the operator's ``--agent-server-name`` do."""
+
+    name = ""
+
+    def wrap_socket(self, *args: Any, **kwargs: Any) -> ssl.SSLSocket:
+        kwargs["server_hostname"] = self.name
+        return super().wrap_socket(*args, **kwargs)
+
+
+def checked_by_name(ca: Path, name: str) -> ssl.SSLContext:
+    context = _NamedContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.name = name
+    context.load_verify_locations(cafile=str(ca))
+    return context
+
+
 def container_env(cp: ControlPlane, namespace: str, container: dict[str, Any]) -> dict[str, str]:
     """The plain and Secret-backed variables of a container (what a kubelet would set)."""
     env: dict[str, str] = {}
@@ -74,19 +129,34 @@ class NodeAgent:
     proc: subprocess.Popen[bytes]
     log_path: Path
     log_file: IO[bytes]
+    ca: Path | None = None  # over HTTPS: the release's CA (its Secret's ca.crt)
+    server_name: str = ""  # and the name its certificate is checked by
 
     @property
     def url(self) -> str:
-        return f"http://{self.ip}:{self.port}"
+        return f"{'https' if self.ca else 'http'}://{self.ip}:{self.port}"
+
+    def http(
+        self, method: str, path: str, body: Any = None, *, as_name: str = "", **kw: Any
+    ) -> tuple[int, Any]:
+        """A request checked as its peers check it (``as_name``: by another name)."""
+        context = None
+        if self.ca is not None:
+            context = checked_by_name(self.ca, as_name or self.server_name)
+        return http(method, self.url + path, body, context=context, **kw)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
 
-def _agent_argv(args: list[str], *, ip: str, models: Path, presets: Path) -> list[str]:
+def _agent_argv(
+    args: list[str], *, ip: str, models: Path, presets: Path, peers: list[str]
+) -> list[str]:
     """The pod's container args, with the paths of this machine: the host is the pod's IP,
-    /models and /etc/corral/presets are folders here. The peers option is left out: it needs
-    the in-cluster API (``$KUBERNETES_SERVICE_HOST``), which a local process has not."""
+    /models and /etc/corral/presets are folders here. ``--peers-from-service`` needs the
+    in-cluster API (``$KUBERNETES_SERVICE_HOST``), which a local process has not: the other
+    pods are given as ``--peer`` instead, at the addresses discovery would find (their pod IPs;
+    the chart's ``--peer-ca-file`` and ``--peer-server-name`` check them)."""
     out: list[str] = []
     skip = False
     mapping = {"0.0.0.0": ip, "/models": str(models), "/etc/corral/presets": str(presets)}
@@ -96,6 +166,7 @@ def _agent_argv(args: list[str], *, ip: str, models: Path, presets: Path) -> lis
             continue
         if arg == "--peers-from-service":
             skip = True
+            out += [option for url in peers for option in ("--peer", url)]
             continue
         out.append(
             mapping.get(arg, arg)
@@ -117,6 +188,12 @@ class NodeAgents:
     _sync: threading.Thread | None = None
 
     def start(self, pods: list[dict[str, Any]], extra_args: list[str]) -> None:
+        def url(pod: dict[str, Any]) -> str:
+            container = pod["spec"]["containers"][0]
+            scheme = "https" if "--ssl-cert-file" in container["args"] else "http"
+            port = container["ports"][0]["containerPort"]
+            return f"{scheme}://{pod['status']['podIP']}:{port}"
+
         for pod in pods:
             name = pod["metadata"]["name"]
             container = pod["spec"]["containers"][0]
@@ -137,7 +214,13 @@ class NodeAgents:
             )
             log_path = base / "agent.log"
             log_file = log_path.open("wb")
-            argv = _agent_argv(container["args"], ip=ip, models=models, presets=volume)
+            mounts = secret_volumes(self.cp, self.release.namespace, pod["spec"], container, base)
+            args = local_paths(container["args"], mounts)
+            peers = [url(other) for other in pods if other is not pod]
+            argv = _agent_argv(args, ip=ip, models=models, presets=volume, peers=peers)
+            ca = None
+            if "--ssl-cert-file" in args:
+                ca = Path(args[args.index("--ssl-cert-file") + 1]).with_name("ca.crt")
             proc = subprocess.Popen(
                 [
                     sys.executable,
@@ -154,7 +237,16 @@ class NodeAgents:
                 cwd=REPO,
             )
             self.agents[name] = NodeAgent(
-                name, pod["spec"]["nodeName"], ip, port, volume, proc, log_path, log_file
+                name,
+                pod["spec"]["nodeName"],
+                ip,
+                port,
+                volume,
+                proc,
+                log_path,
+                log_file,
+                ca,
+                self.release.agent_server_name,
             )
         for agent in self.agents.values():
             self._wait_healthy(agent)
@@ -167,7 +259,7 @@ class NodeAgents:
             assert agent.proc.poll() is None, f"agent {agent.pod} exited:\n{agent.log()}"
             with contextlib.suppress(OSError):
                 # /livez: /health is 503 here, where kwok's GPU nodes have no GPU to see.
-                if http("GET", agent.url + "/livez", timeout=1)[0] == 200:
+                if agent.http("GET", "/livez", timeout=1)[0] == 200:
                     return
             time.sleep(0.05)
         raise AssertionError(f"agent {agent.pod} never became healthy:\n{agent.log()}")

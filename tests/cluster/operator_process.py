@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.cluster.control_plane import REPO, ControlPlane
-from tests.cluster.node_agents import container_env
+from tests.cluster.node_agents import container_env, local_paths, secret_volumes
 from tests.cluster.release import Release
 from tests.integration.harness import free_port, http, stop_process
 
@@ -37,12 +37,16 @@ class OperatorProcess:
 
 
 def operator_argv(
-    cp: ControlPlane, release: Release, liveness: str
+    cp: ControlPlane, release: Release, liveness: str, workdir: Path
 ) -> tuple[list[str], dict[str, str]]:
     deployment = cp.get("deployment", "-n", release.namespace, f"{release.fullname}-operator")
-    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    pod_spec = deployment["spec"]["template"]["spec"]
+    container = pod_spec["containers"][0]
     assert container["command"] == ["corral"], container["command"]
+    # Its Secret volume (the agents' CA) as a kubelet would lay it out, here.
+    mounts = secret_volumes(cp, release.namespace, pod_spec, container, workdir / "operator")
     args = [a.replace("$(POD_NAMESPACE)", release.namespace) for a in container["args"]]
+    args = local_paths(args, mounts)
     args = [liveness if a.startswith("http://0.0.0.0:") else a for a in args]
     return args, container_env(cp, release.namespace, container)
 
@@ -58,7 +62,7 @@ def operator_running(
     account = f"{release.fullname}-operator"
     kubeconfig = cp.token_kubeconfig(release.namespace, account, workdir / "operator.kubeconfig")
     liveness = f"http://127.0.0.1:{free_port()}/healthz"
-    args, container_vars = operator_argv(cp, release, liveness)
+    args, container_vars = operator_argv(cp, release, liveness, workdir)
     full_env = {
         key: value
         for key, value in os.environ.items()

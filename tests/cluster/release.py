@@ -31,6 +31,11 @@ class Release:
     def presets_configmap(self) -> str:
         return f"{self.fullname}-presets"
 
+    @property
+    def agent_server_name(self) -> str:
+        """The name the agents' certificate is checked by (the chart's agentServerName)."""
+        return f"{self.fullname}-agent.{self.namespace}.svc"
+
     def agent_pods(self) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = self.cp.get(
             "pods",

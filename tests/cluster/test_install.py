@@ -140,13 +140,19 @@ def test_the_defaults_give_priority_a_key_and_a_network_policy(release: Release)
     assert policy["spec"]["policyTypes"] == ["Ingress"]
 
 
-def test_an_upgrade_keeps_the_generated_key(release: Release, tmp_path: Path) -> None:
+def test_an_upgrade_keeps_the_generated_key_and_certificate(
+    release: Release, tmp_path: Path
+) -> None:
+    """A new key would lock every client out; a new CA would fail every client that trusts
+    the old one (helm's lookup finds them in the real apiserver)."""
     cp, ns = release.cp, release.namespace
-    before = cp.get("secret", "-n", ns, f"{release.fullname}-api-key")["data"]
+    names = (f"{release.fullname}-api-key", f"{release.fullname}-agent-tls")
+    before = [cp.get("secret", "-n", ns, name)["data"] for name in names]
+    assert set(before[1]) == {"tls.crt", "tls.key", "ca.crt"}
     values = tmp_path / "values.json"
     values.write_text(json.dumps(IMAGES))
     cp.helm("upgrade", release.name, str(CHART), "-n", ns, "-f", str(values))
-    assert cp.get("secret", "-n", ns, f"{release.fullname}-api-key")["data"] == before
+    assert [cp.get("secret", "-n", ns, name)["data"] for name in names] == before
 
 
 def test_agents_go_to_nodes_that_merely_have_a_label(

@@ -9,14 +9,15 @@ import json
 import os
 import subprocess
 import time
+import urllib.error
 
 import pytest
 
 from node_agent.memory.devices import missing_gpus, open_probes
 from tests.cluster.control_plane import SCRIPT, wait_until
-from tests.cluster.node_agents import secret_value
+from tests.cluster.node_agents import NodeAgent, secret_value
 from tests.cluster.world import World, preset
-from tests.integration.harness import http
+from tests.integration.harness import chat
 
 # A control plane, a helm install and real processes: more than the default 120 s on a busy
 # machine (the session's fixtures run in its first test).
@@ -33,23 +34,26 @@ def test_a_preset_is_served_by_the_real_agents_and_collected_with_its_service(wo
         assert world.status("tiny")["matchedNodes"] == len(world.agents.agents)
 
     wait_until(ready, within=90)
-    # The chart's generated key guards the agents (the operator polled with it to get here).
+    # The chart's generated key guards the agents (the operator polled with it to get here),
+    # over HTTPS: the chart's certificate, checked against its CA by the Service's name, as
+    # the operator did.
     agent = next(iter(world.agents.agents.values()))
+    assert agent.url.startswith("https://") and agent.ca is not None
     key = secret_value(cp, world.release.namespace, f"{world.release.fullname}-api-key", "api-key")
-    assert http("GET", agent.url + "/v1/models")[0] == 401
-    code, body = http("GET", agent.url + "/v1/models", headers={"Authorization": f"Bearer {key}"})
+    assert agent.http("GET", "/v1/models")[0] == 401
+    code, body = agent.http("GET", "/v1/models", headers={"Authorization": f"Bearer {key}"})
     assert code == 200 and "tiny" in {m["id"] for m in body["data"]}, body
     # The ServiceMonitor's scrape key (the chart's Secret) opens /metrics and nothing else.
     scrape = secret_value(
         cp, world.release.namespace, f"{world.release.fullname}-api-key", "metrics-key"
     )
     bearer = {"Authorization": f"Bearer {scrape}"}
-    assert http("GET", agent.url + "/metrics", headers=bearer)[0] == 200
-    assert http("GET", agent.url + "/v1/models", headers=bearer)[0] == 401
+    assert agent.http("GET", "/metrics", headers=bearer)[0] == 200
+    assert agent.http("GET", "/v1/models", headers=bearer)[0] == 401
     # The chart's agent expects its node's GPU: where it sees none, as on kwok's nodes here,
     # it is not ready, and says why.
     missing = missing_gpus(1, open_probes())
-    code, body = http("GET", agent.url + "/health")
+    code, body = agent.http("GET", "/health")
     if missing is None:
         assert code == 200, body
     else:
@@ -148,3 +152,47 @@ def test_ready_waits_until_every_node_serves_the_new_generation(world: World) ->
 
 def _assert(condition: bool) -> None:
     assert condition
+
+
+def test_agents_forward_to_each_other_over_https_checked_by_the_services_name(
+    world: World,
+) -> None:
+    """Issue 25: peers forwarded prompts and the API key in plain HTTP. With the chart's
+    defaults the agents serve its certificate (for their Service's name, signed by the
+    release's generated CA) and reach each other at their pod IPs, checking it by that name
+    (``--peer-ca-file``, ``--peer-server-name``): A loads a model, B forwards a request for it
+    there, and loads nothing."""
+    cp = world.cp
+    ns, fullname = world.release.namespace, world.release.fullname
+    auth = {"Authorization": f"Bearer {secret_value(cp, ns, f'{fullname}-api-key', 'api-key')}"}
+    cp.apply(preset("hop", world.models / "demo-tiny.gguf"))
+    a, b = sorted(world.agents.agents.values(), key=lambda agent: agent.pod)[:2]
+    assert (a.url.startswith("https://"), b.url.startswith("https://")) == (True, True)
+    for agent in (a, b):
+        wait_until(lambda agent=agent: _assert("hop" in _models(agent, auth)), within=60)
+    code, body = a.http("POST", "/models/load", {"model": "hop"}, headers=auth)
+    assert code == 200, body
+    wait_until(lambda: _assert(_models(a, auth)["hop"] == "loaded"), within=60)
+
+    def forwarded() -> None:
+        code, body = b.http(
+            "POST", "/v1/chat/completions?autoload=false", chat("hop"), headers=auth
+        )
+        assert code == 200, (code, body, b.log()[-3000:])
+
+    try:
+        wait_until(forwarded, within=60)
+        assert "POST /v1/chat/completions model=hop status=200" in a.log()  # served there
+        assert _models(b, auth)["hop"] == "unloaded"
+        # The preset's own Service (the operator's) is a name the certificate holds too.
+        assert a.http("GET", "/health", as_name=f"hop.{ns}.svc")[0] in (200, 503)
+        with pytest.raises(urllib.error.URLError, match="Hostname mismatch"):
+            a.http("GET", "/health", as_name="hop.elsewhere.svc")
+    finally:
+        cp.kubectl("delete", "modelpreset", "hop")
+
+
+def _models(agent: NodeAgent, auth: dict[str, str]) -> dict[str, str]:
+    code, body = agent.http("GET", "/models", headers=auth)
+    assert code == 200, body
+    return {m["id"]: m["status"]["value"] for m in body["data"]}

@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -57,14 +58,16 @@ def http(
     headers: dict[str, str] | None = None,
     timeout: float = 60,
     raw: bytes | None = None,
+    context: ssl.SSLContext | None = None,
 ) -> tuple[int, Any]:
-    """A tiny blocking HTTP client: (status, parsed JSON or text)."""
+    """A tiny blocking HTTP client: (status, parsed JSON or text); ``context``: how an
+    HTTPS server's certificate is checked."""
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
     request = urllib.request.Request(url, data=data, method=method, headers=headers or {})
     if data is not None:
         request.add_header("Content-Type", "application/json")
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
             status, payload = response.status, response.read()
     except urllib.error.HTTPError as err:
         status, payload = err.code, err.read()

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import ssl
+from pathlib import Path
+
+import certifi
 import pytest
 from preset_operator.main import parse_args
 
@@ -77,3 +81,24 @@ def test_flags_win_over_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_selectors_must_be_equality_terms(selector: str) -> None:
     with pytest.raises(SystemExit):
         parse_args(["--agent-selector", selector])
+
+
+def test_agents_over_https_with_the_releases_ca(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name in ("CORRAL_AGENT_CA_FILE", "CORRAL_AGENT_SERVER_NAME"):
+        monkeypatch.delenv(name, raising=False)
+    assert parse_args([]).agent_tls is None  # plain HTTP unless a CA is given
+    monkeypatch.setenv("CORRAL_AGENT_CA_FILE", certifi.where())  # any PEM file of CAs
+    monkeypatch.setenv("CORRAL_AGENT_SERVER_NAME", "corral-agent.corral.svc")
+    tls = parse_args([]).agent_tls
+    assert tls is not None and tls.server_name == "corral-agent.corral.svc"
+    assert tls.context.verify_mode is ssl.CERT_REQUIRED and tls.context.check_hostname
+    monkeypatch.delenv("CORRAL_AGENT_CA_FILE")
+    for argv, message in (
+        ([], "--agent-server-name checks the agents' certificates: give --agent-ca-file too"),
+        (["--agent-ca-file", str(tmp_path / "none.crt")], "none.crt: no CA certificates read"),
+    ):
+        with pytest.raises(SystemExit):
+            parse_args(argv)
+        assert message in capsys.readouterr().err

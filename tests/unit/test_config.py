@@ -186,6 +186,44 @@ def test_a_bad_service_or_api_says_what_is_expected(argv: list[str], message: st
 
 
 @pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--peer-ca-file", "ca.crt"],
+            "--peer-ca-file checks peers asked over HTTPS, and there is none: give --peer "
+            "https://HOST:PORT, or --peers-from-service with --ssl-cert-file",
+        ),
+        (
+            ["--peer", "http://a:1", "--peer-server-name", "agents.corral.svc"],
+            "--peer-server-name checks peers asked over HTTPS, and there is none",
+        ),
+        (  # discovered peers are HTTPS only when this agent serves HTTPS itself
+            ["--peers-from-service", "s", "--peer-ca-file", "ca.crt"],
+            "--peer-ca-file checks peers asked over HTTPS",
+        ),
+        (
+            ["--peer", "https://a:1", "--peer-server-name", "not a name"],
+            "--peer-server-name expects a DNS name, got 'not a name' (a DNS name, e.g. ",
+        ),
+        (["--peer", "https://a:1", "--peer-server-name", "a..b"], "got 'a..b'"),
+    ],
+)
+def test_peer_tls_flags_without_https_peers_or_with_a_bad_name_are_refused(
+    argv: list[str], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=re_escape(message)):
+        parse(*argv)
+
+
+def test_peer_tls_flags_check_https_peers_given_or_discovered() -> None:
+    given = parse("--peer", "https://a:1", "--peer-ca-file", "ca.crt", "--peer-server-name", "X.Y")
+    assert (given.peer_ca_file, given.peer_server_name) == ("ca.crt", "x.y")
+    tls = ("--ssl-cert-file", "c.pem", "--ssl-key-file", "k.pem")
+    found = parse("--peers-from-service", "s", *tls, "--peer-server-name", "s.ns.svc")
+    assert found.peer_server_name == "s.ns.svc"
+
+
+@pytest.mark.parametrize(
     ("raw", "message"),
     [
         ("10.0.0.2:8080", "--peer expects another agent's URL, http(s)://HOST:PORT, got"),

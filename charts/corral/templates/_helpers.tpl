@@ -267,3 +267,34 @@ and the helm test pod. LLAMA_API_KEY is the name llama-server and the agent read
       key: {{ $.Values.agent.apiKey.secretKey }}
 {{- end }}
 {{- end }}
+
+{{/*
+The Secret of the agents' TLS certificate (tls.crt, tls.key and the CA that signed it, ca.crt):
+the user's (agent.tls.existingSecret), else the one the chart generates
+(templates/agent-tls-secret.yaml); "" when agent.tls.enabled is off.
+*/}}
+{{- define "corral.agentTlsSecret" -}}
+{{- if .Values.agent.tls.enabled }}
+{{- default (printf "%s-tls" (include "corral.agent.fullname" .) | trunc 63 | trimSuffix "-") .Values.agent.tls.existingSecret }}
+{{- end }}
+{{- end }}
+
+{{/*
+The name the agents' certificate is checked by (their Service's): peers, the operator and the
+ServiceMonitor reach each agent at its pod IP, which no certificate names.
+*/}}
+{{- define "corral.agentServerName" -}}
+{{- printf "%s.%s.svc" (include "corral.agent.fullname" .) .Release.Namespace }}
+{{- end }}
+
+{{/*
+An agent probe from values, over HTTPS when the agents serve it (a probe that says its
+scheme keeps it).
+*/}}
+{{- define "corral.agentProbe" -}}
+{{- $probe := deepCopy .probe }}
+{{- if and .root.Values.agent.tls.enabled $probe.httpGet (not $probe.httpGet.scheme) }}
+{{- $_ := set $probe.httpGet "scheme" "HTTPS" }}
+{{- end }}
+{{- toYaml $probe }}
+{{- end }}
