@@ -91,3 +91,19 @@ def test_smoke_benchmark_reports_every_scenario_and_target(demo_dir: Path, tmp_p
     for scenario_id in SCENARIOS:
         assert f"| {scenario_id} |" in table
     assert not _processes_mentioning(str(tmp_path)), "the benchmark left processes running"
+
+
+@pytest.mark.timeout(SMOKE_LIMIT)
+@pytest.mark.parametrize("tls", [[], ["--tls"]], ids=["http", "https"])
+def test_peers_at_scale_runs_and_leaves_nothing_behind(tls: list[str]) -> None:
+    """``bench/peers_at_scale.py`` at a smoke size: every subscription opens (it says so,
+    else exits 1), a figure is printed, and neither the agent nor the played peers outlive it."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.peers_at_scale", "--peers", "3", "--seconds", "1", *tls],
+        cwd=REPO, capture_output=True, text=True, timeout=SMOKE_LIMIT, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    scheme = "HTTPS" if tls else "HTTP"
+    assert f"1 agent, 3 peers ({scheme}), 40 models each" in done.stdout, done.stdout
+    assert "the agent's CPU" in done.stdout
+    assert _processes_mentioning("bench.peers_at_scale") == []
