@@ -31,6 +31,7 @@ from bench.peers_at_rest import KEY, answering, cpu_seconds
 from bench.procs import REPO, free_port
 from node_agent.api.peers import KEEPALIVE, ROUTE
 from node_agent.demo_models import write_demo_models
+from tests.pki import issue
 
 NAME = "corral-agent.bench.svc"  # the name in the certificate (--tls)
 
@@ -38,29 +39,6 @@ NAME = "corral-agent.bench.svc"  # the name in the certificate (--tls)
 def loopback_hosts(count: int) -> list[str]:
     """``count`` addresses of 127.0.0.0/8 (all of it is this machine's on Linux)."""
     return [f"127.77.{i // 250}.{i % 250 + 1}" for i in range(count)]
-
-
-def certificate(folder: Path) -> None:
-    """ca.crt, and tls.crt/tls.key for NAME signed by it (the chart's Secret's keys)."""
-
-    def openssl(*args: str) -> None:
-        subprocess.run(["openssl", *args], check=True, capture_output=True)
-
-    openssl(
-        "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=bench-ca",
-        "-keyout", str(folder / "ca.key"), "-out", str(folder / "ca.crt"),
-        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign",
-    )  # fmt: skip
-    openssl(
-        "req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={NAME}",
-        "-keyout", str(folder / "tls.key"), "-out", str(folder / "tls.csr"),
-    )  # fmt: skip
-    (folder / "ext").write_text(f"subjectAltName=DNS:{NAME}\n")
-    openssl(
-        "x509", "-req", "-in", str(folder / "tls.csr"), "-CA", str(folder / "ca.crt"),
-        "-CAkey", str(folder / "ca.key"), "-CAcreateserial", "-days", "1",
-        "-extfile", str(folder / "ext"), "-out", str(folder / "tls.crt"),
-    )  # fmt: skip
 
 
 class PlayedPeers:
@@ -159,7 +137,7 @@ def main() -> int:
         (models / f"model-{i:03}.gguf").symlink_to(models / "demo-tiny.gguf")
     scheme, tls_args, tls_dir = "http", [], ""
     if args.tls:
-        certificate(work)
+        issue(work, NAME)
         scheme, tls_dir = "https", str(work)
         tls_args = [
             "--ssl-cert-file", str(work / "tls.crt"), "--ssl-key-file", str(work / "tls.key"),

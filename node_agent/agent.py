@@ -34,7 +34,7 @@ from node_agent.child.logs import LogRing
 from node_agent.child.orphans import end_orphans
 from node_agent.child.process import ChildConfig, ChildProcess
 from node_agent.child.state import ChildEvent
-from node_agent.config import AgentOptions
+from node_agent.config import AgentOptions, discovered_scheme
 from node_agent.errors import ApiError, ConfigError
 from node_agent.extras import install_hint
 from node_agent.mcp.config import load_servers
@@ -205,7 +205,7 @@ class Agent:
                 "--peers-from-service needs $POD_NAME or $POD_IP (the downward API) to leave "
                 "this agent out of its own peers"
             )
-        scheme = "https" if self.options.ssl_cert_file else "http"
+        scheme = discovered_scheme(self.options.ssl_cert_file)
         return PeerDiscovery(
             kube_api(self.options.kube_api, self.env),
             service_namespace(namespace, self.env),

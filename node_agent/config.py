@@ -22,6 +22,7 @@ from node_agent.durations import idle_seconds
 from node_agent.errors import ConfigError
 from node_agent.sources.options import Match, generated_options, llama_options, parse_bool
 from node_agent.sources.spec import OptionValue
+from node_agent.tls_client import DNS_LABEL, server_name
 
 T = TypeVar("T")
 
@@ -392,6 +393,12 @@ def _identity(raw: str) -> str:
     return raw
 
 
+def _nonempty(raw: str) -> str:
+    if not raw:
+        raise ValueError("the path is empty")
+    return raw
+
+
 _UNITS = {
     "": None,
     "b": 1,
@@ -459,15 +466,21 @@ def _peer_url(raw: str) -> str:
     return url
 
 
+def discovered_scheme(ssl_cert_file: object) -> str:
+    """How peers found by ``--peers-from-service`` are asked: over HTTPS when this agent
+    serves it (``--ssl-cert-file``: its DaemonSet's pods all run the same flags)."""
+    return "https" if ssl_cert_file else "http"
+
+
 def _check_peer_tls(values: dict[str, object], peers: Sequence[str]) -> None:
     """``--peer-ca-file`` and ``--peer-server-name`` check HTTPS peers: with none they would
     change nothing, and a flag given is never ignored."""
     tls_flags = [f for f in ("peer_ca_file", "peer_server_name") if f in values]
     if not tls_flags:
         return
-    https_given = any(p.startswith("https://") for p in peers)
-    # Discovered peers are asked over HTTPS when this agent serves it (one DaemonSet's flags).
-    https_found = "peers_from_service" in values and "ssl_cert_file" in values
+    https_given = any(urlsplit(p).scheme == "https" for p in peers)
+    discovered = discovered_scheme(values.get("ssl_cert_file"))
+    https_found = "peers_from_service" in values and discovered == "https"
     if not (https_given or https_found):
         flag = "--" + tls_flags[0].replace("_", "-")
         raise ConfigError(
@@ -477,24 +490,12 @@ def _check_peer_tls(values: dict[str, object], peers: Sequence[str]) -> None:
         )
 
 
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-
-
 def _service(raw: str) -> tuple[str | None, str]:
     """``--peers-from-service``: ``NAME`` or ``NAMESPACE/NAME`` (Kubernetes DNS labels)."""
     namespace, _, name = raw.strip().rpartition("/")
-    if not _DNS_LABEL.fullmatch(name) or (namespace and not _DNS_LABEL.fullmatch(namespace)):
+    if not DNS_LABEL.fullmatch(name) or (namespace and not DNS_LABEL.fullmatch(namespace)):
         raise ValueError("lower-case letters, digits and '-', e.g. corral/corral-agent-headless")
     return namespace or None, name
-
-
-def _server_name(raw: str) -> str:
-    """``--peer-server-name``: a DNS name (dot-separated labels), as a certificate names it."""
-    name = raw.strip().lower().rstrip(".")
-    labels = name.split(".")
-    if not name or len(name) > 253 or not all(_DNS_LABEL.fullmatch(label) for label in labels):
-        raise ValueError("a DNS name, e.g. corral-agent.corral.svc")
-    return name
 
 
 def _api_url(raw: str) -> str:
@@ -593,8 +594,8 @@ _OWN_FLAGS: dict[str, tuple[str, str, Callable[[str], object]]] = {
     "--peer": ("peers", "a URL (http://HOST:PORT)", _peer_url),
     "--peers-from-service": ("peers_from_service", "a Service, [NAMESPACE/]NAME", _service),
     "--kube-api": ("kube_api", "the Kubernetes API's URL", _api_url),
-    "--peer-ca-file": ("peer_ca_file", "a PEM file of CA certificates", _identity),
-    "--peer-server-name": ("peer_server_name", "a DNS name", _server_name),
+    "--peer-ca-file": ("peer_ca_file", "a PEM file of CA certificates", _nonempty),
+    "--peer-server-name": ("peer_server_name", "a DNS name", server_name),
     "--allowed-hosts": ("allowed_hosts", "host names (comma-separated; *: no check)", _identity),
 }
 

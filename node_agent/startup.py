@@ -40,6 +40,7 @@ from node_agent.sources.models_dir import GGUF, scan_models_dir
 from node_agent.sources.preset_dir import preset_files, preset_policy
 from node_agent.sources.preset_ini import load_preset_file
 from node_agent.sources.spec import SOURCE_MODELS_DIR
+from node_agent.tls_client import ca_context
 
 log = logging.getLogger("corral.agent")
 
@@ -81,15 +82,7 @@ def peer_tls_context(options: AgentOptions) -> ssl.SSLContext | bool:
     used."""
     if options.peer_ca_file is None:
         return True
-    try:
-        return ssl.create_default_context(cafile=options.peer_ca_file)
-    except FileNotFoundError as exc:
-        raise ConfigError(f"--peer-ca-file: {options.peer_ca_file} does not exist") from exc
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(
-            f"--peer-ca-file {options.peer_ca_file}: no CA certificates read ({exc}): it must "
-            "be a PEM file of certificates (e.g. the ca.crt of the agents' TLS Secret)"
-        ) from exc
+    return ca_context(options.peer_ca_file, "--peer-ca-file")
 
 
 async def listen(

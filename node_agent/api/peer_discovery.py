@@ -41,6 +41,7 @@ from node_agent.core.endpoint_slices import (
     Step,
 )
 from node_agent.errors import ConfigError
+from node_agent.tls_client import ca_context
 
 log = logging.getLogger("corral.peers")
 
@@ -85,12 +86,7 @@ def kube_api(
             f"({', '.join(missing)} missing): mount the token (automountServiceAccountToken: "
             "true; the chart does when agent.peers.enabled is on)"
         )
-    try:
-        context = ssl.create_default_context(cafile=str(ca))
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(
-            f"--peers-from-service: the cluster CA {ca} cannot be used: {exc}"
-        ) from exc
+    context = ca_context(str(ca), "--peers-from-service: the cluster CA")
     bracketed = f"[{host}]" if ":" in host else host
     return KubeApi(f"https://{bracketed}:{port}", token_file=token, ssl_context=context)
 

@@ -62,13 +62,13 @@ async def _poll_one(
     tls: AgentTls | None,
 ) -> tuple[bool, object]:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    checks = {} if tls is None else {"ssl": tls.context, "server_hostname": tls.server_name}
     try:
         async with session.get(
             f"{base}/models",
             headers=headers,
             timeout=aiohttp.ClientTimeout(total=limit_s),
-            **checks,  # type: ignore[arg-type]
+            ssl=True if tls is None else tls.context,
+            server_hostname=None if tls is None else tls.server_name,
         ) as resp:
             if resp.status == 401:
                 return False, (

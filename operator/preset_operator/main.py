@@ -6,11 +6,13 @@ import argparse
 import asyncio
 import logging
 import os
-import ssl
 import threading
 from collections.abc import Sequence
 
 import aiohttp
+
+from node_agent.errors import ConfigError
+from node_agent.tls_client import ca_context, server_name
 
 from .agents import AgentTls, AgentUrl, pod_url
 from .handlers import LoginFn, build_registry, operator_settings
@@ -97,14 +99,16 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     if not ns.relist_interval > 0:
         p.error("--relist-interval must be positive")
     tls = None
-    if ns.agent_ca_file is not None:
-        try:
-            context = ssl.create_default_context(cafile=ns.agent_ca_file)
-        except (OSError, ssl.SSLError) as exc:
-            p.error(f"--agent-ca-file {ns.agent_ca_file}: no CA certificates read ({exc})")
-        tls = AgentTls(context, ns.agent_server_name)
-    elif ns.agent_server_name is not None:
-        p.error("--agent-server-name checks the agents' certificates: give --agent-ca-file too")
+    try:
+        if ns.agent_ca_file is not None:
+            name = server_name(ns.agent_server_name) if ns.agent_server_name else None
+            tls = AgentTls(ca_context(ns.agent_ca_file, "--agent-ca-file"), name)
+        elif ns.agent_server_name is not None:
+            p.error("--agent-server-name checks the agents' certificates: give --agent-ca-file")
+    except ValueError as exc:
+        p.error(f"--agent-server-name expects {exc}, got {ns.agent_server_name!r}")
+    except ConfigError as exc:
+        p.error(str(exc))
     # The agents' own variable (the chart sets both from one Secret); a key list like the
     # agent's --api-key "k1,k2" authenticates with its first key. Never a flag: a command
     # line is visible to everyone on the node.

@@ -425,15 +425,26 @@ class Reconciler:
             "spec": {
                 "type": "ClusterIP",
                 "selector": {**self.config.agent_selector, preset_label(name): "true"},
-                "ports": [
-                    {
-                        "name": "http",
-                        "port": 80,
-                        "targetPort": self.config.agent_port,
-                        "protocol": "TCP",
-                    }
-                ],
+                "ports": [self._service_port()],
             },
+        }
+
+    def _service_port(self) -> dict[str, Any]:
+        """A preset Service's port: 443, named and declared https, when the agents serve it
+        (a mesh or a gateway reads the name and appProtocol), else 80."""
+        if self.config.agent_tls is None:
+            return {
+                "name": "http",
+                "port": 80,
+                "targetPort": self.config.agent_port,
+                "protocol": "TCP",
+            }
+        return {
+            "name": "https",
+            "port": 443,
+            "targetPort": self.config.agent_port,
+            "protocol": "TCP",
+            "appProtocol": "https",
         }
 
     async def _write_services(self, presets: list[dict[str, Any]]) -> None:

@@ -4,6 +4,7 @@ scheduling on GPU nodes, and least-privilege RBAC."""
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -1046,3 +1047,38 @@ def test_agents_serve_https_checked_by_their_services_name(render: Render) -> No
     assert "tls" not in {v["name"] for v in agent_pod(off)["volumes"]}
     assert off.one("ServiceMonitor")["spec"]["endpoints"][0]["scheme"] == "http"
     assert "--agent-ca-file" not in operator_container(off)["args"]
+
+
+def test_agent_probes_keep_a_scheme_they_say_and_other_kinds(render: Render) -> None:
+    """With agent.tls an httpGet probe without a scheme gets HTTPS; one that says its scheme,
+    and a probe of another kind, are left as given."""
+    probes = {
+        "readinessProbe": {"httpGet": {"path": "/health", "port": "http", "scheme": "HTTP"}},
+        # (null drops the default's httpGet: Helm merges values)
+        "livenessProbe": {"httpGet": None, "tcpSocket": {"port": "http"}},
+    }
+    container = agent_container(render({"agent": probes}))
+    assert container["readinessProbe"]["httpGet"]["scheme"] == "HTTP"
+    assert "httpGet" not in container["livenessProbe"]
+    assert container["livenessProbe"]["tcpSocket"] == {"port": "http"}
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (
+            {"agent": {"tls": {"enabled": False, "existingSecret": "agents-cert"}}},
+            'agent.tls.existingSecret "agents-cert" is given but agent.tls.enabled is false',
+        ),
+        (
+            {"serviceMonitor": {"enabled": True, "namespace": "monitoring"}},
+            'serviceMonitor.namespace "monitoring": the ServiceMonitor checks the agents\' '
+            "certificate with the ca.crt of the Secret",
+        ),
+    ],
+)
+def test_tls_settings_that_cannot_work_are_refused(
+    render: Render, values: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(helm_python.HelmRenderError, match=re.escape(message)):
+        render(values)

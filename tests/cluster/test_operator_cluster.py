@@ -62,6 +62,10 @@ def test_a_preset_is_served_by_the_real_agents_and_collected_with_its_service(wo
     assert svc is not None
     owner = svc["metadata"]["ownerReferences"][0]
     assert (owner["kind"], owner["name"]) == ("ModelPreset", "tiny")
+    # The agents serve HTTPS (the chart's default): so does the preset's Service, by its name
+    # and appProtocol (a mesh or a gateway reads them), on 443.
+    (port,) = svc["spec"]["ports"]
+    assert (port["name"], port["port"], port["appProtocol"]) == ("https", 443, "https"), port
     for pod in world.release.agent_pods():
         assert pod["metadata"]["labels"].get("preset.corral.dev/tiny") == "true"
 

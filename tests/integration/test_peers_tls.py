@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.harness import AgentProcess, chat, free_port
+from tests.pki import issue
 
 pytestmark = [
     pytest.mark.timeout(120),
@@ -30,30 +31,10 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 NAME = "corral-agent.test.svc"  # the Service's name, in the certificate; the address is not
 
 
-def openssl(*args: str) -> None:
-    subprocess.run(["openssl", *args], check=True, capture_output=True)
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """ca.crt, and tls.crt/tls.key for NAME signed by it (the chart's Secret's three keys)."""
-    d = tmp_path_factory.mktemp("pki")
-    openssl(
-        "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=test-ca",
-        "-keyout", str(d / "ca.key"), "-out", str(d / "ca.crt"),
-        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign",
-    )  # fmt: skip
-    openssl(
-        "req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={NAME}",
-        "-keyout", str(d / "tls.key"), "-out", str(d / "tls.csr"),
-    )  # fmt: skip
-    (d / "ext").write_text(f"subjectAltName=DNS:{NAME}\nextendedKeyUsage=serverAuth\n")
-    openssl(
-        "x509", "-req", "-in", str(d / "tls.csr"), "-CA", str(d / "ca.crt"),
-        "-CAkey", str(d / "ca.key"), "-CAcreateserial", "-days", "1",
-        "-extfile", str(d / "ext"), "-out", str(d / "tls.crt"),
-    )  # fmt: skip
-    return d
+    return issue(tmp_path_factory.mktemp("pki"), NAME)
 
 
 def curl_b(pki: Path, port: int, method: str, path: str, body: object = None) -> dict[str, object]:

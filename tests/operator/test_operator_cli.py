@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import shutil
 import ssl
+import subprocess
 from pathlib import Path
 
-import certifi
 import pytest
 from preset_operator.main import parse_args
 
@@ -83,22 +84,35 @@ def test_selectors_must_be_equality_terms(selector: str) -> None:
         parse_args(["--agent-selector", selector])
 
 
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
 def test_agents_over_https_with_the_releases_ca(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     for name in ("CORRAL_AGENT_CA_FILE", "CORRAL_AGENT_SERVER_NAME"):
         monkeypatch.delenv(name, raising=False)
     assert parse_args([]).agent_tls is None  # plain HTTP unless a CA is given
-    monkeypatch.setenv("CORRAL_AGENT_CA_FILE", certifi.where())  # any PEM file of CAs
-    monkeypatch.setenv("CORRAL_AGENT_SERVER_NAME", "corral-agent.corral.svc")
+    ca = tmp_path / "ca.crt"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=test-ca", "-keyout", str(tmp_path / "ca.key"), "-out", str(ca)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    monkeypatch.setenv("CORRAL_AGENT_CA_FILE", str(ca))
+    monkeypatch.setenv("CORRAL_AGENT_SERVER_NAME", "Corral-Agent.corral.svc.")
     tls = parse_args([]).agent_tls
     assert tls is not None and tls.server_name == "corral-agent.corral.svc"
     assert tls.context.verify_mode is ssl.CERT_REQUIRED and tls.context.check_hostname
-    monkeypatch.delenv("CORRAL_AGENT_CA_FILE")
+    assert len(tls.context.get_ca_certs()) == 1  # this CA only, not the system's
     for argv, message in (
-        ([], "--agent-server-name checks the agents' certificates: give --agent-ca-file too"),
-        (["--agent-ca-file", str(tmp_path / "none.crt")], "none.crt: no CA certificates read"),
+        (["--agent-server-name", "not a name"], "--agent-server-name expects a DNS name"),
+        (["--agent-ca-file", ""], "--agent-ca-file: give a PEM file of CA certificates"),
+        (["--agent-ca-file", str(tmp_path / "none.crt")], "none.crt does not exist"),
+        (["--agent-ca-file", str(tmp_path / "ca.key")], "ca.key: no CA certificates read"),
     ):
         with pytest.raises(SystemExit):
             parse_args(argv)
         assert message in capsys.readouterr().err
+    monkeypatch.delenv("CORRAL_AGENT_CA_FILE")
+    with pytest.raises(SystemExit):
+        parse_args([])
+    assert "give --agent-ca-file" in capsys.readouterr().err

@@ -206,6 +206,10 @@ def test_a_bad_service_or_api_says_what_is_expected(argv: list[str], message: st
             "--peer-server-name expects a DNS name, got 'not a name' (a DNS name, e.g. ",
         ),
         (["--peer", "https://a:1", "--peer-server-name", "a..b"], "got 'a..b'"),
+        (  # ssl would read an empty path as "none given" and trust the system's CAs
+            ["--peer", "https://a:1", "--peer-ca-file", ""],
+            "--peer-ca-file expects a PEM file of CA certificates, got '' (the path is empty)",
+        ),
     ],
 )
 def test_peer_tls_flags_without_https_peers_or_with_a_bad_name_are_refused(
@@ -218,6 +222,8 @@ def test_peer_tls_flags_without_https_peers_or_with_a_bad_name_are_refused(
 def test_peer_tls_flags_check_https_peers_given_or_discovered() -> None:
     given = parse("--peer", "https://a:1", "--peer-ca-file", "ca.crt", "--peer-server-name", "X.Y")
     assert (given.peer_ca_file, given.peer_server_name) == ("ca.crt", "x.y")
+    upper = parse("--peer", "HTTPS://a:1", "--peer-ca-file", "ca.crt")  # as aiohttp takes it
+    assert upper.peer_ca_file == "ca.crt"
     tls = ("--ssl-cert-file", "c.pem", "--ssl-key-file", "k.pem")
     found = parse("--peers-from-service", "s", *tls, "--peer-server-name", "s.ns.svc")
     assert found.peer_server_name == "s.ns.svc"

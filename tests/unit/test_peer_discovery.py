@@ -33,7 +33,7 @@ def test_a_pod_without_its_token_says_how_to_mount_it(tmp_path: Path) -> None:
 def test_a_ca_that_is_not_a_certificate_is_an_error(tmp_path: Path) -> None:
     (tmp_path / "token").write_text("t")
     (tmp_path / "ca.crt").write_text("not a certificate")
-    with pytest.raises(ConfigError, match=r"the cluster CA .*ca\.crt cannot be used"):
+    with pytest.raises(ConfigError, match=r"the cluster CA .*ca\.crt: no CA certificates read"):
         kube_api(None, IN_CLUSTER, tmp_path)
 
 
