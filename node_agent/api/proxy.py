@@ -25,6 +25,7 @@ from node_agent.api.connections import DEFAULT_CLIENT_TIMEOUT
 from node_agent.api.request_record import Exchange
 from node_agent.child.keys import child_key
 from node_agent.child.ports import CHILD_HOST
+from node_agent.core.event_frames import EventFrames
 from node_agent.core.links import LinkBook
 from node_agent.core.scheduler_events import ChildFault
 from node_agent.errors import ApiError
@@ -345,12 +346,21 @@ class Proxy:
                 await _drain(upstream, exchange)  # the client left while the model loaded
                 return response
             watch = _ReadWatch(request, self._client_timeout)
+            # Events pass on whole (core/event_frames.py): a cut leaves no half event before
+            # the error event.
+            sse = "text/event-stream" in upstream.headers.get("Content-Type", "")
+            frames = EventFrames() if sse else None
             try:
                 try:
                     async for chunk in upstream.content.iter_any():
                         if exchange is not None:
                             exchange.chunk(chunk)
-                        await watch.write(response, chunk)
+                        if frames is not None:
+                            chunk = frames.feed(chunk)
+                        if chunk:
+                            await watch.write(response, chunk)
+                    if frames is not None and (tail := frames.rest()):
+                        await watch.write(response, tail)
                 except ConnectionResetError:
                     raise  # the client's side (below), though aiohttp's is a ClientError too
                 except aiohttp.ClientError as exc:
@@ -360,7 +370,7 @@ class Proxy:
                         _fault(exchange, ChildFault.STALLED)
                     message = f"the model's server stopped mid-response: {exc}"
                     log.warning("the child on port %d stopped mid-response: %s", port, exc)
-                    if "text/event-stream" in upstream.headers.get("Content-Type", ""):
+                    if frames is not None:
                         error = ApiError(500, message).body()
                         await watch.write(response, f"data: {json.dumps(error)}\n\n".encode())
                 await response.write_eof()

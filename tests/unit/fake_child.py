@@ -50,6 +50,7 @@ class Plan:
     stall: bool = False  # takes chat requests and never answers them (/health stays ok)
     status: int | None = None  # answers every chat with this error status
     token_every: float = TOKEN_EVERY  # seconds between two streamed chunks
+    cut_mid_event: bool = False  # a stream's connection drops in the middle of its third event
     spawned: list[str] = field(default_factory=list)  # model names, in spawn order
     exited: dict[str, float] = field(default_factory=dict)  # model -> monotonic exit time
     children: list[FakeChild] = field(default_factory=list)
@@ -166,9 +167,15 @@ class FakeChild:
         self._streams.add(response)
         self._idle.clear()
         try:
-            for _ in range(tokens):
+            for i in range(tokens):
                 chunk = {"choices": [{"delta": {"content": "x"}}]}
-                await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                event = f"data: {json.dumps(chunk)}\n\n".encode()
+                if self.plan.cut_mid_event and i == 2:
+                    await response.write(event[:20])  # as a process killed mid-write
+                    assert request.transport is not None
+                    request.transport.abort()
+                    return response
+                await response.write(event)
                 await asyncio.sleep(self.plan.token_every)
             await response.write(b"data: [DONE]\n\n")
             await response.write_eof()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 import time
 from pathlib import Path
@@ -514,3 +515,16 @@ async def test_a_load_on_startup_model_whose_arguments_changed_is_loaded_again()
         waiting.cancel()
         await events.aclose()
         assert plan.spawned == ["m", "m"]
+
+
+async def test_a_stream_cut_mid_event_ends_with_whole_events_and_the_error_event() -> None:
+    """Found under load (a peer killed mid-write): half an event, then the proxy's error event
+    on the same line, a line no client can parse. Every event the client gets is whole."""
+    plan = Plan(cut_mid_event=True)
+    async with fake_agent(plan, [spec("m")]) as agent:
+        stream = await open_stream(agent, "m")
+        rest, _ = await read_to_end(stream)
+    events = [line[6:] for line in rest.split(b"\n") if line.startswith(b"data: ")]
+    parsed = [json.loads(event) for event in events]  # each one whole
+    assert "stopped mid-response" in parsed[-1]["error"]["message"], rest
+    assert rest.endswith(b"\n\n") and len(parsed) == 2, rest  # the second token, the error
