@@ -36,9 +36,18 @@ def test_a_stream_without_boundaries_is_not_held_without_bound() -> None:
     assert frames.feed(b"y") == b"x" * MAX_HELD + b"y"
 
 
+def test_a_boundary_split_byte_by_byte_is_found() -> None:
+    frames = EventFrames()
+    assert [frames.feed(bytes([b])) for b in b"data: 1\r\n\r\n"][-1] == b"data: 1\r\n\r\n"
+    assert frames.rest() == b""
+
+
 @given(
-    st.lists(st.sampled_from([EVENT, b": keepalive\n\n", b"data: [DONE]\n\n"]), max_size=8),
-    st.lists(st.integers(min_value=1, max_value=40), max_size=30),
+    st.lists(
+        st.sampled_from([EVENT, b": keepalive\n\n", b"data: 1\r\n\r\n", b"data: [DONE]\n\n"]),
+        max_size=8,
+    ),
+    st.lists(st.integers(min_value=1, max_value=40), max_size=60),
 )
 def test_any_split_passes_the_same_bytes_and_only_whole_events(
     events: list[bytes], cuts: list[int]
@@ -47,7 +56,9 @@ def test_any_split_passes_the_same_bytes_and_only_whole_events(
     frames, out, at = EventFrames(), [], 0
     for size in [*cuts, len(stream)]:
         piece = frames.feed(stream[at : at + size])
-        assert piece == b"" or piece.endswith(b"\n\n")
+        assert piece == b"" or piece.endswith((b"\n\n", b"\r\n\r\n"))
         out.append(piece)
         at += size
-    assert b"".join(out) + frames.rest() == stream
+    # Every boundary is found however the chunks split it: nothing whole stays held.
+    assert frames.rest() == b""
+    assert b"".join(out) == stream
