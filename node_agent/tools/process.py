@@ -64,8 +64,8 @@ async def run_program(
         args = [sys.executable, "-I", "-S", "-c", _REAPER, _PACKAGE_PARENT, str(status_write),
                 cwd or "", *args]  # fmt: skip
         cwd = None  # the reaper starts the program there (a missing one: failed to spawn)
-    try:
-        proc = await asyncio.create_subprocess_exec(
+    spawning = asyncio.ensure_future(
+        asyncio.create_subprocess_exec(
             *args,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
@@ -76,13 +76,26 @@ async def run_program(
             # the reaper sweeps what is below it when the agent dies
             preexec_fn=make_preexec(signal.SIGTERM) if reaped else None,
         )
+    )
+    if reaped:  # the fork is over: the reaper has its copy
+        spawning.add_done_callback(lambda _: os.close(status_write))
+    try:
+        # Shielded: cancelled while asyncio still connects the pipes, asyncio would SIGKILL
+        # the process alone, so a reaper died before its sweep and what the program had
+        # started lived on (a CI run: an agent stopped just as a tool call began).
+        proc = await asyncio.shield(spawning)
+    except asyncio.CancelledError:
+        try:
+            with contextlib.suppress(OSError, ValueError):  # never started: nothing to end
+                await asyncio.shield(_end_spawned(spawning, reaped))
+        finally:
+            if reaped:
+                os.close(status_read)
+        raise
     except (OSError, ValueError):
         if reaped:
             os.close(status_read)
         return ExecResult(b"failed to spawn process")
-    finally:
-        if reaped:
-            os.close(status_write)
     running = _Running(proc, reaped)
     try:
         output, truncated, timed_out = await _run(
@@ -95,6 +108,13 @@ async def run_program(
     code = proc.returncode
     exit_code = code if code is not None and code >= 0 else 1
     return ExecResult(output + (TRUNCATED if truncated else b""), exit_code, timed_out)
+
+
+async def _end_spawned(spawning: asyncio.Future[asyncio.subprocess.Process], reaped: bool) -> None:
+    """End a program whose caller was cancelled while it started, as a started one ends."""
+    running = _Running(await spawning, reaped)
+    running.kill()
+    await running.wait_killed()
 
 
 @dataclass(frozen=True, slots=True)

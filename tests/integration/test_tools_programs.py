@@ -104,6 +104,44 @@ async def test_under_the_reaper_a_new_sessions_processes_die_with_the_program(
     assert not marker.exists()
 
 
+def _children_of(parent: int) -> set[int]:
+    found = set()
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, IndexError):  # gone meanwhile
+            # pid (comm) state ppid …: comm may hold spaces and parentheses
+            if entry.name.isdigit() and (entry / "stat").read_text().rsplit(")", 1)[1].split()[
+                1
+            ] == str(parent):
+                found.add(int(entry.name))
+    return found
+
+
+async def test_a_call_cancelled_while_its_program_starts_ends_what_the_program_started(
+    tmp_path: Path,
+) -> None:
+    """Found by a CI run: an agent stopped just as a tool call began (asyncio still connecting
+    the reaper's pipes) left the command's ``setsid`` child running. asyncio's own clean-up of
+    a half-made subprocess SIGKILLs that process alone, so the reaper died before its sweep.
+    The loop is held here while the program starts, so the cancellation lands in that window."""
+    marker = tmp_path / "late"
+    script = f"setsid sh -c 'sleep 2; touch {marker}' </dev/null >/dev/null 2>&1 & sleep 30"
+    before = _children_of(os.getpid())
+    call = asyncio.ensure_future(run_program(["sh", "-c", script], 100, 30, reap=True))
+    deadline = time.monotonic() + 20
+    # One step at a time, until the reaper is forked (asyncio then connects its pipes).
+    while not _children_of(os.getpid()) - before and time.monotonic() < deadline:  # noqa: ASYNC110
+        await asyncio.sleep(0)
+    (reaper,) = _children_of(os.getpid()) - before
+    while not _children_of(reaper) and time.monotonic() < deadline:
+        time.sleep(0.01)  # noqa: ASYNC251 (the loop held while the reaper starts the program)
+    assert _children_of(reaper), "the reaper never started the program"
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    await asyncio.sleep(2.5)
+    assert not marker.exists()
+
+
 async def test_under_the_reaper_the_exit_code_is_the_programs() -> None:
     assert (await run_program(["sh", "-c", "exit 7"], 100, 5, reap=True)).exit_code == 7
     res = await run_program(["sh", "-c", "kill -9 $$"], 100, 5, reap=True)
