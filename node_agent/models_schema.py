@@ -1,5 +1,6 @@
-"""The one schema of ``GET /models``: the agent builds its answer from it, the operator (and any
-client) parses with it.
+"""The one schema of ``GET /models``: the agent's answer has its shape (``api.views`` builds
+plain dicts, for speed; tests/unit/test_views.py holds every kind of entry to this schema), the
+operator (and any client) parses with it.
 
 The keys and types are llama.cpp's router's (``{"object": "list", "data": [{id, aliases, tags,
 object, owned_by, created, status: {value, args, preset, failed?, exit_code?}, architecture,

@@ -88,85 +88,76 @@ def model_entry(
     now: int,
     streams: bool | None = None,
 ) -> dict[str, Any]:
-    """One entry of ``GET /models``, built from the schema the operator parses with."""
-    # Imported at first use: pydantic is a third of the agent's import time, and start-up
-    # does not need it (the agent imports it in the background once it listens).
-    from node_agent.models_schema import (
-        CorralInfo,
-        Memory,
-        ModelEntry,
-        ModelStatus,
-        WarmCache,
-        dump,
-    )
+    """One entry of ``GET /models``, in the shape of ``models_schema.ModelEntry`` (the schema
+    the operator parses with): keys left unset there are absent here, as llama.cpp sends them.
 
+    A plain dict, not the schema's models: their validation and dump were half the time of a
+    listing of 1,000 models (issue 30); tests/unit/test_views.py holds every kind of entry to
+    the schema (parsed, and dumped back to the same JSON)."""
     spec: Any = registry.spec(name)
     view = registry.scheduler.view(name)
     child = registry.child(name)
-    # Keys left unset are absent from the JSON, as llama.cpp sends them.
-    crash: dict[str, Any] = {}
     downloading = registry.downloads.active(name)  # a preset's file, before its load
+    status: dict[str, Any] = {
+        "value": "downloading" if downloading else view.state.value,
+        "args": list(_listed_args(binary, spec, child.port if child is not None else None)),
+        "preset": _listed_preset(spec),
+    }
     if view.failed and view.state is ModelState.UNLOADED:
-        crash = {"exit_code": view.exit_code, "failed": True}
+        status["exit_code"] = view.exit_code
+        status["failed"] = True
     elif view.state is ModelState.UNLOADED and not downloading and registry.downloads.failed(name):
-        crash = {"failed": True}  # its file's download failed: the load did too
-    status = ModelStatus(
-        value="downloading" if downloading else view.state.value,
-        args=list(_listed_args(binary, spec, child.port if child is not None else None)),
-        preset=_listed_preset(spec),
-        **crash,
-    )
+        status["failed"] = True  # its file's download failed: the load did too
+    # The child's last error line, why the agent's download of its file failed, or why the
+    # ledger cannot estimate it (its GGUF header: issue 26, rows 6 and 8).
+    error = view.error if view.failed else registry.downloads.failed(name)
+    corral: dict[str, Any] = {
+        "stopping": view.stopping,
+        "in_flight": view.in_flight,
+        "queued": view.queued,
+        "pid": child.pid if child is not None else None,
+        "error": None,
+        "failures": view.failures,
+        "retry_in": math.ceil(max(0.0, view.retry_at - registry.now()) * 10) / 10,
+    }
+    if registry.memory is not None:
+        # Estimated off the loop beforehand (models_routes): one still on its way has none yet.
+        corral["memory"] = registry.memory.figures(name)
+        unestimated = registry.memory.unestimated(name)
+        if error is None and unestimated is not None:
+            error = f"cannot estimate its memory: {unestimated}"
+    if error is not None:
+        corral["error"] = redact(error)
+    corral["conversation_streams"] = streams
+    warm = registry.warm_held(name)
+    if warm is not None:
+        corral["warm"] = {"files": warm[0], "bytes": warm[1]}
+    served = registry.preset_hash(name)
+    if served is not None:
+        corral["preset_hash"] = served
+    entry: dict[str, Any] = {
+        "id": name,
+        "aliases": list(spec.aliases),
+        "tags": [],
+        "object": "model",
+        "owned_by": "llamacpp",
+        "created": now,
+        "status": status,
+        "architecture": {
+            "input_modalities": ["text", "image"] if spec.mmproj else ["text"],
+            "output_modalities": ["text"],
+        },
+        "source": spec.source,
+        "can_remove": spec.source == SOURCE_CACHE,
+    }
     # The child's ``ready`` payload is its whole model entry ({id, aliases, …, meta}); llama.cpp
     # lists only the inner ``meta`` (n_vocab, n_ctx, n_params, size…) under the model.
     info = getattr(child, "meta", None) if child is not None else None
     meta = info.get("meta") if isinstance(info, Mapping) else None
-    shown: dict[str, Any] = {}
     if view.state in (ModelState.LOADED, ModelState.SLEEPING) and isinstance(meta, Mapping):
-        shown = {"meta": dict(meta)}
-    optional: dict[str, Any] = {}  # keys left out when they do not apply
-    unestimated = None
-    if registry.memory is not None:
-        # Estimated off the loop beforehand (app.py): a model still on its way has none yet.
-        optional["memory"] = Memory(**registry.memory.figures(name))
-        unestimated = registry.memory.unestimated(name)
-    # The child's last error line, why the agent's download of its file failed, or why the
-    # ledger cannot estimate it (its GGUF header: issue 26, rows 6 and 8).
-    error = view.error if view.failed else registry.downloads.failed(name)
-    if error is None and unestimated is not None:
-        error = f"cannot estimate its memory: {unestimated}"
-    warm = registry.warm_held(name)
-    if warm is not None:
-        optional["warm"] = WarmCache(files=warm[0], bytes=warm[1])
-    served = registry.preset_hash(name)
-    if served is not None:
-        optional["preset_hash"] = served
-    corral = CorralInfo(
-        stopping=view.stopping,
-        in_flight=view.in_flight,
-        queued=view.queued,
-        pid=child.pid if child is not None else None,
-        error=redact(error) if error is not None else None,
-        failures=view.failures,
-        retry_in=math.ceil(max(0.0, view.retry_at - registry.now()) * 10) / 10,
-        conversation_streams=streams,
-        **optional,
-    )
-    modalities = ["text", "image"] if spec.mmproj else ["text"]
-    entry = ModelEntry(
-        id=name,
-        aliases=list(spec.aliases),
-        tags=[],
-        object="model",
-        owned_by="llamacpp",
-        created=now,
-        status=status,
-        architecture={"input_modalities": modalities, "output_modalities": ["text"]},
-        source=spec.source,
-        can_remove=spec.source == SOURCE_CACHE,
-        **shown,
-        corral=corral,
-    )
-    return dump(entry)
+        entry["meta"] = dict(meta)
+    entry["corral"] = corral
+    return entry
 
 
 def router_props(settings: RouterSettings) -> dict[str, Any]:
