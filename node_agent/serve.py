@@ -123,6 +123,10 @@ def main(argv: Sequence[str], probe: BinaryProbe | None = None) -> int:
         level=options.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # What the format does not show is not gathered for each record (a line per proxied
+    # request, issue 30): the caller's file and line (a walk up the stack), thread, process.
+    logging._srcfile = None
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     # Secrets never reach the log: the keys and the token by value, the rest by shape.
     add_secrets(options.api_keys)
     add_secrets(options.metrics_keys)

@@ -20,6 +20,7 @@ guards llama.cpp does not have (README, "Browsers").
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import logging
 import re
@@ -161,6 +162,18 @@ def _host_name(host: str) -> str:
 def host_allowed(allowed: frozenset[str] | None, host: str | None) -> bool:
     if allowed is None or not host:
         return True  # no check, or an HTTP/1.0 client (browsers always send Host)
+    if len(host) > _HOST_CACHED:
+        return _host_allowed.__wrapped__(allowed, host)
+    return _host_allowed(allowed, host)
+
+
+# Every request asks, nearly always with the same Host: the answers for short ones (a DNS name
+# has at most 253 characters) are kept, so an IP literal is not parsed again each time.
+_HOST_CACHED = 300
+
+
+@functools.lru_cache(maxsize=256)
+def _host_allowed(allowed: frozenset[str], host: str) -> bool:
     name = _host_name(host).rstrip(".")
     if name in allowed or name == LOCALHOST or name.endswith(".localhost"):
         return True  # *.localhost always resolves to loopback (RFC 6761): no rebinding

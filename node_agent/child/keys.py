@@ -14,6 +14,7 @@ every local user, ``/proc/PID/environ`` only by the child's own user.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import secrets
@@ -27,6 +28,7 @@ KEY_ENV = "LLAMA_API_KEY"
 KEY_FILE_ENV = "LLAMA_ARG_API_KEY_FILE"
 
 
+@functools.lru_cache(maxsize=1024)  # asked for every proxied request (an HMAC each: issue 30)
 def child_key(port: int) -> str:
     """The API key of the child listening on ``port``."""
     return hmac.new(_SECRET, f"child:{port}".encode(), hashlib.sha256).hexdigest()

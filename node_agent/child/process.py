@@ -70,6 +70,9 @@ HEALTH_MAX_DELAY: Final = 0.25
 # After the child exits, how long its pipe readers may keep draining buffered output. Only a
 # grandchild that inherited the pipes could hold them open longer.
 READER_GRACE: Final = 1.0
+# llama-server writes its log a line at a time, ~9 lines a request: read in one go what came
+# within this many seconds (one wake-up of the loop, not nine; nothing waits for the log).
+LOG_GATHER: Final = 0.05
 BIND_FAILURE: Final = "couldn't bind"
 EXIT_NUDGE_AFTER: Final = 0.5  # see _begin_stop
 EXIT_NOT_RUN: Final = 127  # the exit code reported for a child that could not be executed
@@ -595,7 +598,7 @@ class ChildProcess:
             self._inbox.put_nowait(_Line(attempt, text))
 
     async def _pump_stderr(self, stream: asyncio.StreamReader) -> None:
-        async for text in read_lines(stream):
+        async for text in read_lines(stream, LOG_GATHER):
             if BIND_FAILURE in text:
                 self._bind_failed = True
             self.logs.append(text)

@@ -16,11 +16,14 @@ MAX_LINE: Final = 64 * 1024
 _CHUNK: Final = 64 * 1024
 
 
-async def read_lines(stream: asyncio.StreamReader) -> AsyncIterator[str]:
+async def read_lines(stream: asyncio.StreamReader, gather: float = 0.0) -> AsyncIterator[str]:
     """Yield decoded lines (without line endings) until EOF.
 
     Decoded with ``errors='replace'``: llama-server's stderr can hold bytes that are not UTF-8
     (a model's raw token pieces), and one bad byte must not end the stream.
+
+    ``gather``: seconds to wait after each read, so that the lines written meanwhile come in
+    one read (asyncio buffers them without waking this task), not one wake-up each.
     """
     pending = b""
     while True:
@@ -34,6 +37,8 @@ async def read_lines(stream: asyncio.StreamReader) -> AsyncIterator[str]:
         while len(pending) > MAX_LINE:
             yield pending[:MAX_LINE].decode(errors="replace")
             pending = pending[MAX_LINE:]
+        if gather:
+            await asyncio.sleep(gather)
     if pending:
         yield pending.rstrip(b"\r").decode(errors="replace")
 

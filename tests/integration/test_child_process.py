@@ -122,6 +122,11 @@ async def test_ready_then_graceful_stop(
         assert needed in environ
     assert f"{TAG_ENV}=t-ready".encode() in environ
     assert child.pid not in find_orphans("t-ready")  # its agent (this process) is alive
+    # Its log is read in gathered pieces (process.LOG_GATHER): the line is there soon.
+    for _ in range(100):
+        if any("listening on" in line for line in child.logs.snapshot()):
+            break
+        await asyncio.sleep(0.01)
     assert any("listening on" in line for line in child.logs.snapshot())
 
     started = time.monotonic()
