@@ -7,7 +7,7 @@ not ours to bound, so lines are split here and an overlong one comes out in piec
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Final
 
 import aiohttp
@@ -16,14 +16,16 @@ MAX_LINE: Final = 64 * 1024
 _CHUNK: Final = 64 * 1024
 
 
-async def read_lines(stream: asyncio.StreamReader, gather: float = 0.0) -> AsyncIterator[str]:
+async def read_lines(
+    stream: asyncio.StreamReader, gather: Callable[[], Awaitable[None]] | None = None
+) -> AsyncIterator[str]:
     """Yield decoded lines (without line endings) until EOF.
 
     Decoded with ``errors='replace'``: llama-server's stderr can hold bytes that are not UTF-8
     (a model's raw token pieces), and one bad byte must not end the stream.
 
-    ``gather``: seconds to wait after each read, so that the lines written meanwhile come in
-    one read (asyncio buffers them without waking this task), not one wake-up each.
+    ``gather``: awaited after each read, so that the lines written meanwhile come in one read
+    (asyncio buffers them without waking this task), not one wake-up each.
     """
     pending = b""
     while True:
@@ -37,8 +39,8 @@ async def read_lines(stream: asyncio.StreamReader, gather: float = 0.0) -> Async
         while len(pending) > MAX_LINE:
             yield pending[:MAX_LINE].decode(errors="replace")
             pending = pending[MAX_LINE:]
-        if gather:
-            await asyncio.sleep(gather)
+        if gather is not None:
+            await gather()
     if pending:
         yield pending.rstrip(b"\r").decode(errors="replace")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -154,3 +155,31 @@ class TestPorts:
             for port in ports:
                 release_port(port)
         release_port(None)  # a child that never got a port
+
+
+async def test_a_childs_log_is_read_in_gathered_pieces_and_at_once_after_its_exit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The child's stderr is read once per ``LOG_GATHER`` (not once a line), but a stop waits
+    for this reader: once the child has exited, what is left is read at once. (A plain pause
+    after each read made every stop 50 ms longer: bench S4's 60 swaps took 5.1 -> 10.0 s.)"""
+    from types import SimpleNamespace
+
+    import node_agent.child.process as process
+
+    monkeypatch.setattr(process, "LOG_GATHER", 30.0)
+    child: Any = SimpleNamespace(logs=LogRing(10), _bind_failed=False)
+    stream, exited = asyncio.StreamReader(), asyncio.Event()
+    reader = asyncio.ensure_future(process.ChildProcess._pump_stderr(child, stream, exited))
+    stream.feed_data(b"one\ntwo\n")
+    await asyncio.sleep(0.1)
+    assert child.logs.snapshot() == ["one", "two"]
+    stream.feed_data(b"three\n")  # within the gathering time: waits for it
+    await asyncio.sleep(0.1)
+    assert child.logs.snapshot() == ["one", "two"]
+    exited.set()  # the child exited: the rest now, then the end
+    stream.feed_data(b"couldn't bind\n")
+    stream.feed_eof()
+    await asyncio.wait_for(reader, 5)
+    assert child.logs.snapshot() == ["one", "two", "three", "couldn't bind"]
+    assert child._bind_failed
