@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from node_agent.child.ports import CHILD_HOST
@@ -56,19 +57,26 @@ def child_args(binary: str, spec: _Listed, port: int | None) -> list[str]:
 
 
 # A listing of 1,000 models redacted every model's command line and preset on every
-# GET /models (half its time, issue 30): both depend only on the spec, the binary and the port,
-# so each is worked out once. Specs are frozen, and a reload makes new ones.
+# GET /models (half its time, issue 30): what an entry takes from its spec depends only on the
+# spec, the binary and the port, so it is worked out once. Specs are frozen, and a reload makes
+# new ones.
 _LISTED_CACHE = 4096
 
 
-@functools.lru_cache(maxsize=_LISTED_CACHE)
-def _listed_args(binary: str, spec: _Listed, port: int | None) -> tuple[str, ...]:
-    return tuple(child_args(binary, spec, port))
+@dataclass(frozen=True, slots=True)
+class _FromSpec:
+    args: tuple[str, ...]  # the child's command line, secrets hidden
+    preset: str
+    input_modalities: tuple[str, ...]
 
 
 @functools.lru_cache(maxsize=_LISTED_CACHE)
-def _listed_preset(spec: _Listed) -> str:
-    return preset_text(spec)
+def _from_spec(binary: str, spec: _Listed, port: int | None) -> _FromSpec:
+    return _FromSpec(
+        tuple(child_args(binary, spec, port)),
+        preset_text(spec),
+        ("text", "image") if spec.mmproj else ("text",),
+    )
 
 
 def preset_text(spec: _Listed) -> str:
@@ -97,20 +105,26 @@ def model_entry(
     spec: Any = registry.spec(name)
     view = registry.scheduler.view(name)
     child = registry.child(name)
+    fixed = _from_spec(binary, spec, child.port if child is not None else None)
     downloading = registry.downloads.active(name)  # a preset's file, before its load
+    download_failed = registry.downloads.failed(name)
     status: dict[str, Any] = {
         "value": "downloading" if downloading else view.state.value,
-        "args": list(_listed_args(binary, spec, child.port if child is not None else None)),
-        "preset": _listed_preset(spec),
+        "args": list(fixed.args),
+        "preset": fixed.preset,
     }
     if view.failed and view.state is ModelState.UNLOADED:
         status["exit_code"] = view.exit_code
         status["failed"] = True
-    elif view.state is ModelState.UNLOADED and not downloading and registry.downloads.failed(name):
+    elif view.state is ModelState.UNLOADED and not downloading and download_failed:
         status["failed"] = True  # its file's download failed: the load did too
     # The child's last error line, why the agent's download of its file failed, or why the
     # ledger cannot estimate it (its GGUF header: issue 26, rows 6 and 8).
-    error = view.error if view.failed else registry.downloads.failed(name)
+    error = view.error if view.failed else download_failed
+    # Seconds until a model in crash-loop backoff may load again (the clock read only then).
+    retry_in = (
+        math.ceil(max(0.0, view.retry_at - registry.now()) * 10) / 10 if view.retry_at else 0.0
+    )
     corral: dict[str, Any] = {
         "stopping": view.stopping,
         "in_flight": view.in_flight,
@@ -118,7 +132,7 @@ def model_entry(
         "pid": child.pid if child is not None else None,
         "error": None,
         "failures": view.failures,
-        "retry_in": math.ceil(max(0.0, view.retry_at - registry.now()) * 10) / 10,
+        "retry_in": retry_in,
     }
     if registry.memory is not None:
         # Estimated off the loop beforehand (models_routes): one still on its way has none yet.
@@ -144,7 +158,7 @@ def model_entry(
         "created": now,
         "status": status,
         "architecture": {
-            "input_modalities": ["text", "image"] if spec.mmproj else ["text"],
+            "input_modalities": list(fixed.input_modalities),
             "output_modalities": ["text"],
         },
         "source": spec.source,
