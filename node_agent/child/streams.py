@@ -24,8 +24,9 @@ async def read_lines(
     Decoded with ``errors='replace'``: llama-server's stderr can hold bytes that are not UTF-8
     (a model's raw token pieces), and one bad byte must not end the stream.
 
-    ``gather``: awaited after each read, so that the lines written meanwhile come in one read
-    (asyncio buffers them without waking this task), not one wake-up each.
+    ``gather``: awaited after a read that took all there was (less than a chunk), so that the
+    lines written meanwhile come in one read (asyncio buffers them without waking this task),
+    not one wake-up each; a writer of more than that is read on at once, never held back.
     """
     pending = b""
     while True:
@@ -39,7 +40,7 @@ async def read_lines(
         while len(pending) > MAX_LINE:
             yield pending[:MAX_LINE].decode(errors="replace")
             pending = pending[MAX_LINE:]
-        if gather is not None:
+        if gather is not None and len(chunk) < _CHUNK:  # a full one: more may be waiting
             await gather()
     if pending:
         yield pending.rstrip(b"\r").decode(errors="replace")

@@ -9,6 +9,7 @@ watch-fed indexes, not from here.
 
 from __future__ import annotations
 
+import json
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,6 +27,23 @@ class KubeError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"HTTP {status}: {message}")
         self.status = status
+
+    def object_missing(self, name: str) -> bool:
+        """Whether the apiserver said the object ``name`` itself does not exist (a Status of
+        reason NotFound naming it), not a path or subresource it does not serve."""
+        if self.status != 404:
+            return False
+        _, _, body = str(self).partition(": ")
+        try:
+            answer = json.loads(body)
+        except ValueError:
+            return False
+        details = answer.get("details") if isinstance(answer, dict) else None
+        return (
+            answer.get("reason") == "NotFound"
+            and isinstance(details, dict)
+            and details.get("name") == name
+        )
 
 
 class Cluster(Protocol):

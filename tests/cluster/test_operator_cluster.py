@@ -107,8 +107,10 @@ def test_a_preset_deleted_while_the_watch_was_down_goes(world: World) -> None:
             assert world.service("gap") is None
 
         wait_until(dropped, within=30)
+        # The first write that finds it gone (404) drops it: a CI run saw 7 in 2 s, each pass
+        # making its Service again for the garbage collector to remove.
         failures = world.operator.log().count("writing the status of ModelPreset gap failed")
-        assert failures <= 2, world.operator.log()[-3000:]
+        assert failures <= 1, world.operator.log()[-3000:]
     finally:
         cp.kubectl("delete", "modelpreset", "gap-witness", "--ignore-not-found")
 

@@ -467,3 +467,22 @@ async def test_the_liveness_probe_answers(cluster: tuple[Any, FakeAgents]) -> No
             raise AssertionError(str(exc)) from exc
 
     await eventually(alive)
+
+
+def test_only_a_status_naming_the_preset_says_it_is_gone() -> None:
+    """A status write answered 404 for the preset itself drops it at once (its deletion fell
+    in a watch gap); a 404 for a path the apiserver does not serve (a CRD without the status
+    subresource) must not drop every preset."""
+    from preset_operator.kube import KubeError
+
+    gone = (
+        '{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":'
+        '"modelpresets.corral.dev \\"gap\\" not found","reason":"NotFound","details":'
+        '{"name":"gap","group":"corral.dev","kind":"modelpresets"},"code":404}'
+    )
+    assert KubeError(404, gone).object_missing("gap")
+    assert not KubeError(404, gone).object_missing("other")
+    unserved = '{"kind":"Status","status":"Failure","message":"the server could not find the requested resource","reason":"NotFound","details":{},"code":404}'  # noqa: E501
+    assert not KubeError(404, unserved).object_missing("gap")
+    assert not KubeError(404, "404 page not found").object_missing("gap")
+    assert not KubeError(409, gone).object_missing("gap")
