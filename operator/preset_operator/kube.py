@@ -27,15 +27,15 @@ class KubeError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"HTTP {status}: {message}")
         self.status = status
+        self.body = message
 
     def object_missing(self, name: str) -> bool:
         """Whether the apiserver said the object ``name`` itself does not exist (a Status of
         reason NotFound naming it), not a path or subresource it does not serve."""
         if self.status != 404:
             return False
-        _, _, body = str(self).partition(": ")
         try:
-            answer = json.loads(body)
+            answer = json.loads(self.body)
         except ValueError:
             return False
         details = answer.get("details") if isinstance(answer, dict) else None
