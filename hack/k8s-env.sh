@@ -9,6 +9,7 @@
 #   hack/k8s-env.sh down           # stop it all (state under $CORRAL_K8S_RUN goes too)
 #   hack/k8s-env.sh bin            # print the folder holding the binaries (building if needed)
 #   hack/k8s-env.sh built          # the same, but fail instead of building
+#   hack/k8s-env.sh picker         # the endpoint picker's folder (bin/epp, bin/epp-pick, crds/)
 #   hack/k8s-env.sh restart kube-apiserver   # as an upgrade does: connections drop, watch cache anew
 #   hack/k8s-env.sh compact        # etcd forgets old revisions: an older watch gets 410 Gone
 #
@@ -21,6 +22,10 @@
 # so it is built from a go.mod of our own that requires it and points each staging module at its
 # matching v0.x release; etcd's server module does the same for its siblings, so it shares that
 # go.mod. kwok and helm carry no replace directives and are plain `go install`s.
+#
+# The Gateway API Inference Extension's endpoint picker (the chart's inferencePool) is built
+# the same way, into a cache of its own (its version moves apart from the control plane's),
+# with hack/epp-pick (a gateway's ext_proc request, for the tests) against the same modules.
 set -euo pipefail
 
 K8S_VERSION=v1.37.2
@@ -28,11 +33,15 @@ K8S_VERSION=v1.37.2
 ETCD_VERSION=v3.7.0
 KWOK_VERSION=v0.8.0
 HELM_VERSION=v3.22.0
+GIE_VERSION=v1.0.1
 
 cache="${CORRAL_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/corral/k8s/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-helm-$HELM_VERSION}"
 bin="$cache/bin"
 run="${CORRAL_K8S_RUN:-${TMPDIR:-/tmp}/corral-k8s-$(id -u)}"
 binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm)
+picker_cache="${CORRAL_PICKER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/corral/k8s/gie-$GIE_VERSION}"
+picker_bin="$picker_cache/bin"
+pick_source="$(cd "$(dirname "$0")" && pwd)/epp-pick/main.go"
 
 log() { printf '>> %s\n' "$*" >&2; }
 
@@ -81,9 +90,43 @@ build_kubernetes() {
   )
 }
 
+# The extension's CRDs, as its module ships them (the chart does not install them: a cluster
+# that routes with the extension has them from its own install).
+picker_crds=(inference.networking.k8s.io_inferencepools.yaml inference.networking.x-k8s.io_inferenceobjectives.yaml)
+
+have_picker() { # the picker, its CRDs, and epp-pick from the checkout's source
+  local crd
+  for crd in "${picker_crds[@]}"; do [ -f "$picker_cache/crds/$crd" ] || return 1; done
+  [ -x "$picker_bin/epp" ] && [ -x "$picker_bin/epp-pick" ] &&
+    cmp -s "$pick_source" "$picker_cache/src/pick/main.go"
+}
+
+build_picker() {
+  local src="$picker_cache/src" module=sigs.k8s.io/gateway-api-inference-extension mod dir crd
+  mkdir -p "$src/pick" "$picker_bin" "$picker_cache/crds"
+  mod="$(go mod download -json "$module@$GIE_VERSION" | sed -n 's/^\s*"GoMod": "\(.*\)",$/\1/p')"
+  dir="$(go mod download -json "$module@$GIE_VERSION" | sed -n 's/^\s*"Dir": "\(.*\)",$/\1/p')"
+  for crd in "${picker_crds[@]}"; do cp "$dir/config/crd/bases/$crd" "$picker_cache/crds/"; done
+  printf 'module corral.invalid/picker-build\n\ngo %s\n' "$(sed -n 's/^go //p' "$mod")" >"$src/go.mod"
+  cp "$pick_source" "$src/pick/main.go"
+  (
+    cd "$src"
+    go get "$module/cmd/epp@$GIE_VERSION"
+    CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$picker_bin/" "$module/cmd/epp"
+    CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$picker_bin/epp-pick" ./pick
+  )
+}
+
 build() {
-  have_binaries && return 0
   command -v go >/dev/null || { echo "k8s-env: go is not installed" >&2; return 1; }
+  if ! have_picker; then
+    local start=$SECONDS
+    log "building the endpoint picker $GIE_VERSION into $picker_bin (once; minutes)"
+    build_picker
+    have_picker
+    log "built in $((SECONDS - start)) s"
+  fi
+  have_binaries && return 0
   mkdir -p "$bin"
   local start=$SECONDS
   log "building the control plane into $bin (once; minutes)"
@@ -342,11 +385,12 @@ compact() {
 case "${1:-}" in
   build) build ;;
   bin) build && echo "$bin" ;;
-  built) have_binaries && echo "$bin" ;;
+  built) have_binaries && have_picker && echo "$bin" ;;
+  picker) have_picker && echo "$picker_cache" ;;
   up) up ;;
   down) down ;;
   env) print_env ;;
   restart) restart "${2:?restart what (kube-apiserver, kwok, ...)}" ;;
   compact) compact ;;
-  *) echo "usage: hack/k8s-env.sh build|bin|built|up|down|env|restart NAME|compact" >&2; exit 2 ;;
+  *) echo "usage: hack/k8s-env.sh build|bin|built|picker|up|down|env|restart NAME|compact" >&2; exit 2 ;;
 esac

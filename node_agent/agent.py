@@ -27,6 +27,7 @@ from node_agent.api.browser_guard import start_warnings
 from node_agent.api.connections import BoundedRunner, default_max_connections
 from node_agent.api.peers import Peers
 from node_agent.api.proxy import Proxy
+from node_agent.api.routing_metrics import routing_app
 from node_agent.api.state import AgentState, RouterSettings
 from node_agent.api.tools_api import security_warning
 from node_agent.api.vertex import vertex_from_env
@@ -66,6 +67,8 @@ LOG_LINES = 2000  # stderr lines kept per model
 # import time; agent start with 1000 models, bench S6).
 IMPORTED_LATER = ("node_agent.models_schema", "node_agent.api.metrics_families")
 ESTIMATOR = "node_agent.memory.estimator"
+# The routing metrics' scrapers: an InferencePool's endpoint pickers keep one connection each.
+ROUTING_CONNECTIONS = 16
 PRESET_POLL_SECONDS = 1.0  # the kubelet syncs ConfigMap volumes every ~60 s: 1 s is plenty
 
 
@@ -162,6 +165,7 @@ class Agent:
             options.tools or options.mcp_servers_config or options.mcp_servers_json
         )
         self._runner: web.AppRunner | None = None
+        self._routing_runner: web.AppRunner | None = None
         self._tasks = TaskSet("agent")
         preset = options.models_preset
         # A directory is the operator's ConfigMap: watched, and reloaded when it changes.
@@ -382,6 +386,8 @@ class Agent:
             await self._runner.cleanup()
             raise
         self.port = listening.port
+        if self.options.routing_metrics_port is not None:
+            await self._serve_routing_metrics(self.options.routing_metrics_port)
         log.warning("%s", security_warning(self.mcp, self.options.ui_mcp_proxy, self.builtin_tools))
         # With the ledger on, every first load estimates its model: gguf (and numpy) too.
         later = IMPORTED_LATER if self.memory is None else (*IMPORTED_LATER, ESTIMATOR)
@@ -398,6 +404,27 @@ class Agent:
         log.info("listening on %s (%d models)", listening.url, len(self.catalog))
         # Only once it listens: an agent that cannot start says that in one line, no more.
         self._tasks.spawn(self.source_watch.run(), "source-watch", forever=True)
+
+    async def _serve_routing_metrics(self, port: int) -> None:
+        """``--routing-metrics-port``: a listener of its own, no keys, no TLS (only the
+        figures of api/routing_metrics.py are there), few connections (its scrapers')."""
+        self._routing_runner = BoundedRunner(
+            routing_app(self.registry.scheduler),
+            max_connections=ROUTING_CONNECTIONS,
+            keepalive_timeout=self.options.client_timeout,
+            handler_cancellation=True,
+            access_log=None,
+        )
+        await self._routing_runner.setup()
+        try:
+            listening = await startup.listen(self._routing_runner, self.options.host, port)
+        except ConfigError as exc:
+            self.registry.begin_close()
+            await self._routing_runner.cleanup()
+            if self._runner is not None:
+                await self._runner.cleanup()
+            raise ConfigError(f"--routing-metrics-port: {exc.message}") from exc
+        log.info("routing metrics (no credentials) on %s/metrics", listening.url)
 
     async def _lifetime(self, app: web.Application) -> AsyncIterator[None]:
         """aiohttp's cleanup context: the registry and the proxy live as long as the app."""
@@ -434,6 +461,8 @@ class Agent:
             await self.mcp.close()
         if self.builtin_tools is not None:
             await self.builtin_tools.close()
+        if self._routing_runner is not None:
+            await self._routing_runner.cleanup()
         if self._runner is not None:
             await self._runner.cleanup()
 

@@ -86,6 +86,11 @@ Corral's own:
   --peer-server-name NAME     the name in the peers' certificates, checked instead of each
                               peer's address (agents that share a certificate for their
                               Service's name, e.g. corral-agent.corral.svc)
+  --routing-metrics-port PORT serve, on --host's address and this port, without
+                              credentials, only what a router outside the agent needs to
+                              choose a node: the models it runs and the requests it queues
+                              (the Gateway API Inference Extension's endpoint picker reads
+                              them; docs/inference-pool.md)
   --allowed-hosts NAMES       Host names answered besides local ones (comma-separated; '*':
                               no check; default: a loopback-bound agent answers only to
                               localhost names and IP literals, a guard against DNS rebinding)

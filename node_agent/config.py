@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TypeVar
 from urllib.parse import urlsplit
@@ -33,6 +33,9 @@ SINGLE_MODEL = frozenset({"model", "hf-repo", "mmproj", "alias", "model-url", "d
 INFORMATIONAL = frozenset({"usage", "version", "cache-list", "completion-bash"})
 # Router flags that are also given to every child (see the module docstring).
 ALSO_FOR_CHILDREN = frozenset({"timeout", "sleep-idle-seconds"})
+
+
+UNIX_SOCKET_SUFFIX = ".sock"  # llama-server: a host ending so is an AF_UNIX path
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +128,9 @@ class AgentOptions:
     peer_server_name: str | None = None
     """``--peer-server-name``: the name the peers' certificates are checked against instead
     of the address each is reached at (pods share one certificate for their Service's name)."""
+    routing_metrics_port: int | None = None
+    """``--routing-metrics-port``: where a router outside the agent reads what it needs to
+    choose a node (api/routing_metrics.py), without credentials; None = not served."""
     allowed_hosts: str | None = None
     """``--allowed-hosts``: Host names answered besides local ones; None = by the bind address."""
     child_options: tuple[tuple[str, OptionValue], ...] = ()
@@ -255,6 +261,7 @@ def parse_agent_args(argv: Sequence[str], env: Mapping[str, str]) -> AgentOption
     if "kube_api" in values and "peers_from_service" not in values:
         raise ConfigError("--kube-api is only used by --peers-from-service: give both, or neither")
     _check_peer_tls(values, peers)
+    _check_routing_port(values)
     keys = list(api_keys)
     for path in api_key_files:
         keys.extend(_read_key_file(path))
@@ -490,6 +497,28 @@ def _check_peer_tls(values: dict[str, object], peers: Sequence[str]) -> None:
         )
 
 
+# Slots dataclass: its class attributes are slots, the defaults are only in its fields.
+DEFAULTS = {f.name: f.default for f in fields(AgentOptions)}
+
+
+def _check_routing_port(values: dict[str, object]) -> None:
+    """``--routing-metrics-port`` listens on ``--host``'s address, beside ``--port``."""
+    if "routing_metrics_port" not in values:
+        return
+    port = values["routing_metrics_port"]
+    host = str(values.get("host", DEFAULTS["host"]))
+    if host.endswith(UNIX_SOCKET_SUFFIX):
+        raise ConfigError(
+            f"--routing-metrics-port {port} listens on --host's address, and --host {host} is "
+            "a unix socket: give a TCP --host (e.g. 0.0.0.0), or leave --routing-metrics-port out"
+        )
+    if port == values.get("port", DEFAULTS["port"]) and port != 0:
+        raise ConfigError(
+            f"--routing-metrics-port {port} is --port too: the routing metrics are served "
+            "without credentials on a port of their own; give another port"
+        )
+
+
 def _service(raw: str) -> tuple[str | None, str]:
     """``--peers-from-service``: ``NAME`` or ``NAMESPACE/NAME`` (Kubernetes DNS labels)."""
     namespace, _, name = raw.strip().rpartition("/")
@@ -596,6 +625,7 @@ _OWN_FLAGS: dict[str, tuple[str, str, Callable[[str], object]]] = {
     "--kube-api": ("kube_api", "the Kubernetes API's URL", _api_url),
     "--peer-ca-file": ("peer_ca_file", "a PEM file of CA certificates", _nonempty),
     "--peer-server-name": ("peer_server_name", "a DNS name", server_name),
+    "--routing-metrics-port": ("routing_metrics_port", "a port number", _port),
     "--allowed-hosts": ("allowed_hosts", "host names (comma-separated; *: no check)", _identity),
 }
 

@@ -12,7 +12,6 @@ has it (the port is then ignored). A ``--models-dir`` without a model and a pres
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno
 import logging
 import os
@@ -32,7 +31,7 @@ from node_agent.api.browser_guard import (
     allowed_hosts,
     cors_origins_default,
 )
-from node_agent.config import AgentOptions
+from node_agent.config import DEFAULTS, UNIX_SOCKET_SUFFIX, AgentOptions
 from node_agent.errors import ConfigError
 from node_agent.sources.catalog import Catalog
 from node_agent.sources.hf_cache import hub_dir
@@ -44,8 +43,7 @@ from node_agent.tls_client import ca_context
 
 log = logging.getLogger("corral.agent")
 
-UNIX_SOCKET_SUFFIX = ".sock"  # llama-server: a host ending so is an AF_UNIX path
-DEFAULT_PORT = next(f.default for f in dataclasses.fields(AgentOptions) if f.name == "port")
+DEFAULT_PORT = DEFAULTS["port"]
 TCP_LISTEN = "0A"  # the state column of /proc/net/tcp for a listening socket
 
 

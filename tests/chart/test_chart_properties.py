@@ -1075,10 +1075,30 @@ def test_agent_probes_keep_a_scheme_they_say_and_other_kinds(render: Render) -> 
             'serviceMonitor.namespace "monitoring": the ServiceMonitor checks the agents\' '
             "certificate with the ca.crt of the Secret",
         ),
+        # The InferencePool: its rendering is checked in tests/cluster, where the real helm
+        # sees the extension's CRDs; Helm's engine here knows no cluster's API versions.
+        (
+            {"inferencePool": {"enabled": True}},
+            "inferencePool.enabled needs agent.tls.enabled=false: a gateway sends requests "
+            "straight to the agents' port",
+        ),
+        (
+            {"inferencePool": {"enabled": True}, "agent": {"tls": {"enabled": False}}},
+            "the cluster has no InferencePool (inference.networking.k8s.io/v1): install the "
+            "Gateway API Inference Extension's CRDs first",
+        ),
     ],
 )
-def test_tls_settings_that_cannot_work_are_refused(
+def test_settings_that_cannot_work_are_refused(
     render: Render, values: dict[str, Any], message: str
 ) -> None:
     with pytest.raises(helm_python.HelmRenderError, match=re.escape(message)):
         render(values)
+
+
+def test_without_an_inference_pool_the_agents_serve_no_routing_metrics(render: Render) -> None:
+    rendered = render()
+    assert "--routing-metrics-port" not in agent_container(rendered)["args"]
+    assert [p["name"] for p in agent_container(rendered)["ports"]] == ["http"]
+    (policy,) = rendered.all("NetworkPolicy")
+    assert [r["ports"][0]["port"] for r in policy["spec"]["ingress"]] == ["http"]

@@ -10,7 +10,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.harness import AgentProcess, chat
+from tests.integration.harness import AgentProcess, chat, free_port
+from tests.integration.harness import http as fetch
 
 TINY, SMALL, MEDIUM = "demo-tiny", "demo-small", "demo-medium"
 CHAT = "/v1/chat/completions"
@@ -187,5 +188,47 @@ def test_a_scrape_key_opens_the_metrics_and_nothing_else(demo_dir: Path) -> None
         assert agent.post("/models/unload", {"model": TINY}, headers=scrape)[0] == 401
         assert agent.get("/metrics", headers={"Authorization": "Bearer sekret"})[0] == 200
         assert "scrape" not in agent.log()
+    finally:
+        agent.stop()
+
+
+def test_the_routing_metrics_are_served_without_a_key_and_say_nothing_else(
+    demo_dir: Path,
+) -> None:
+    """--routing-metrics-port: an InferencePool's endpoint picker scrapes with no credentials;
+    only the routing figures are there, the agent's own /metrics stays behind its key."""
+    port = free_port()
+    agent = AgentProcess(
+        ["--models-dir", str(demo_dir), "--api-key", "sekret", "--routing-metrics-port", str(port)]
+    )
+    routing = f"http://127.0.0.1:{port}"
+    try:
+        assert agent.get("/metrics")[0] == 401
+
+        def resident() -> dict[str, str]:
+            status, text = fetch("GET", routing + "/metrics")
+            assert status == 200, text
+            families = {f.name: f for f in text_string_to_metric_families(text)}
+            assert set(families) == {"corral_queued_requests", "corral_resident_models_info"}
+            labels: dict[str, str] = families["corral_resident_models_info"].samples[0].labels
+            return labels
+
+        assert resident()["running_lora_adapters"] == ","  # nothing runs yet
+        loaded = agent.post(
+            "/models/load", {"model": TINY}, headers={"Authorization": "Bearer sekret"}
+        )
+        assert loaded[0] == 200, loaded
+        deadline = time.monotonic() + 20
+        while resident()["running_lora_adapters"] != TINY:
+            assert time.monotonic() < deadline, resident()
+            time.sleep(0.05)
+        assert resident()["max_lora"] == "4"  # one told, three free slots of --models-max 4
+        # Nothing else is there: no model's own metrics, no listing, no inference.
+        status, text = fetch("GET", f"{routing}/metrics?model={TINY}")
+        assert status == 200 and "llamacpp:" not in text and "corral_resident" in text
+        for path in ("/models", "/v1/models", "/health", "/v1/chat/completions"):
+            assert fetch("GET", routing + path)[0] == 404, path
+        assert fetch("POST", routing + "/v1/chat/completions", chat(TINY))[0] == 404
+        assert fetch("POST", routing + "/metrics", {})[0] == 405
     finally:
         agent.stop()

@@ -249,3 +249,31 @@ def test_warm_cache_size_takes_a_size_or_0_for_off() -> None:
     assert parse("--warm-cache-size", "512MiB").warm_cache_size == 512 << 20
     assert parse("--warm-cache-size", "0").warm_cache_size == 0
     assert parse().warm_cache_size == 0  # off unless asked for
+
+
+def test_routing_metrics_port_listens_beside_the_api_port() -> None:
+    assert parse().routing_metrics_port is None
+    assert parse("--host", "0.0.0.0", "--routing-metrics-port", "9400").routing_metrics_port == 9400
+    assert parse("--port", "0", "--routing-metrics-port", "0").routing_metrics_port == 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--routing-metrics-port", "8080"], "--routing-metrics-port 8080 is --port too"),
+        (
+            ["--port", "9000", "--routing-metrics-port", "9000"],
+            "--routing-metrics-port 9000 is --port too",
+        ),
+        (
+            ["--host", "/tmp/agent.sock", "--routing-metrics-port", "9400"],
+            "--host /tmp/agent.sock is a unix socket: give a TCP --host",
+        ),
+        (["--routing-metrics-port", "70000"], "--routing-metrics-port expects a port number"),
+    ],
+)
+def test_a_routing_metrics_port_that_cannot_be_used_is_refused(
+    argv: list[str], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=re_escape(message)):
+        parse(*argv)

@@ -93,6 +93,16 @@ app.kubernetes.io/component: operator
 app.kubernetes.io/component: operator
 {{- end }}
 
+{{- define "corral.picker.labels" -}}
+{{ include "corral.labels" . }}
+app.kubernetes.io/component: endpoint-picker
+{{- end }}
+
+{{- define "corral.picker.selectorLabels" -}}
+{{ include "corral.selectorLabels" . }}
+app.kubernetes.io/component: endpoint-picker
+{{- end }}
+
 {{/*
 Names.
 */}}
@@ -102,6 +112,10 @@ Names.
 
 {{- define "corral.operator.fullname" -}}
 {{- printf "%s-operator" (include "corral.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "corral.picker.fullname" -}}
+{{- printf "%s-picker" (include "corral.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
 {{/* The presets ConfigMap: a contract with the operator (--presets-configmap). */}}
@@ -297,4 +311,26 @@ scheme keeps it).
 {{- $_ := set $probe.httpGet "scheme" "HTTPS" }}
 {{- end }}
 {{- toYaml $probe }}
+{{- end }}
+
+{{/*
+The endpoint picker's plugins: a request goes to an agent where its model is loaded (the
+agents list their models as "LoRA adapters": node_agent/api/routing_metrics.py), else to one
+with room to load it, else to one where it is loading; among equals, to the least queued.
+*/}}
+{{- define "corral.picker.plugins" -}}
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+  - type: lora-affinity-scorer
+  - type: queue-scorer
+  - type: max-score-picker
+schedulingProfiles:
+  - name: default
+    plugins:
+      - pluginRef: lora-affinity-scorer
+        weight: 4
+      - pluginRef: queue-scorer
+        weight: 1
+      - pluginRef: max-score-picker
 {{- end }}
