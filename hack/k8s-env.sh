@@ -118,6 +118,7 @@ build_picker() {
 }
 
 build() {
+  have_binaries && have_picker && return 0
   command -v go >/dev/null || { echo "k8s-env: go is not installed" >&2; return 1; }
   if ! have_picker; then
     local start=$SECONDS
@@ -385,7 +386,7 @@ compact() {
 case "${1:-}" in
   build) build ;;
   bin) build && echo "$bin" ;;
-  built) have_binaries && have_picker && echo "$bin" ;;
+  built) have_binaries && echo "$bin" ;;
   picker) have_picker && echo "$picker_cache" ;;
   up) up ;;
   down) down ;;

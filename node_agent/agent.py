@@ -409,7 +409,7 @@ class Agent:
         """``--routing-metrics-port``: a listener of its own, no keys, no TLS (only the
         figures of api/routing_metrics.py are there), few connections (its scrapers')."""
         self._routing_runner = BoundedRunner(
-            routing_app(self.registry.scheduler),
+            routing_app(self.registry.scheduler, self.registry.downloads),
             max_connections=ROUTING_CONNECTIONS,
             keepalive_timeout=self.options.client_timeout,
             handler_cancellation=True,

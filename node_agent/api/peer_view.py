@@ -9,8 +9,8 @@ newline every ``KEEPALIVE`` seconds otherwise (so a silent peer is noticed):
     {"models_max": 4, "models": {"m": ["loaded", 2]}, "needs": {"m": {"CUDA0": 123}},
      "free": {"CUDA0": 456, "host": null}}
 
-``models``: each listed model's state (with a queue, a loading model counts as loaded:
-``peer_rank.effective_state``) and its queue depth (in flight + queued); ``needs``: its
+``models``: each listed model's state (``peer_rank.ranked_state``: an unloaded model with a
+queue counts as loading) and its queue depth (in flight + queued); ``needs``: its
 ``min`` per device, with the memory ledger on; ``free``: the bytes a new load may use per
 device (None: no limit there), or null with the ledger off. The view is built at most once per
 runtime change (the registry's ``version``) whoever subscribes, and looked at no more often
@@ -32,7 +32,7 @@ from aiohttp import web
 from node_agent.api.long_lived import until_shutdown
 from node_agent.api.peers import KEEPALIVE, ROUTE, free_memory
 from node_agent.api.state import STATE
-from node_agent.core.peer_rank import DOWNLOADING, effective_state
+from node_agent.core.peer_rank import DOWNLOADING, ranked_state
 from node_agent.runtime.registry import Registry
 
 MIN_INTERVAL = 0.25  # a burst of changes makes one view
@@ -49,8 +49,10 @@ def build_view(registry: Registry, models_max: int) -> dict[str, Any]:
     needs: dict[str, dict[str, int]] = {}
     for name in registry.listed():
         view = sched.view(name)
-        state = DOWNLOADING if registry.downloads.active(name) else view.state.value
-        models[name] = [effective_state(state, view.queued), view.in_flight + view.queued]
+        state = ranked_state(
+            view.state.value, view.queued, downloading=registry.downloads.active(name)
+        )
+        models[name] = [state, view.in_flight + view.queued]
         if memory is not None:
             needs[name] = dict(memory.ledger.figures(name).min)
     for name in registry.downloads.names():

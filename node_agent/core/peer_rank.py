@@ -65,6 +65,13 @@ def effective_state(state: str, queued: int) -> str:
     return LOADING if state == UNLOADED and queued > 0 else state
 
 
+def ranked_state(state: str, queued: int, *, downloading: bool) -> str:
+    """A model's state as this node tells others, peers (``GET /peer-view``) and routers
+    (``--routing-metrics-port``) alike: downloading while its file is on its way, else
+    :func:`effective_state`."""
+    return DOWNLOADING if downloading else effective_state(state, queued)
+
+
 def tier(node: Node) -> Tier:
     if node.state == LOADED:
         return Tier.LOADED_IDLE if node.queue == 0 else Tier.LOADED_BUSY

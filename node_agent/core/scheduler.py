@@ -1087,22 +1087,11 @@ class Scheduler:
             pin=m.pin,
         )
 
-    def residents(self) -> tuple[list[str], list[str]]:
-        """The models whose child takes requests now (loaded or asleep) and those still
-        loading, each in the order they started; a stopping one is in neither. Walks only the
-        running models (a routing scrape asks many times a second, whatever the catalog's
-        size)."""
-        usable: list[str] = []
-        loading: list[str] = []
-        for name in self._running:
-            model = self._models[name]
-            if model.stopping:
-                continue
-            if model.state is ModelState.LOADING:
-                loading.append(name)
-            elif model.state in USABLE:
-                usable.append(name)
-        return usable, loading
+    def residents(self) -> list[str]:
+        """The models whose child runs (loading, loaded or asleep) and is not stopping, in the
+        order they started. Walks only the running models (a routing scrape asks many times a
+        second, whatever the catalog's size)."""
+        return [name for name in self._running if not self._models[name].stopping]
 
     def statistics(self) -> Statistics:
         running, stopping, claimed, needed = self._counts()

@@ -1084,8 +1084,15 @@ def test_agent_probes_keep_a_scheme_they_say_and_other_kinds(render: Render) -> 
         ),
         (
             {"inferencePool": {"enabled": True}, "agent": {"tls": {"enabled": False}}},
-            "the cluster has no InferencePool (inference.networking.k8s.io/v1): install the "
+            "the cluster has no inference.networking.k8s.io/v1/InferencePool: install the "
             "Gateway API Inference Extension's CRDs first",
+        ),
+        (
+            {
+                "inferencePool": {"enabled": True, "metricsPort": 8080},
+                "agent": {"tls": {"enabled": False}},
+            },
+            "inferencePool.metricsPort 8080 is agent.port too",
         ),
     ],
 )

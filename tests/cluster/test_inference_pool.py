@@ -48,7 +48,7 @@ def test_the_pool_needs_the_extensions_crds(control_plane: ControlPlane, tmp_pat
     namespace(control_plane, "pool-early", RESTRICTED)
     with pytest.raises(CommandFailed) as refused:
         install(control_plane, "early", "pool-early", VALUES, tmp_path, wait=False)
-    assert "the cluster has no InferencePool (inference.networking.k8s.io/v1)" in str(refused.value)
+    assert "the cluster has no inference.networking.k8s.io/v1/InferencePool" in str(refused.value)
 
 
 @pytest.fixture(scope="module")
@@ -158,8 +158,12 @@ def test_the_picker_sends_a_request_to_the_agent_where_its_model_is_loaded(
     goes_to(TINY, second)
 
 
-def test_the_routing_metrics_port_is_open_to_the_picker_alone(pool: Release) -> None:
-    """It needs no credentials: the NetworkPolicy admits the picker's pods to it, no one else."""
+def test_the_network_policy_opens_the_routing_metrics_port_to_the_picker_alone(
+    pool: Release,
+) -> None:
+    """It needs no credentials: the NetworkPolicy the apiserver holds admits the picker's pods
+    to it, no one else, and selects the picker's pod (enforcing it is the network plugin's
+    work; the cluster tier has none)."""
     policy = pool.cp.get("networkpolicy", "-n", NAMESPACE, "pool-corral-agent")
     by_port = {rule["ports"][0]["port"]: rule["from"] for rule in policy["spec"]["ingress"]}
     assert by_port["routing-metrics"] == [

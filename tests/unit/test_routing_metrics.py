@@ -1,4 +1,5 @@
-"""The routing metrics' text: what an InferencePool's endpoint picker is told of an agent."""
+"""The routing metrics' text: what an InferencePool's endpoint picker is told of an agent,
+from the real scheduler (tests/cluster/test_inference_pool.py holds it to the real picker)."""
 
 from __future__ import annotations
 
@@ -7,30 +8,27 @@ from dataclasses import dataclass, field
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from node_agent.api.routing_metrics import NOTHING, QUEUED, RESIDENT, routing_text, shown
-from node_agent.core.model_state import Statistics
-from node_agent.redact import add_secret
+from node_agent.api.routing_metrics import NOTHING, QUEUED, RESIDENT_INFO, routing_text, shown
+from node_agent.core.scheduler import DecisionKind, Scheduler
+from tests.unit.test_scheduler import load, make
 
 
 @dataclass
-class Residents:
-    usable: list[str] = field(default_factory=list)
-    loading: list[str] = field(default_factory=list)
-    models_max: int = 4
-    queue: tuple[tuple[str, int], ...] = ()
+class Downloads:
+    going: list[str] = field(default_factory=list)
 
-    def residents(self) -> tuple[list[str], list[str]]:
-        return list(self.usable), list(self.loading)
+    def active(self, name: str) -> bool:
+        return name in self.going
 
-    def statistics(self) -> Statistics:
-        running = len(self.usable) + len(self.loading)
-        free = self.models_max - running if self.models_max > 0 else None
-        return Statistics(self.models_max, running, 0, 0, 0, free, self.queue)
+    def names(self) -> list[str]:
+        return list(self.going)
 
 
-def parsed(residents: Residents) -> dict[str, tuple[dict[str, str], float]]:
+def parsed(
+    sched: Scheduler, downloads: Downloads | None = None
+) -> dict[str, tuple[dict[str, str], float]]:
     """Each family's one sample: its labels and value, as a Prometheus parser reads them."""
-    text = routing_text(residents).decode()
+    text = routing_text(sched, downloads or Downloads()).decode()
     out = {}
     for family in text_string_to_metric_families(text):
         (sample,) = family.samples
@@ -38,59 +36,91 @@ def parsed(residents: Residents) -> dict[str, tuple[dict[str, str], float]]:
     return out
 
 
-def info(residents: Residents) -> dict[str, str]:
-    return parsed(residents)[RESIDENT][0]
+def info(sched: Scheduler, downloads: Downloads | None = None) -> dict[str, str]:
+    return parsed(sched, downloads)[RESIDENT_INFO][0]
 
 
-def test_the_models_served_and_loading_are_the_adapters_lists() -> None:
-    labels = info(Residents(["a", "b"], ["c"], models_max=4))
-    assert labels == {
-        "running_lora_adapters": "a,b",
-        "waiting_lora_adapters": "c",
-        "max_lora": "4",  # 3 told, one free slot
-    }
+def loading(sched: Scheduler, name: str) -> None:
+    waiter = sched.join(name)
+    assert sched.poll(waiter, 0).kind is DecisionKind.LOAD
+    sched.claim_done(name, spawned=True)
 
 
-def test_running_nothing_is_said_with_a_list_the_picker_does_not_skip() -> None:
-    """Both lists empty: the picker would skip the series and keep the previous lists."""
-    labels = info(Residents(models_max=1))
-    assert labels["running_lora_adapters"] == NOTHING
+def test_the_models_an_agent_has_or_is_getting_are_the_running_adapters() -> None:
+    sched = make(5, "a", "b", "c", "d", "e", "f")
+    load(sched, "a")
+    load(sched, "b")
+    sched.on_sleeping("b")
+    loading(sched, "c")
+    sched.join("d")  # queued for, not claimed yet: in effect loading (peer_rank)
+    labels = info(sched, Downloads(["e"]))
+    assert labels["running_lora_adapters"].split(",") == ["a", "b", "c", "d", "e"]
     assert labels["waiting_lora_adapters"] == ""
+    assert labels["max_lora"] == "5"  # five of --models-max 5: no room for "f"
+
+
+def test_a_stopping_model_is_not_a_place_to_send_its_requests() -> None:
+    sched = make(4, "a", "b")
+    load(sched, "a")
+    load(sched, "b")
+    assert sched.request_stop("a")
+    assert info(sched)["running_lora_adapters"] == "b"
+
+
+def test_having_nothing_is_said_with_a_list_the_picker_does_not_skip() -> None:
+    """Both lists empty: the picker would skip the series and keep the previous lists."""
+    labels = info(make(1, "a"))
+    assert labels["running_lora_adapters"] == NOTHING
     # The picker sees one (empty) name: max_lora must stay above it while a slot is free.
     assert labels["max_lora"] == "2"
 
 
 @pytest.mark.parametrize(
-    ("usable", "loading", "models_max", "max_lora"),
+    ("loaded", "models_max", "max_lora"),
     [
-        (["a", "b", "c", "d"], [], 4, "4"),  # full: no room to load another
-        (["a", "b", "c"], ["d"], 4, "4"),
-        (["a"], [], 4, "4"),
-        (["a", "b"], [], 0, "3"),  # no count limit: one more than told
-        ([], [], 0, "2"),
+        (4, 4, "4"),  # full: no room to load another
+        (3, 4, "4"),
+        (1, 4, "2"),
+        (2, 0, "3"),  # no count limit: always room
+        (0, 0, "2"),
     ],
 )
 def test_max_lora_is_above_what_is_told_exactly_while_there_is_room(
-    usable: list[str], loading: list[str], models_max: int, max_lora: str
+    loaded: int, models_max: int, max_lora: str
 ) -> None:
-    assert info(Residents(usable, loading, models_max))["max_lora"] == max_lora
+    sched = make(models_max, *"abcd")
+    for name in "abcd"[:loaded]:
+        load(sched, name)
+    assert info(sched)["max_lora"] == max_lora
+
+
+def test_a_download_holds_a_slot_as_peers_count_it() -> None:
+    sched = make(2, "a")
+    load(sched, "a")
+    assert info(sched, Downloads(["repo/x:Q4"]))["max_lora"] == "2"  # both slots taken
 
 
 def test_queued_requests_are_summed_over_the_models() -> None:
-    residents = Residents(["a"], queue=(("a", 2), ("b", 5)))
-    assert parsed(residents)[QUEUED] == ({}, 7.0)
-    assert parsed(Residents())[QUEUED] == ({}, 0.0)
+    sched = make(1, "a", "b")
+    load(sched, "a")
+    for model in ("b", "b", "a"):  # a's slot is taken: b waits; a's lease is free: a leases
+        sched.join(model)
+    assert parsed(sched)[QUEUED] == ({}, 3.0)
+    assert parsed(make(1, "a"))[QUEUED] == ({}, 0.0)
 
 
 def test_names_the_picker_cannot_be_told_are_left_out() -> None:
-    add_secret("hf_routingtestsecret0123")
-    assert shown(["a,b", "", "x/hf_routingtestsecret0123", "ok"]) == ["ok"]
-    labels = info(Residents(["a,b", "ok"], ["x/hf_routingtestsecret0123"]))
-    assert labels["running_lora_adapters"] == "ok"
-    assert labels["waiting_lora_adapters"] == ""
+    hidden = ["a,b", "", "x/hf_abcdefghijklmnopqrstuvwxyz0123", "\udcff.gguf"]
+    assert shown([*hidden, "ok"]) == ["ok"]
+    sched = make(0, *hidden[:1], *hidden[2:], "ok")
+    for name in (*hidden[:1], *hidden[2:], "ok"):
+        load(sched, name)
+    assert info(sched)["running_lora_adapters"] == "ok"
 
 
 def test_any_other_character_of_a_name_reaches_the_picker_as_it_is() -> None:
     name = 'we"ird\\na\nme é {x="y"}'
-    labels = info(Residents([name, "b"]))
-    assert labels["running_lora_adapters"] == f"{name},b"
+    sched = make(0, name, "b")
+    load(sched, name)
+    load(sched, "b")
+    assert info(sched)["running_lora_adapters"] == f"{name},b"

@@ -539,7 +539,7 @@ def test_evictions_say_which_limit_chose_them() -> None:
     assert [(e.model, e.reason) for e in sched.tick()] == [("a", "memory")]
 
 
-def test_residents_are_the_usable_and_the_loading_models_in_start_order() -> None:
+def test_residents_are_the_running_models_not_stopping_in_start_order() -> None:
     """What a router outside the agent is told (api/routing_metrics.py)."""
     sched = make(0, "a", "b", "c", "d", "e")
     load(sched, "b", 1)
@@ -549,9 +549,8 @@ def test_residents_are_the_usable_and_the_loading_models_in_start_order() -> Non
     waiter = sched.join("c")
     assert sched.poll(waiter, 4).kind is DecisionKind.LOAD
     sched.claim_done("c", spawned=True)  # spawned, not ready: loading
-    assert sched.residents() == (["b", "a", "d"], ["c"])
+    assert sched.residents() == ["b", "a", "d", "c"]
     assert sched.request_stop("a")  # draining: no longer a place to send requests
-    assert sched.residents() == (["b", "d"], ["c"])
+    assert sched.residents() == ["b", "d", "c"]
     sched.on_exited("a", 0, 5.0)
-    sched.on_ready("c", 6.0)
-    assert sched.residents() == (["b", "d", "c"], [])
+    assert sched.residents() == ["b", "d", "c"]

@@ -314,9 +314,9 @@ scheme keeps it).
 {{- end }}
 
 {{/*
-The endpoint picker's plugins: a request goes to an agent where its model is loaded (the
-agents list their models as "LoRA adapters": node_agent/api/routing_metrics.py), else to one
-with room to load it, else to one where it is loading; among equals, to the least queued.
+The endpoint picker's plugins: a request goes to an agent that has its model or is getting it
+(the agents list those models as "LoRA adapters": node_agent/api/routing_metrics.py), else to
+one with room to load it; among equals, to the least queued.
 */}}
 {{- define "corral.picker.plugins" -}}
 apiVersion: inference.networking.x-k8s.io/v1alpha1
@@ -328,8 +328,10 @@ plugins:
 schedulingProfiles:
   - name: default
     plugins:
+      # Above 5 times the queue's: a queue (scored 0 to 1 between the least and the most queued
+      # agent) never outweighs where the model is (1) over room to load it (0.8).
       - pluginRef: lora-affinity-scorer
-        weight: 4
+        weight: 10
       - pluginRef: queue-scorer
         weight: 1
       - pluginRef: max-score-picker
