@@ -33,8 +33,17 @@ class _Stop(Exception):
     """SIGTERM, SIGINT or SIGHUP: end the program and everything below it now."""
 
 
+_stopping = False
+
+
 def _stop(signum: int, frame: FrameType | None) -> None:
-    raise _Stop
+    # Once: a second signal that came while the first's _Stop left the wait (an agent killed
+    # sends its PR_SET_PDEATHSIG, and others may follow) raised again in the clean-up, and the
+    # reaper died before its sweep.
+    global _stopping
+    if not _stopping:
+        _stopping = True
+        raise _Stop
 
 
 def _children() -> list[int]:
@@ -82,6 +91,7 @@ def _wait_for(pid: int) -> int:
 
 
 def main() -> None:
+    global _stopping
     status_fd, cwd, *argv = sys.argv[2:]
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, _stop)
@@ -107,7 +117,6 @@ def main() -> None:
     except _Stop:
         pass
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_IGN)  # the sweep runs to its end
+        _stopping = True  # the program ended by itself: a signal now changes nothing either
         sweep()
     sys.exit(code if code >= 0 else 1)

@@ -270,3 +270,60 @@ async def test_tool_calls_that_never_end_stall_only_the_tools(
     finally:
         release.set()
         await asyncio.gather(*calls)
+
+
+def test_the_reaper_sweeps_once_whatever_signals_follow_the_first(tmp_path: Path) -> None:
+    """A second stop signal that came while the reaper left its wait for the first (the agent
+    killed: its PR_SET_PDEATHSIG, and another) ended the reaper before its sweep, and the
+    command's ``setsid`` child lived on (1 agent kill in 10 under uvloop, 1 in 25 without)."""
+    import subprocess
+    import sys
+
+    from node_agent.tools.process import _PACKAGE_PARENT, _REAPER
+
+    for attempt in range(10):
+        tag = f"777.{os.getpid()}{attempt}"
+        read, write = os.pipe()
+        command = f"setsid sleep {tag} </dev/null >/dev/null 2>&1 & sleep 60"
+        reaper = subprocess.Popen(
+            [
+                sys.executable,
+                "-I",
+                "-S",
+                "-c",
+                _REAPER,
+                _PACKAGE_PARENT,
+                str(write),
+                "",
+                "sh",
+                "-c",
+                command,
+            ],
+            pass_fds=(write,),
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        os.close(write)
+        os.read(read, 1)  # the reaper closes it once the program runs
+        os.close(read)
+        argv = f"sleep\x00{tag}\x00".encode()
+        deadline = time.monotonic() + 10
+        while not _with_argv(argv) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _with_argv(argv), "the command never started"
+        for sig in (signal.SIGTERM, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            reaper.send_signal(sig)
+        assert reaper.wait(10) == 1
+        left = _with_argv(argv)
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+        assert left == [], f"attempt {attempt}: the setsid child outlived the reaper"
+
+
+def _with_argv(argv: bytes) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if entry.name.isdigit() and argv in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+    return found
