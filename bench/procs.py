@@ -206,6 +206,7 @@ class Launcher:
     binary: Path
     ctx: int
     workdir: Path
+    corral_args: tuple[str, ...] = ()  # --corral-args: on every agent's command line
 
     def _spawn(self, kind: str, label: str, argv: list[str], env: dict[str, str]) -> Server:
         port = int(argv[argv.index("--port") + 1])
@@ -252,7 +253,9 @@ class Launcher:
             if profile_dir:
                 Path(profile_dir).mkdir(parents=True, exist_ok=True)
                 python += ["-m", "cProfile", "-o", f"{profile_dir}/{label}-{port}.prof"]
-            argv = [*python, "-m", "node_agent.cli", "agent", *flags, *corral_extra]
+            argv = [
+                *python, "-m", "node_agent.cli", "agent", *flags, *corral_extra, *self.corral_args
+            ]  # fmt: skip
         elif kind == PEER:
             argv = [str(self.binary), *flags]
         else:

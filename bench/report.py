@@ -128,7 +128,10 @@ def markdown(results: Sequence[ScenarioResult], info: dict[str, Any], size: str)
         "",
         f"Machine: {info['cores']} cores ({info['cores_usable']} usable), {info['cpu_model']}; "
         f"Python {info['python']}; llama-server {info['llama_server']}; "
-        f"load average (1, 5, 15 min) {load}.",
+        f"load average (1, 5, 15 min) {load}."
+        + (
+            f" Corral's agents ran with `{info['corral_args']}`." if info.get("corral_args") else ""
+        ),
         "",
     ]
     return "\n".join(lines)

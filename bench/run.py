@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shlex
 import shutil
 import signal
 import sys
@@ -81,6 +82,11 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
         "--models", type=Path, default=Path(default_models), help="demo models cache folder"
     )
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs)")
+    parser.add_argument(
+        "--corral-args",
+        default="",
+        help="more flags for every Corral agent, e.g. '--event-loop asyncio' (one string)",
+    )
     args = parser.parse_args(argv)
     only = [s.strip().upper() for s in args.only.split(",") if s.strip()]
     unknown = [s for s in only if s not in SCENARIOS]
@@ -120,12 +126,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     size = "smoke" if args.smoke else "full"
     binary = find_binary()
     info = report.machine(binary)
+    info["corral_args"] = args.corral_args
     demo = demo_models(args.models)
     # The work folder sits next to the demo models so that hard links to them are possible.
     workdir = Path(tempfile.mkdtemp(prefix="corral-bench-", dir=demo.parent))
     try:
         bench = Bench(
-            launcher=Launcher(binary, args.ctx, workdir),
+            launcher=Launcher(binary, args.ctx, workdir, tuple(shlex.split(args.corral_args))),
             models=Models.build(demo, workdir / "models"),
             demo=demo,
             targets=args.targets,

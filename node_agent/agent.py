@@ -37,6 +37,7 @@ from node_agent.child.process import ChildConfig, ChildProcess
 from node_agent.child.state import ChildEvent
 from node_agent.config import AgentOptions, discovered_scheme
 from node_agent.errors import ApiError, ConfigError
+from node_agent.event_loop import running_asyncio_loop
 from node_agent.extras import install_hint
 from node_agent.mcp.config import load_servers
 from node_agent.mcp.servers import McpServers
@@ -401,7 +402,10 @@ class Agent:
             settings.browser, settings.api_keys, tools_default=tools_default
         ):
             log.warning("%s", warning)
-        log.info("listening on %s (%d models)", listening.url, len(self.catalog))
+        loop = "asyncio" if running_asyncio_loop() else "uvloop"
+        log.info(
+            "listening on %s (%d models; event loop: %s)", listening.url, len(self.catalog), loop
+        )
         # Only once it listens: an agent that cannot start says that in one line, no more.
         self._tasks.spawn(self.source_watch.run(), "source-watch", forever=True)
 

@@ -69,6 +69,8 @@ Corral's own:
   --max-connections N         at most N client connections (default: from ulimit -n); idle
                               and slow ones are closed first, so /health keeps answering
   --log-level LEVEL           debug, info, warning or error (default info)
+  --event-loop LOOP           auto (default: uvloop when installed, else asyncio's own),
+                              uvloop, or asyncio
   --peer URL                  another agent (http://HOST:PORT; repeatable): a request for a
                               model not loaded here goes, in one hop, to the peer where it is
                               loaded, sleeping or loading, or that has a free slot for it;

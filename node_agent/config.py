@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 from node_agent.durations import idle_seconds
 from node_agent.errors import ConfigError
+from node_agent.event_loop import check_event_loop
 from node_agent.sources.options import Match, generated_options, llama_options, parse_bool
 from node_agent.sources.spec import OptionValue
 from node_agent.tls_client import DNS_LABEL, server_name
@@ -115,6 +116,8 @@ class AgentOptions:
     """On SIGTERM/SIGINT: the whole shutdown (drain, children's exit) takes at most this
     long; then the children left are killed. Below the chart's 60 s grace period."""
     log_level: str = "info"
+    event_loop: str = "auto"
+    """``--event-loop``: auto (uvloop when installed), uvloop or asyncio (event_loop.py)."""
     peers: tuple[str, ...] = ()
     """Other agents' base URLs (``--peer``, repeatable): requests may go to where a model runs."""
     peers_from_service: tuple[str | None, str] | None = None
@@ -620,6 +623,7 @@ _OWN_FLAGS: dict[str, tuple[str, str, Callable[[str], object]]] = {
     "--client-timeout": ("client_timeout", "seconds (> 0)", _positive_seconds),
     "--max-connections": ("max_connections", "a count (>= 1)", _int_at_least(1)),
     "--log-level": ("log_level", "one of " + ", ".join(LOG_LEVELS), _log_level),
+    "--event-loop": ("event_loop", "auto, uvloop or asyncio", check_event_loop),
     "--peer": ("peers", "a URL (http://HOST:PORT)", _peer_url),
     "--peers-from-service": ("peers_from_service", "a Service, [NAMESPACE/]NAME", _service),
     "--kube-api": ("kube_api", "the Kubernetes API's URL", _api_url),

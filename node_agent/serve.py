@@ -22,6 +22,7 @@ from node_agent.api.vertex import vertex_from_env
 from node_agent.binary_probe import BinaryProbe
 from node_agent.config import AgentOptions, parse_agent_args
 from node_agent.errors import CorralError
+from node_agent.event_loop import loop_factory, running_asyncio_loop
 from node_agent.llama_server.binary import build_info
 from node_agent.redact import RedactingFilter, add_secret, add_secrets
 
@@ -31,7 +32,7 @@ log = logging.getLogger("corral.agent")
 def _watch_children_with_pidfds() -> None:
     """Python 3.11's default child watcher starts a thread per child to wait for it; a pidfd
     is watched by the event loop itself (3.12 does this on its own). Linux 5.3+ only."""
-    if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
+    if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open") or not running_asyncio_loop():
         return
     try:
         os.close(os.pidfd_open(os.getpid()))
@@ -143,7 +144,8 @@ def main(argv: Sequence[str], probe: BinaryProbe | None = None) -> int:
     sys.setswitchinterval(SWITCH_INTERVAL)
     try:
         options = with_vertex(options, env)
-        asyncio.run(serve(options, binary, build_info(binary_version), env))
+        with asyncio.Runner(loop_factory=loop_factory(options.event_loop)) as runner:
+            runner.run(serve(options, binary, build_info(binary_version), env))
     except CorralError as exc:
         print(f"corral agent: {exc}", file=sys.stderr)
         return 1

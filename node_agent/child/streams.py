@@ -14,6 +14,11 @@ import aiohttp
 
 MAX_LINE: Final = 64 * 1024
 _CHUNK: Final = 64 * 1024
+# A read smaller than this is a trickle (llama-server writes ~9 lines, ~1 KB, a request): the
+# reader gathers before the next. A flood's reads are larger however the loop cuts them:
+# asyncio's are whole chunks, uvloop's what the pipe held at that instant (28-64 KB seen with
+# 64 KB lines); pausing after those held a flood to a pipe's worth per pause (issue 30).
+TRICKLE: Final = 8 * 1024
 
 
 async def read_lines(
@@ -24,9 +29,9 @@ async def read_lines(
     Decoded with ``errors='replace'``: llama-server's stderr can hold bytes that are not UTF-8
     (a model's raw token pieces), and one bad byte must not end the stream.
 
-    ``gather``: awaited after a read that took all there was (less than a chunk), so that the
-    lines written meanwhile come in one read (asyncio buffers them without waking this task),
-    not one wake-up each; a writer of more than that is read on at once, never held back.
+    ``gather``: awaited after a small read (``TRICKLE``), so that the lines written meanwhile
+    come in one read (the loop buffers them without waking this task), not one wake-up each;
+    a writer of more than that is read on at once, never held back.
     """
     pending = b""
     while True:
@@ -40,7 +45,7 @@ async def read_lines(
         while len(pending) > MAX_LINE:
             yield pending[:MAX_LINE].decode(errors="replace")
             pending = pending[MAX_LINE:]
-        if gather is not None and len(chunk) < _CHUNK:  # a full one: more may be waiting
+        if gather is not None and len(chunk) < TRICKLE:
             await gather()
     if pending:
         yield pending.rstrip(b"\r").decode(errors="replace")

@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from node_agent.client_transport import UnixSocketConnection
 from node_agent.startup import port_holder
 from tests.integration.harness import REPO, AgentProcess, chat, free_port, stop_process
@@ -95,7 +97,7 @@ def test_unix_socket_host(tmp_path: Path, demo_dir: Path) -> None:
         status, body = over_unix(path, "POST", "/v1/chat/completions", chat(TINY, max_tokens=2))
         assert status == 200, body
         assert body["model"] == TINY
-        assert f"listening on unix://{path} (3 models)" in log.read_text()
+        assert f"listening on unix://{path} (3 models; event loop: " in log.read_text()
         assert f"WARNING corral.agent: --port 1 is not used: --host {path} is a unix socket" in (
             log.read_text()
         )
@@ -158,3 +160,19 @@ def test_an_agent_without_the_gpus_it_expects_is_alive_but_not_ready() -> None:
         assert f"not ready: {message}" in agent.log()
     finally:
         agent.stop()
+
+
+@pytest.mark.parametrize("choice", ["auto", "asyncio"])
+def test_the_event_loop_is_uvloop_unless_asyncios_is_asked_for(choice: str, demo_dir: Path) -> None:
+    """Issue 30: uvloop (a dependency) by default; asyncio's own loop one flag away, and an
+    agent on it serves a model's child as well (spawned, proxied, stopped)."""
+    agent = AgentProcess(["--models-dir", str(demo_dir), "--event-loop", choice])
+    try:
+        status, body = agent.post("/v1/chat/completions", chat(TINY))
+        assert status == 200, body
+        expected = "uvloop" if choice == "auto" else "asyncio"
+        assert f"event loop: {expected}" in agent.log()
+    finally:
+        agent.stop()
+    assert agent.proc.returncode == 0
+    assert not agent.children()

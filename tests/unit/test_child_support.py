@@ -183,3 +183,31 @@ async def test_a_childs_log_is_read_in_gathered_pieces_and_at_once_after_its_exi
     await asyncio.wait_for(reader, 5)
     assert child.logs.snapshot() == ["one", "two", "three", "couldn't bind"]
     assert child._bind_failed
+
+
+async def test_a_flood_read_in_partial_pieces_is_never_held_back() -> None:
+    """uvloop hands a pipe's data over as it finds it: a child writing 64 KB lines was read in
+    pieces of 28-64 KB, and a pause after each piece short of a whole chunk held its log back
+    by seconds (the last lines came after the model was loaded)."""
+    from node_agent.child.streams import read_lines
+
+    stream = asyncio.StreamReader()
+    pauses = 0
+
+    async def gather() -> None:
+        nonlocal pauses
+        pauses += 1
+
+    async def child() -> None:
+        for _ in range(20):  # 40 KB at a time, each read as it comes: less than a 64 KB chunk
+            stream.feed_data(b"x" * 40_000 + b"\n")
+            for _ in range(3):
+                await asyncio.sleep(0)
+        stream.feed_data(b"last\n")  # a trickle: gathered after
+        stream.feed_eof()
+
+    writing = asyncio.ensure_future(child())
+    lines = [text async for text in read_lines(stream, gather)]
+    await writing
+    assert len(lines) == 21 and lines[-1] == "last"
+    assert pauses == 1

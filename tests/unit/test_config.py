@@ -277,3 +277,16 @@ def test_a_routing_metrics_port_that_cannot_be_used_is_refused(
 ) -> None:
     with pytest.raises(ConfigError, match=re_escape(message)):
         parse(*argv)
+
+
+def test_event_loop_choices(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert parse().event_loop == "auto"
+    assert parse("--event-loop", "asyncio").event_loop == "asyncio"
+    with pytest.raises(ConfigError, match=re_escape("--event-loop expects auto, uvloop or")):
+        parse("--event-loop", "trio")
+    import node_agent.event_loop as event_loop
+
+    monkeypatch.setattr(event_loop, "uvloop_installed", lambda: False)
+    with pytest.raises(ConfigError, match=re_escape("uvloop is not installed here")):
+        parse("--event-loop", "uvloop")
+    assert event_loop.loop_factory("auto") is None  # asyncio's own, silently: it is the default
