@@ -380,15 +380,17 @@ class Agent:
             listening = await startup.listen(
                 self._runner, self.options.host, self.options.port, tls
             )
+            if self.options.routing_metrics_port is not None:
+                await self._serve_routing_metrics(self.options.routing_metrics_port)
         except ConfigError:
             # The process ends with that one line: first stop what setup started (children
             # spawned for load-on-startup meanwhile, the proxy's and helpers' sessions).
             self.registry.begin_close()
+            if self._routing_runner is not None:
+                await self._routing_runner.cleanup()
             await self._runner.cleanup()
             raise
         self.port = listening.port
-        if self.options.routing_metrics_port is not None:
-            await self._serve_routing_metrics(self.options.routing_metrics_port)
         log.warning("%s", security_warning(self.mcp, self.options.ui_mcp_proxy, self.builtin_tools))
         # With the ledger on, every first load estimates its model: gguf (and numpy) too.
         later = IMPORTED_LATER if self.memory is None else (*IMPORTED_LATER, ESTIMATOR)
@@ -423,10 +425,6 @@ class Agent:
         try:
             listening = await startup.listen(self._routing_runner, self.options.host, port)
         except ConfigError as exc:
-            self.registry.begin_close()
-            await self._routing_runner.cleanup()
-            if self._runner is not None:
-                await self._runner.cleanup()
             raise ConfigError(f"--routing-metrics-port: {exc.message}") from exc
         log.info("routing metrics (no credentials) on %s/metrics", listening.url)
 

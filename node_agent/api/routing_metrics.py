@@ -72,11 +72,13 @@ def _label_value(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def resident_states(scheduler: Scheduler, downloads: Downloads) -> dict[str, str]:
+def resident_states(
+    scheduler: Scheduler, downloads: Downloads, queue: Iterable[tuple[str, int]]
+) -> dict[str, str]:
     """Each model this agent has or is getting, with its state as peers are told it. Looks at
-    the running, queued and downloading models only (not the whole catalog)."""
-    stats = scheduler.statistics()
-    queued = [model for model, waiting in stats.queue if waiting]
+    the running, queued (``queue``: the scheduler's) and downloading models only (not the
+    whole catalog)."""
+    queued = [model for model, waiting in queue if waiting]
     states: dict[str, str] = {}
     for name in dict.fromkeys([*scheduler.residents(), *queued]):
         view = scheduler.view(name)
@@ -92,7 +94,7 @@ def routing_text(scheduler: Scheduler, downloads: Downloads) -> bytes:
     adapters than ``max_lora``: one more than it is told while the agent has a free instance
     slot (``--models-max``, counted as peers count it), else as many."""
     stats = scheduler.statistics()
-    states = resident_states(scheduler, downloads)
+    states = resident_states(scheduler, downloads, stats.queue)
     names = shown(states)
     queued = sum(waiting for _, waiting in stats.queue)
     running = _label_value(",".join(names) if names else NOTHING)

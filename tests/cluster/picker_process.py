@@ -12,12 +12,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.cluster.control_plane import ControlPlane
+from tests.cluster.control_plane import SCRIPT, ControlPlane
 from tests.cluster.release import Release
 from tests.integration.harness import free_port, stop_process
 from tests.kubelet import write_configmap_volume
-
-SCRIPT = Path(__file__).resolve().parents[2] / "hack" / "k8s-env.sh"
 
 
 def picker_folder() -> Path | None:

@@ -45,6 +45,22 @@ def test_port_in_use_is_one_line_naming_the_holder(tmp_path: Path) -> None:
     assert message.endswith("; choose another --port, or stop what holds it")
 
 
+def test_a_routing_metrics_port_in_use_is_one_line_too(tmp_path: Path) -> None:
+    """The second listener fails after the first listens: the agent still ends in one line."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        message = refused(
+            "--port", str(free_port()), "--routing-metrics-port", str(port),
+            "--models-dir", str(tmp_path),
+        )  # fmt: skip
+    assert message.startswith(
+        f"corral agent: --routing-metrics-port: cannot listen on 127.0.0.1:{port}: the port is "
+        f"in use by pid {os.getpid()} ("
+    )
+
+
 def test_port_holder_reads_proc() -> None:
     with socket.socket(socket.AF_INET6) as holder:
         holder.bind(("::1", 0))

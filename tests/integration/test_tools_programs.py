@@ -21,6 +21,7 @@ from node_agent.tools.grep import GREP_WORKERS
 from node_agent.tools.names import ContainerSpec
 from node_agent.tools.process import run_program
 from node_agent.tools.toolbox import Toolbox, ToolboxClosed
+from tests.integration.attacks import processes_with
 
 
 @pytest.fixture(params=[False, True], ids=["group", "reaper"])
@@ -308,22 +309,13 @@ def test_the_reaper_sweeps_once_whatever_signals_follow_the_first(tmp_path: Path
         os.close(read)
         argv = f"sleep\x00{tag}\x00".encode()
         deadline = time.monotonic() + 10
-        while not _with_argv(argv) and time.monotonic() < deadline:
+        while not processes_with(argv) and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert _with_argv(argv), "the command never started"
+        assert processes_with(argv), "the command never started"
         for sig in (signal.SIGTERM, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             reaper.send_signal(sig)
         assert reaper.wait(10) == 1
-        left = _with_argv(argv)
+        left = processes_with(argv)
         for pid in left:
             os.kill(pid, signal.SIGKILL)
         assert left == [], f"attempt {attempt}: the setsid child outlived the reaper"
-
-
-def _with_argv(argv: bytes) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        with contextlib.suppress(OSError):
-            if entry.name.isdigit() and argv in (entry / "cmdline").read_bytes():
-                found.append(int(entry.name))
-    return found
