@@ -74,12 +74,11 @@ def tls_context(options: AgentOptions) -> ssl.SSLContext | None:
     return context
 
 
-def peer_tls_context(options: AgentOptions) -> ssl.SSLContext | bool:
+def peer_tls_context(options: AgentOptions) -> ssl.SSLContext:
     """How HTTPS peers' certificates are checked: against ``--peer-ca-file``'s CA
-    certificates, or (True) the system's trusted ones; ConfigError when the file cannot be
-    used."""
+    certificates, or the system's trusted ones; ConfigError when the file cannot be used."""
     if options.peer_ca_file is None:
-        return True
+        return ssl.create_default_context()
     return ca_context(options.peer_ca_file, "--peer-ca-file")
 
 

@@ -35,6 +35,7 @@ from aiohttp import web
 
 from node_agent.aio import TaskSet
 from node_agent.api.proxy import Proxy
+from node_agent.api.wire import Target
 from node_agent.core.peer_rank import LOADING, RESIDENT, Choice, Node, choose, effective_state, fits
 from node_agent.errors import ApiError
 from node_agent.runtime.registry import Registry
@@ -133,7 +134,7 @@ class Peers:
         models_max: int,
         proxy: Proxy,
         timeout: float,
-        tls: ssl.SSLContext | bool = True,
+        tls: ssl.SSLContext | None = None,
         server_name: str | None = None,
     ) -> None:
         self.agent_id = agent_id
@@ -146,7 +147,7 @@ class Peers:
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout)
         # HTTPS peers: checked against --peer-ca-file (or the system's CAs), and by
         # --peer-server-name instead of their addresses (pod IPs no certificate names).
-        self._tls = tls
+        self._tls = tls or ssl.create_default_context()
         self._server_name = server_name
         self._session: aiohttp.ClientSession | None = None
 
@@ -294,11 +295,8 @@ class Peers:
     ) -> web.StreamResponse:
         """Send ``request`` to ``peer`` in one hop; its answer streams back as it comes."""
         headers = {FORWARDED: self.agent_id, **self._auth}
-        port = urlsplit(peer).port or 0
         try:
-            return await self._proxy.forward_to(
-                self._client(), request, peer, port, body, headers, self._server_name
-            )
+            return await self._proxy.forward_to(request, self._target(peer), body, headers)
         except ApiError:
             # It did not answer, or died mid-answer: the client gets the 502; the requests
             # after it do not wait for its subscription to break to stop going there.
@@ -308,6 +306,16 @@ class Peers:
                 state.error = "a forwarded request failed"
             log.warning("peer %s failed a forwarded request: left out until it answers", peer)
             raise
+
+    def _target(self, url: str) -> Target:
+        parts = urlsplit(url)
+        https = parts.scheme == "https"
+        return Target(
+            parts.hostname or "",
+            parts.port or (443 if https else 80),
+            self._tls if https else None,
+            self._server_name,
+        )
 
     async def close(self) -> None:
         if self._session is not None:

@@ -1,7 +1,8 @@
-"""Forward one HTTP request to a child llama-server and pass its answer back.
+"""Forward one HTTP request to a child llama-server (or a peer agent) and pass its answer back.
 
 Bodies with a known length are answered in one piece; everything else (server-sent events,
-chunked bodies) is passed through chunk by chunk as the child writes it, never buffered.
+chunked bodies) is passed through read by read as the child writes it, never buffered, and
+with no task woken per event (``api/wire.py``).
 
 A request comes here with its lease, which the scheduler grants only while the child has a
 slot free (a request waiting for one waits in the model's queue, under its one timeout), so
@@ -19,20 +20,33 @@ from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
 from multidict import CIMultiDict
 
 from node_agent.api.connections import DEFAULT_CLIENT_TIMEOUT
 from node_agent.api.request_record import Exchange
+from node_agent.api.wire import (
+    CONNECT_TIMEOUT,
+    Answer,
+    Connection,
+    Pool,
+    Target,
+    Wait,
+    WireError,
+    request_head,
+)
 from node_agent.child.keys import child_key
 from node_agent.child.ports import CHILD_HOST
 from node_agent.core.event_frames import EventFrames
-from node_agent.core.links import LinkBook
 from node_agent.core.scheduler_events import ChildFault
 from node_agent.errors import ApiError
 
 log = logging.getLogger("corral.proxy")
 
-MAX_LINKS = 64
+MAX_POOLS = 64
+# A client's unsent bytes past which the child's connection is read no further until the
+# client takes them (aiohttp's own limit for a response's writes).
+CLIENT_BUFFER = 64 * 1024
 # The handshake's own fields: aiohttp's client makes a new one towards the child.
 _WS = frozenset(
     ("sec-websocket-key", "sec-websocket-version", "sec-websocket-protocol",
@@ -40,12 +54,9 @@ _WS = frozenset(
 )  # fmt: skip
 # A child's own failures (501 is an endpoint it does not have: not a failure of the child).
 _CHILD_ERRORS = frozenset({500, 502, 503, 504})
-# llama-server closes a keep-alive connection idle for 5 s (measured with the pinned binary).
-# A pooled connection reused just as the child closes it fails with "Server disconnected"
-# (aiohttp#2682; the soak hit it: a 502 for a healthy model), so ours never idle that long.
-CHILD_IDLE_REUSE = 2.0
-
-# RFC 9110 §7.6.1 hop-by-hop fields, plus those aiohttp computes itself for the new message.
+# RFC 9110 §7.6.1 hop-by-hop fields, plus those computed anew for the forwarded message
+# (Expect: the agent has read the body already; a child told to expect one more would answer
+# 100 Continue first).
 _HOP_BY_HOP = frozenset(
     h.lower()
     for h in (
@@ -60,6 +71,7 @@ _HOP_BY_HOP = frozenset(
         "Host",
         "Content-Length",
         "Content-Encoding",
+        "Expect",
     )
 )
 
@@ -80,43 +92,26 @@ def forward_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
     return out
 
 
-class _ChildLink:
-    """The proxy's side of one child: a connection pool of its own."""
-
-    def __init__(self, timeout: aiohttp.ClientTimeout) -> None:
-        connector = aiohttp.TCPConnector(
-            limit=0,  # the scheduler's leases limit (one connection per request in flight)
-            enable_cleanup_closed=True,
-            keepalive_timeout=CHILD_IDLE_REUSE,
-        )
-        # auto_decompress off: the child's bytes go to the client as they are.
-        self.session = aiohttp.ClientSession(
-            connector=connector,
-            timeout=timeout,
-            auto_decompress=False,
-            skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
-        )
-
-
 @dataclass(frozen=True)
 class ProxyStatistics:
-    links: int
-    retired: int  # links of exiting children that streams still read
-    users: int
+    pools: int  # targets with open connections: children (by port) and peers
+    idle: int  # keep-alive connections waiting for a request
+    busy: int  # connections carrying one
 
 
 class Proxy:
-    """HTTP clients to the children: per child, keep-alive connections that are released
-    before the child is asked to exit (the :class:`LinkBook` decides when)."""
+    """Requests to the children and the peers over HTTP/1.1 connections of its own
+    (``api/wire.py``): per target a pool of keep-alive connections, whose idle ones close
+    before a child is asked to exit."""
 
     def __init__(self, *, timeout: float, client_timeout: float = DEFAULT_CLIENT_TIMEOUT) -> None:
-        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout)
+        self._timeout = timeout
         self._client_timeout = client_timeout
-        self._book = LinkBook()
-        self._links: dict[int, _ChildLink] = {}  # by the book's link id
+        self._children: dict[int, Pool] = {}  # by port
+        self._peers: dict[Target, Pool] = {}
 
-    async def _link(self, port: int) -> tuple[int, _ChildLink]:
-        """The link to the child on ``port``.
+    def _child_pool(self, port: int) -> Pool:
+        """The pool of the child on ``port``.
 
         llama-server serves each connection on one of its few HTTP threads
         (``max(parallel + 2, cores - 1)``: 6 with 4 slots on 2 cores) and leaves a connection
@@ -125,58 +120,48 @@ class Proxy:
         connections to what it serves; a request over them waits in the model's queue,
         in order, instead of in a socket nobody reads.
         """
-        link_id = self._book.current(port)
-        if link_id is not None:
-            return link_id, self._links[link_id]
-        if len(self._links) > MAX_LINKS:
-            # Children come and go on new ports: drop the links nobody is using.
-            for old in self._book.idle():
-                self._book.retire_link(old)
-                await self._close(old)
-        link_id, replaced = self._book.add(port)
-        # Registered before the next await: a request arriving meanwhile finds it.
-        link = self._links[link_id] = _ChildLink(self._timeout)
-        if replaced is not None:
-            await self._close(replaced)
-        return link_id, link
-
-    async def _close(self, link_id: int) -> None:
-        link = self._links.pop(link_id, None)
-        if link is not None:
-            await link.session.close()
+        pool = self._children.get(port)
+        if pool is None:
+            if len(self._children) > MAX_POOLS:  # children come and go on new ports
+                for old in [p for p, pool in self._children.items() if pool.empty()]:
+                    del self._children[old]
+            pool = self._children[port] = Pool(Target(CHILD_HOST, port), self._timeout)
+        return pool
 
     async def release_port(self, port: int) -> None:
         """The child on ``port`` is about to be asked to exit: close its idle connections now
         (a llama-server child with a keep-alive connection open takes 10 ms longer to exit: 13
-        against 3 ms, measured), and a busy link once its last request is done. A stream the
-        drain deadline cut then reads the child's exit and ends with an error event."""
-        link_id = self._book.retire(port)
-        if link_id is not None:
-            await self._close(link_id)
+        against 3 ms, measured), and a busy one once its request is done. A stream the drain
+        deadline cut then reads the child's exit and ends with an error event."""
+        pool = self._children.pop(port, None)
+        if pool is not None:
+            pool.retire()
 
     async def close(self) -> None:
-        for link_id in list(self._links):
-            await self._close(link_id)
+        for pool in (*self._children.values(), *self._peers.values()):
+            pool.close()
+        self._children.clear()
+        self._peers.clear()
 
     async def websocket(self, request: web.Request, port: int) -> web.StreamResponse:
         """A WebSocket session with the child on ``port`` (llama.cpp's router's ``proxy_ws``):
         the child's handshake first (its refusal is the client's answer), then one pump each
-        way until either side closes, and the other is closed with it."""
-        link_id, link = await self._link(port)
-        self._book.enter(link_id)
-        try:
-            url = f"ws://{CHILD_HOST}:{port}{request.rel_url}"
-            headers = {
-                k: v for k, v in forward_headers(request.headers).items() if k.lower() not in _WS
-            }
-            headers["Authorization"] = f"Bearer {child_key(port)}"
-            protocols = [
-                p.strip()
-                for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",")
-                if p.strip()
-            ]
+        way until either side closes, and the other is closed with it. (aiohttp's client: a
+        session is rare and long, its per-message cost does not matter.)"""
+        url = f"ws://{CHILD_HOST}:{port}{request.rel_url}"
+        headers = {
+            k: v for k, v in forward_headers(request.headers).items() if k.lower() not in _WS
+        }
+        headers["Authorization"] = f"Bearer {child_key(port)}"
+        protocols = [
+            p.strip()
+            for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",")
+            if p.strip()
+        ]
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT)
+        async with aiohttp.ClientSession(timeout=timeout, auto_decompress=False) as session:
             try:
-                upstream = await link.session.ws_connect(url, headers=headers, protocols=protocols)
+                upstream = await session.ws_connect(url, headers=headers, protocols=protocols)
             except aiohttp.WSServerHandshakeError as exc:
                 raise ApiError(
                     exc.status if exc.status >= 400 else 502,
@@ -192,58 +177,12 @@ class Proxy:
                 await client.prepare(request)
                 await _pump_both(client, upstream)
                 return client
-        finally:
-            if self._book.leave(link_id):
-                await self._close(link_id)
 
     def statistics(self) -> ProxyStatistics:
-        book = self._book.statistics()
-        return ProxyStatistics(links=book.links, retired=book.retired, users=book.users)
-
-    async def _send(
-        self,
-        session: aiohttp.ClientSession,
-        request: web.Request,
-        url: str,
-        headers: CIMultiDict[str],
-        body: bytes | None,
-        port: int,
-        exchange: Exchange | None,
-        server_name: str | None,
-    ) -> aiohttp.ClientResponse:
-        for attempt in (1, 2):
-            try:
-                return await session.request(
-                    request.method,
-                    url,
-                    headers=headers,
-                    data=body,
-                    allow_redirects=False,
-                    server_hostname=server_name,
-                )
-            except aiohttp.ServerDisconnectedError:
-                # A pooled keep-alive connection the child had already closed (it does so
-                # after some streamed responses): nothing was answered, so nothing was done.
-                # Send once more on a fresh connection, as HTTP client pools do.
-                if attempt == 1:
-                    continue
-                exc_text = "Server disconnected"
-            except aiohttp.ServerTimeoutError as exc:  # it took the request, then said nothing
-                _fault(exchange, ChildFault.STALLED)
-                exc_text = str(exc) or "no answer within --timeout"
-            except aiohttp.ClientError as exc:
-                exc_text = str(exc)
-            # Logged: a lease should make this impossible for a healthy child, so each one is
-            # a lead (the soak counts them).
-            log.warning(
-                "%s %s: the child on port %d did not answer: %s",
-                request.method,
-                request.path,
-                port,
-                exc_text,
-            )
-            raise ApiError(502, f"the model's server did not answer: {exc_text}")
-        raise AssertionError("unreachable")
+        stats = [pool.statistics() for pool in (*self._children.values(), *self._peers.values())]
+        return ProxyStatistics(
+            pools=len(stats), idle=sum(s.idle for s in stats), busy=sum(s.busy for s in stats)
+        )
 
     async def forward(
         self,
@@ -261,177 +200,239 @@ class Proxy:
         ``detached``: a client that goes away does not end the exchange; the child's answer
         is read to its end (the child's session buffer keeps it for a later
         ``GET /v1/stream``, and the lease holds the model meanwhile)."""
-        link_id, link = await self._link(port)
-        self._book.enter(link_id)
-        try:
-            return await self._forward(
-                link.session, request, port, body, exchange, buffered, detached
-            )
-        finally:
-            if self._book.leave(link_id):
-                await self._close(link_id)
+        # A child's own key in place of the client's (child.keys): the agent checked that one.
+        headers = forward_headers(request.headers)
+        headers.popall("X-Api-Key", None)
+        headers["Authorization"] = f"Bearer {child_key(port)}"
+        where = f"the child on port {port}"
+        return await self._relay(
+            self._child_pool(port), request, body, headers, exchange, buffered, detached, where
+        )
 
     async def forward_to(
         self,
-        session: aiohttp.ClientSession,
         request: web.Request,
-        base: str,
-        port: int,
+        target: Target,
         body: bytes | None,
         headers: Mapping[str, str],
-        server_name: str | None = None,
     ) -> web.StreamResponse:
-        """Send ``request`` to a peer agent at ``base`` (``api/peers.py``), with ``headers``
-        added (``server_name``: the name its certificate is checked against, None: its
-        host): the same streaming, cancellation and mid-answer errors as towards a child."""
-        return await self._forward(
-            session, request, port, body, None, base=base, extra=headers, server_name=server_name
-        )
+        """Send ``request`` to a peer agent at ``target`` (``api/peers.py``), with ``headers``
+        added: the same streaming, cancellation and mid-answer errors as towards a child."""
+        pool = self._peers.get(target)
+        if pool is None:
+            pool = self._peers[target] = Pool(target, self._timeout)
+        sent = forward_headers(request.headers)
+        sent.update(headers)
+        where = f"peer {target.host}:{target.port}"
+        return await self._relay(pool, request, body, sent, None, False, False, where)
 
-    async def _forward(
+    async def _relay(
         self,
-        session: aiohttp.ClientSession,
+        pool: Pool,
         request: web.Request,
-        port: int,
         body: bytes | None,
+        headers: CIMultiDict[str],
         exchange: Exchange | None,
-        buffered: bool = False,
-        detached: bool = False,
-        *,
-        base: str | None = None,
-        extra: Mapping[str, str] | None = None,
-        server_name: str | None = None,
+        buffered: bool,
+        detached: bool,
+        where: str,
     ) -> web.StreamResponse:
-        url = f"{base or f'http://{CHILD_HOST}:{port}'}{request.rel_url}"
-        headers = forward_headers(request.headers)
-        if base is None:
-            # A child's own key in place of the client's (child.keys): the agent checked that
-            # one. A peer agent gets its own key in ``extra`` instead.
-            headers.popall("X-Api-Key", None)
-            headers["Authorization"] = f"Bearer {child_key(port)}"
-        headers.update(extra or {})
-        upstream = await self._send(
-            session, request, url, headers, body, port, exchange, server_name
-        )
-        if upstream.status in _CHILD_ERRORS:
-            _fault(exchange, ChildFault.SERVER_ERROR)
-        async with upstream:
-            out_headers = forward_headers(upstream.headers)
-            if buffered or (
-                upstream.content_length is not None
-                and "chunked" not in upstream.headers.get("Transfer-Encoding", "")
-            ):
+        target = pool.target
+        try:
+            head = request_head(
+                request.method,
+                request.rel_url.raw_path_qs,
+                f"{target.host}:{target.port}",
+                list(headers.items()),
+                body,
+            )
+        except ValueError as exc:
+            raise ApiError(400, f"the request cannot be forwarded: {exc}") from None
+        conn, answer = await _ask(pool, request, head, body, exchange, where)
+        try:
+            if answer.status in _CHILD_ERRORS:
+                _fault(exchange, ChildFault.SERVER_ERROR)
+            out_headers = forward_headers(CIMultiDict(answer.headers))
+            if buffered or answer.length is not None or request.method == "HEAD":
                 try:
-                    payload = await upstream.read()
-                except aiohttp.ClientError as exc:  # it died between its headers and body
-                    if isinstance(exc, aiohttp.ServerTimeoutError):
+                    payload = await conn.body()
+                except WireError as exc:  # it died between its headers and body
+                    if exc.stalled:
                         _fault(exchange, ChildFault.STALLED)
-                    log.warning("the child on port %d stopped mid-response: %s", port, exc)
+                    log.warning("%s stopped mid-response: %s", where, exc)
                     raise ApiError(502, f"the model's server stopped mid-response: {exc}") from exc
                 if exchange is not None:
                     exchange.body(payload)
-                return web.Response(status=upstream.status, headers=out_headers, body=payload)
-            # Never pooled again: llama-server closes its socket after a chunked answer without
-            # sending "Connection: close" (measured), and a request that reused it in that
-            # moment failed with "Can not write request body" (a 502 found by the soak). Marked
-            # now: aiohttp returns a connection to its pool the moment the body ends.
-            if upstream.connection is not None and upstream.connection.protocol is not None:
-                upstream.connection.protocol.force_close()
-            response = web.StreamResponse(status=upstream.status, headers=out_headers)
+                return web.Response(status=answer.status, headers=out_headers, body=payload)
+            return await self._stream(conn, request, answer, out_headers, exchange, detached, where)
+        finally:
+            conn.finish()
+
+    async def _stream(
+        self,
+        conn: Connection,
+        request: web.Request,
+        answer: Answer,
+        out_headers: CIMultiDict[str],
+        exchange: Exchange | None,
+        detached: bool,
+        where: str,
+    ) -> web.StreamResponse:
+        """Pass a body of unknown length on as it comes (server-sent events: chunk by chunk),
+        never buffered: the connection hands each read to a :class:`_Relay`, which writes it
+        to the client's socket; this task wakes only when the client's buffer is full."""
+        response = web.StreamResponse(status=answer.status, headers=out_headers)
+        try:
+            writer = await response.prepare(request)
+        except ConnectionResetError:
+            if not detached:
+                raise
+            writer = None  # the client left while the model loaded: read on without it
+        # Events pass on whole (core/event_frames.py): a cut leaves no half event before the
+        # error event.
+        sse = "text/event-stream" in out_headers.get("Content-Type", "")
+        relay = _Relay(
+            request.transport if writer is not None else None,
+            # aiohttp chose: chunked towards an HTTP/1.1 client, else until the connection
+            # closes; the relay frames each read as one chunk or passes it as it is.
+            response.headers.get("Transfer-Encoding") == "chunked",
+            exchange,
+            EventFrames() if sse else None,
+            detached,
+        )
+        conn.stream(relay.send)
+        try:
+            while await conn.wait() is Wait.PAUSED:
+                if relay.gone or writer is None or not await self._drained(request, writer):
+                    relay.gone = True
+                    if not detached:
+                        # The client hung up mid-stream: closing the connection (finish)
+                        # stops the child generating.
+                        log.debug("client went away mid-stream from %s", where)
+                        return response
+                conn.resume()
+        except WireError as exc:
+            # The child died (or stalled) mid-stream: end the stream with an error event the
+            # client can read, instead of a silently truncated body.
+            if exc.stalled:
+                _fault(exchange, ChildFault.STALLED)
+            message = f"the model's server stopped mid-response: {exc}"
+            log.warning("%s stopped mid-response: %s", where, exc)
+            if sse:
+                relay.write(f"data: {json.dumps(ApiError(500, message).body())}\n\n".encode())
+        else:
+            relay.end()
+        if not relay.gone:
             try:
-                await response.prepare(request)
-            except ConnectionResetError:
-                if not detached:
-                    raise
-                await _drain(upstream, exchange)  # the client left while the model loaded
-                return response
-            watch = _ReadWatch(request, self._client_timeout)
-            # Events pass on whole (core/event_frames.py): a cut leaves no half event before
-            # the error event.
-            sse = "text/event-stream" in upstream.headers.get("Content-Type", "")
-            frames = EventFrames() if sse else None
-            try:
-                try:
-                    async for chunk in upstream.content.iter_any():
-                        if exchange is not None:
-                            exchange.chunk(chunk)
-                        if frames is not None:
-                            chunk = frames.feed(chunk)
-                        if chunk:
-                            await watch.write(response, chunk)
-                    if frames is not None and (tail := frames.rest()):
-                        await watch.write(response, tail)
-                except ConnectionResetError:
-                    raise  # the client's side (below), though aiohttp's is a ClientError too
-                except aiohttp.ClientError as exc:
-                    # The child died (or stalled) mid-stream: end the stream with an error
-                    # event the client can read, instead of a silently truncated body.
-                    if isinstance(exc, aiohttp.ServerTimeoutError):
-                        _fault(exchange, ChildFault.STALLED)
-                    message = f"the model's server stopped mid-response: {exc}"
-                    log.warning("the child on port %d stopped mid-response: %s", port, exc)
-                    if frames is not None:
-                        error = ApiError(500, message).body()
-                        await watch.write(response, f"data: {json.dumps(error)}\n\n".encode())
                 await response.write_eof()
             except ConnectionResetError:
-                # The client hung up mid-stream: aiohttp's next write raises (found by the
-                # soak, where it surfaced as an "unexpected error" traceback). Nobody is left
-                # to answer; leaving ``upstream`` unread closes its connection, and the child
-                # stops generating.
-                log.debug("client went away mid-stream from port %d", port)
-                if detached:
-                    await _drain(upstream, exchange)
-            finally:
-                watch.close()
-            return response
+                log.debug("client went away at the end of a stream from %s", where)
+        return response
 
-
-class _ReadWatch:
-    """Cuts off a client that takes no streamed data for the client timeout: one that stops
-    reading is treated as if it had hung up (ConnectionResetError), which closes the stream
-    from the child and frees its slot.
-
-    A write waits only while the client's socket is full, so instead of a timeout around
-    every chunk (a timer made and cancelled per token, issue 30) one timer per timeout period
-    looks at the write under way, if any."""
-
-    def __init__(self, request: web.Request, timeout: float) -> None:
-        self._request = request
-        self._timeout = timeout
-        self._loop = asyncio.get_running_loop()
-        self._since: float | None = None  # when the write under way began
-        self._cut = False
-        self._timer = self._loop.call_later(timeout, self._check)
-
-    async def write(self, response: web.StreamResponse, data: bytes) -> None:
-        self._since = self._loop.time()
+    async def _drained(self, request: web.Request, writer: AbstractStreamWriter) -> bool:
+        """Until the client took what it was sent; False when it is gone, or took nothing for
+        ``--client-timeout`` (cut off then: one that stops reading cannot hold a slot for
+        ever)."""
         try:
-            await response.write(data)
-        finally:
-            self._since = None
-        if self._cut:
-            raise ConnectionResetError("the client stopped reading")
-
-    def _check(self) -> None:
-        since, now = self._since, self._loop.time()
-        if since is not None and now - since >= self._timeout:
-            request = self._request
+            async with asyncio.timeout(self._client_timeout):
+                await writer.drain()
+        except TimeoutError:
             log.warning(
                 "%s %s: the client took no data for %gs (--client-timeout): cutting it off",
                 request.method,
                 request.path,
-                self._timeout,
+                self._client_timeout,
             )
-            self._cut = True
             if request.transport is not None:
                 request.transport.abort()
-            return
-        wait = self._timeout if since is None else since + self._timeout - now
-        self._timer = self._loop.call_later(wait, self._check)
+            return False
+        except ConnectionResetError:
+            return False
+        return True
 
-    def close(self) -> None:
-        self._timer.cancel()
+
+async def _ask(
+    pool: Pool,
+    request: web.Request,
+    head: bytes,
+    body: bytes | None,
+    exchange: Exchange | None,
+    where: str,
+) -> tuple[Connection, Answer]:
+    """A connection with ``request`` sent on it and its answer's status and headers."""
+    for attempt in (1, 2):
+        try:
+            conn = await pool.connection()
+        except WireError as exc:
+            error = exc
+            break
+        try:
+            conn.send(head, body, head_only=request.method == "HEAD")
+            return conn, await conn.answer()
+        except WireError as exc:
+            conn.close()
+            # A pooled keep-alive connection the child had already closed: nothing was
+            # answered, so nothing was done. Sent once more on a fresh one, as pools do.
+            if exc.retry and attempt == 1:
+                continue
+            error = exc
+            break
+        except BaseException:
+            conn.close()
+            raise
+    if error.stalled:
+        _fault(exchange, ChildFault.STALLED)
+    # Logged: a lease should make this impossible for a healthy child, so each one is a lead
+    # (the soak counts them).
+    log.warning("%s %s: %s did not answer: %s", request.method, request.path, where, error)
+    raise ApiError(502, f"the model's server did not answer: {error}")
+
+
+class _Relay:
+    """The sink of a streamed answer (``wire.Sink``): each read goes to the client's socket
+    as it comes, framed as a chunk when the client's answer is chunked. Its answer: False
+    when the client's buffer is past :data:`CLIENT_BUFFER` (the connection pauses until the
+    client drains) or the client is gone; a detached stream reads on without it."""
+
+    def __init__(
+        self,
+        transport: asyncio.Transport | None,
+        chunked: bool,
+        exchange: Exchange | None,
+        frames: EventFrames | None,
+        detached: bool,
+    ) -> None:
+        self._transport = transport
+        self._chunked = chunked
+        self._exchange = exchange
+        self._frames = frames
+        self._detached = detached
+        self.gone = transport is None
+
+    def send(self, data: bytes) -> bool:
+        if self._exchange is not None:
+            self._exchange.chunk(data)
+        if self.gone:
+            return self._detached
+        if self._frames is not None:
+            data = self._frames.feed(data)
+            if not data:
+                return True
+        return self.write(data)
+
+    def write(self, data: bytes) -> bool:
+        transport = self._transport
+        if self.gone or transport is None or transport.is_closing():
+            self.gone = True
+            return self._detached
+        transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
+        return transport.get_write_buffer_size() <= CLIENT_BUFFER
+
+    def end(self) -> None:
+        """The stream's own end: what the event framing held (a last event without its
+        blank line)."""
+        if self._frames is not None and (tail := self._frames.rest()):
+            self.write(tail)
 
 
 WebSocket = web.WebSocketResponse | aiohttp.ClientWebSocketResponse
@@ -466,13 +467,3 @@ async def _pump_both(client: web.WebSocketResponse, child: aiohttp.ClientWebSock
 def _fault(exchange: Exchange | None, fault: ChildFault) -> None:
     if exchange is not None:
         exchange.child_fault = fault
-
-
-async def _drain(upstream: aiohttp.ClientResponse, exchange: Exchange | None) -> None:
-    """Read a detached stream to its end without a client (see ``Proxy.forward``)."""
-    try:
-        async for chunk in upstream.content.iter_any():
-            if exchange is not None:
-                exchange.chunk(chunk)
-    except aiohttp.ClientError as exc:
-        log.warning("a detached stream ended early: %s", exc)
