@@ -348,3 +348,53 @@ def test_a_line_break_or_a_space_cannot_split_the_request(
 ) -> None:
     with pytest.raises(ValueError, match=r"line break|space or a control"):
         request_head("GET", target, "h", headers, None)
+
+
+# -- review (review-wire): defects found, each a failing test -----------------------------------
+
+
+async def test_one_endless_header_is_refused_at_the_head_bound_not_kept_whole(
+    upstream: Upstream,
+) -> None:
+    """MAX_HEAD is counted in ``on_header``, which httptools calls only once a header is
+    whole: a header that never ends is accumulated (``bytes +=``) without bound, and the
+    stall timer never fires while bytes keep coming."""
+
+    async def endless_header(writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nX-Pad: ")
+        for _ in range(64):  # 4 MiB, 64 times MAX_HEAD, and never a line end
+            writer.write(b"a" * 65536)
+            await writer.drain()
+        await asyncio.sleep(5)
+
+    upstream.answers = [endless_header]
+    conn = await pool_of(upstream, read_timeout=10.0).connection()
+    conn.send(get(), None)
+    with pytest.raises(WireError, match=f"longer than {wire.MAX_HEAD} bytes"):
+        await asyncio.wait_for(conn.answer(), 3.0)
+    conn.close()
+
+
+async def test_the_last_piece_of_a_stream_reaches_the_sink_when_bytes_follow_the_answer(
+    upstream: Upstream,
+) -> None:
+    """Bytes after a complete answer in the same read raise in ``on_message_begin``;
+    ``data_received`` then returns before ``_hand_on``, so the answer's last piece (here its
+    only event, in a real stream ``data: [DONE]``) never reaches the sink, and ``wait()``
+    still says DONE: a silently truncated stream."""
+
+    async def answer_then_junk(writer: asyncio.StreamWriter) -> None:
+        writer.write(chunked(end=False))
+        await writer.drain()
+        await asyncio.sleep(0.1)  # the sink is in place by now
+        writer.write(b"9\r\ndata: 1\n\n\r\n0\r\n\r\nHTTP/1.1 200 OK\r\n")
+        await writer.drain()
+        await asyncio.sleep(1)
+
+    upstream.answers = [answer_then_junk]
+    conn, _ = await ask(pool_of(upstream))
+    got: list[bytes] = []
+    conn.stream(lambda data: got.append(data) or True)
+    assert await conn.wait() is Wait.DONE
+    conn.finish()
+    assert b"".join(got) == b"data: 1\n\n"
