@@ -15,12 +15,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 import aiohttp
 from aiohttp import web
-from aiohttp.abc import AbstractStreamWriter
 from multidict import CIMultiDict
 
 from node_agent.api.connections import DEFAULT_CLIENT_TIMEOUT
@@ -44,6 +44,7 @@ from node_agent.errors import ApiError
 log = logging.getLogger("corral.proxy")
 
 MAX_POOLS = 64
+_K = TypeVar("_K", int, Target)
 # A client's unsent bytes past which the child's connection is read no further until the
 # client takes them (aiohttp's own limit for a response's writes).
 CLIENT_BUFFER = 64 * 1024
@@ -94,7 +95,7 @@ def forward_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
 
 @dataclass(frozen=True)
 class ProxyStatistics:
-    pools: int  # targets with open connections: children (by port) and peers
+    targets: int  # children (by port) and peers with a pool (at most MAX_POOLS each)
     idle: int  # keep-alive connections waiting for a request
     busy: int  # connections carrying one
 
@@ -120,12 +121,15 @@ class Proxy:
         connections to what it serves; a request over them waits in the model's queue,
         in order, instead of in a socket nobody reads.
         """
-        pool = self._children.get(port)
+        return self._pool(self._children, port, Target(CHILD_HOST, port))
+
+    def _pool(self, pools: dict[_K, Pool], key: _K, target: Target) -> Pool:
+        pool = pools.get(key)
         if pool is None:
-            if len(self._children) > MAX_POOLS:  # children come and go on new ports
-                for old in [p for p, pool in self._children.items() if pool.empty()]:
-                    del self._children[old]
-            pool = self._children[port] = Pool(Target(CHILD_HOST, port), self._timeout)
+            if len(pools) >= MAX_POOLS:  # children (and peers' pods) come and go
+                for old in [k for k, each in pools.items() if each.empty()]:
+                    del pools[old]
+            pool = pools[key] = Pool(target, self._timeout)
         return pool
 
     async def release_port(self, port: int) -> None:
@@ -181,7 +185,7 @@ class Proxy:
     def statistics(self) -> ProxyStatistics:
         stats = [pool.statistics() for pool in (*self._children.values(), *self._peers.values())]
         return ProxyStatistics(
-            pools=len(stats), idle=sum(s.idle for s in stats), busy=sum(s.busy for s in stats)
+            targets=len(stats), idle=sum(s.idle for s in stats), busy=sum(s.busy for s in stats)
         )
 
     async def forward(
@@ -218,9 +222,7 @@ class Proxy:
     ) -> web.StreamResponse:
         """Send ``request`` to a peer agent at ``target`` (``api/peers.py``), with ``headers``
         added: the same streaming, cancellation and mid-answer errors as towards a child."""
-        pool = self._peers.get(target)
-        if pool is None:
-            pool = self._peers[target] = Pool(target, self._timeout)
+        pool = self._pool(self._peers, target, target)
         sent = forward_headers(request.headers)
         sent.update(headers)
         where = f"peer {target.host}:{target.port}"
@@ -242,7 +244,7 @@ class Proxy:
             head = request_head(
                 request.method,
                 request.rel_url.raw_path_qs,
-                f"{target.host}:{target.port}",
+                target.authority,
                 list(headers.items()),
                 body,
             )
@@ -303,7 +305,7 @@ class Proxy:
         conn.stream(relay.send)
         try:
             while await conn.wait() is Wait.PAUSED:
-                if relay.gone or writer is None or not await self._drained(request, writer):
+                if relay.gone or writer is None or not await self._taken(request, writer.drain()):
                     relay.gone = True
                     if not detached:
                         # The client hung up mid-stream: closing the connection (finish)
@@ -322,20 +324,17 @@ class Proxy:
                 relay.write(f"data: {json.dumps(ApiError(500, message).body())}\n\n".encode())
         else:
             relay.end()
-        if not relay.gone:
-            try:
-                await response.write_eof()
-            except ConnectionResetError:
-                log.debug("client went away at the end of a stream from %s", where)
+        if not relay.gone and not await self._taken(request, response.write_eof()):
+            log.debug("client went away at the end of a stream from %s", where)
         return response
 
-    async def _drained(self, request: web.Request, writer: AbstractStreamWriter) -> bool:
-        """Until the client took what it was sent; False when it is gone, or took nothing for
-        ``--client-timeout`` (cut off then: one that stops reading cannot hold a slot for
-        ever)."""
+    async def _taken(self, request: web.Request, write: Awaitable[None]) -> bool:
+        """Until the client took what it was sent (``write``: a drain, the stream's end);
+        False when it is gone, or took nothing for ``--client-timeout`` (cut off then: one
+        that stops reading cannot hold a slot, nor the handler, for ever)."""
         try:
             async with asyncio.timeout(self._client_timeout):
-                await writer.drain()
+                await write
         except TimeoutError:
             log.warning(
                 "%s %s: the client took no data for %gs (--client-timeout): cutting it off",

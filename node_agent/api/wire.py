@@ -29,7 +29,8 @@ import httptools
 # (aiohttp#2682; the soak hit it: a 502 for a healthy model), so ours never idle that long.
 IDLE_REUSE = 2.0
 CONNECT_TIMEOUT = 10.0
-# A child's status line and headers are a few hundred bytes; anything past this is not one.
+# A child's status line and headers are a few hundred bytes, a chunk's size line a few: more
+# than this read in a row without a piece of body is no answer of theirs.
 MAX_HEAD = 64 * 1024
 MAX_HEADERS = 100
 # Methods sent without a body get no Content-Length (as aiohttp's client sends them).
@@ -59,6 +60,13 @@ class Target:
     port: int
     tls: ssl.SSLContext | None = None
     server_hostname: str | None = None  # the name a peer's certificate is checked against
+
+    @property
+    def authority(self) -> str:
+        """The ``Host`` header's value: an IPv6 address in brackets, the scheme's own port
+        left out (RFC 9110 §7.2)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return host if self.port == (443 if self.tls else 80) else f"{host}:{self.port}"
 
 
 @dataclass(frozen=True)
@@ -111,7 +119,8 @@ class Connection(asyncio.Protocol):
         self._reset()
 
     def _reset(self) -> None:
-        self._head_size = 0
+        self._framing = 0  # bytes read since the last piece of body: the head, chunk sizes
+        self._head_size = 0  # the headers' (and trailers') bytes
         self._headers: list[tuple[str, str]] = []
         self._answer: Answer | None = None
         self._interim = False  # a 1xx answer before the real one
@@ -143,25 +152,35 @@ class Connection(asyncio.Protocol):
         if self._done or self._error is not None:
             self._keep_alive = False  # bytes after the answer: no later answer can be trusted
             return
+        self._framing += len(data)
+        error: WireError | None = None
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._fail(WireError("it switched protocols on a plain request"))
-            return
+            error = WireError("it switched protocols on a plain request")
         except httptools.HttpParserError as exc:
             reason = exc.__context__ if isinstance(exc.__context__, _Failed) else exc
-            self._fail(WireError(f"a malformed answer: {reason}"))
-            return
+            error = WireError(f"a malformed answer: {reason}")
         if self._pieces and self._sink is not None:
-            self._hand_on()
+            self._hand_on()  # what came before an error too: the answer's last piece
+        if error is None and self._framing > MAX_HEAD and not self._done:
+            # llhttp keeps a header (or a trailer, a chunk's size line) until its line ends.
+            error = WireError(f"headers or framing longer than {MAX_HEAD} bytes")
+        if error is not None:
+            self._fail(error)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
         self._pool.forget(self)
         if self._done:
             return
-        if self._answer is not None and self._answer.length is None and not self._chunked():
-            self._done = True  # an answer that ends where its connection does
+        if (
+            exc is None
+            and self._answer is not None
+            and self._answer.length is None
+            and not self._chunked()
+        ):
+            self._done = True  # an answer that ends where its connection does (not a reset)
             self._wake()
             return
         text = "Server disconnected" if exc is None else f"Server disconnected: {exc}"
@@ -174,11 +193,11 @@ class Connection(asyncio.Protocol):
             self._keep_alive = False
             raise _Failed("a second answer to one request")
 
-    def on_status(self, status: bytes) -> None:
-        self._count(len(status))
-
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._count(len(name) + len(value) + 4)
+        # Counted whole here, and in data_received while one is still coming.
+        self._head_size += len(name) + len(value) + 4
+        if self._head_size > MAX_HEAD:
+            raise _Failed(f"headers longer than {MAX_HEAD} bytes")
         if len(self._headers) >= MAX_HEADERS:
             raise _Failed(f"more than {MAX_HEADERS} headers")
         self._headers.append((name.decode("latin-1"), value.decode("latin-1")))
@@ -192,11 +211,13 @@ class Connection(asyncio.Protocol):
         if length is not None and not length.strip().isdigit():
             raise _Failed(f"Content-Length {length[:40]!r}")
         self._answer = Answer(status, self._headers, int(length) if length is not None else None)
+        self._headers = []  # (a trailer after the body goes here, not into the answer)
         if self._head_only:  # a HEAD answer names a length but has no body
             self._done = True
         self._wake()
 
     def on_body(self, body: bytes) -> None:
+        self._framing = 0  # what this read held before the piece was the piece's framing
         self._pieces.append(body)
 
     def on_message_complete(self) -> None:
@@ -284,11 +305,6 @@ class Connection(asyncio.Protocol):
             k.lower() == "transfer-encoding" and "chunked" in v.lower()
             for k, v in self._answer.headers
         )
-
-    def _count(self, size: int) -> None:
-        self._head_size += size
-        if self._head_size > MAX_HEAD:
-            raise _Failed(f"a status line and headers longer than {MAX_HEAD} bytes")
 
     def _hand_on(self) -> None:
         assert self._sink is not None

@@ -350,7 +350,7 @@ def test_a_line_break_or_a_space_cannot_split_the_request(
         request_head("GET", target, "h", headers, None)
 
 
-# -- review (review-wire): defects found, each a failing test -----------------------------------
+# -- found in review
 
 
 async def test_one_endless_header_is_refused_at_the_head_bound_not_kept_whole(
