@@ -33,6 +33,7 @@ CONNECT_TIMEOUT = 10.0
 # than this read in a row without a piece of body is no answer of theirs.
 MAX_HEAD = 64 * 1024
 MAX_HEADERS = 100
+_JOIN_UP_TO = 64 * 1024  # a body up to this size goes out in one write with its head
 # Methods sent without a body get no Content-Length (as aiohttp's client sends them).
 _BODILESS = frozenset(("GET", "HEAD", "OPTIONS", "CONNECT", "TRACE"))
 
@@ -237,7 +238,10 @@ class Connection(asyncio.Protocol):
         assert self._transport is not None
         self._head_only = head_only
         self._sent = True
-        self._transport.write(head + body if body else head)
+        if body and len(body) > _JOIN_UP_TO:
+            self._transport.writelines((head, body))  # an upload is not copied once more
+        else:
+            self._transport.write(head + body if body else head)  # one segment
         self._last_read = self._loop.time()
         self._timer = self._loop.call_later(self._read_timeout, self._check_stall)
 

@@ -333,6 +333,16 @@ def test_the_request_head_names_the_host_and_the_bodys_length() -> None:
     assert b"Content-Length: 0" in request_head("POST", "/", "h", [], None)
 
 
+async def test_a_large_body_goes_out_whole_after_its_head(upstream: Upstream) -> None:
+    body = bytes(range(256)) * 4096  # 1 MiB
+    upstream.answers = [sized(b"ok")]
+    conn = await pool_of(upstream).connection()
+    conn.send(request_head("POST", "/upload", "h", [], body), body)
+    assert await conn.body() == b"ok"
+    head, sent = upstream.requests[0].split(b"\r\n\r\n", 1)
+    assert b"Content-Length: 1048576" in head and sent == body
+
+
 @pytest.mark.parametrize(
     ("target", "headers"),
     [
