@@ -32,6 +32,9 @@ _USAGE, _TIMINGS = b'"usage"', b'"timings"'
 _COUNTS = (b'"tokens_evaluated"', b'"tokens_predicted"')  # /completion's own figures
 _MARKERS = (_USAGE, _TIMINGS, *_COUNTS)
 _LONGEST_MARKER = max(len(m) for m in _MARKERS)
+# What a piece of a stream is searched for: the markers, the two counts by their prefix (three
+# searches in C, no generator: this runs for every streamed event, issue 30).
+_USAGE_KEYS = (_USAGE, _TIMINGS, b'"tokens_')
 _DECODER = json.JSONDecoder()
 
 
@@ -123,9 +126,15 @@ class StreamScanner:
         self._read = True  # nothing fed since the tail was last read
 
     def feed(self, data: bytes) -> None:
-        joint = self._edge + data[:_LONGEST_MARKER]
-        marked = any(m in data for m in _MARKERS) or any(m in joint for m in _MARKERS)
-        self._edge = (self._edge + data)[-_LONGEST_MARKER:]
+        usage, timings, counts = _USAGE_KEYS
+        marked = usage in data or timings in data or counts in data
+        if not marked:  # a key split between the last piece and this one
+            joint = self._edge + data[:_LONGEST_MARKER]
+            marked = usage in joint or timings in joint or counts in joint
+        if len(data) >= _LONGEST_MARKER:
+            self._edge = data[-_LONGEST_MARKER:]
+        else:
+            self._edge = (self._edge + data)[-_LONGEST_MARKER:]
         self._tail.append((data, marked))
         self._size += len(data)
         self._marked += marked

@@ -41,6 +41,8 @@ class EventFrames:
         """What may be passed on now: everything up to the last blank line (``\\n\\n`` or
         ``\\r\\n\\r\\n``); the rest is held for the next chunk."""
         if not self._held:
+            if chunk.endswith(b"\n\n"):  # a whole event or more: nearly always
+                return chunk
             end = _after_last_boundary(chunk)
             if end == len(chunk):
                 return chunk
