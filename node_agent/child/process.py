@@ -32,14 +32,14 @@ import shlex
 import signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, BinaryIO, Final
 
 import aiohttp
 
 from node_agent.child import protocol
 from node_agent.child.logs import LogRing, failure_line
 from node_agent.child.ports import CHILD_HOST, release_port, reserve_port
-from node_agent.child.spawn import ChildConfig, child_argv, spawn
+from node_agent.child.spawn import ChildConfig, Spawned, child_argv, spawn
 from node_agent.child.state import (
     ALLOWED,
     NOT_LOADED,
@@ -48,7 +48,7 @@ from node_agent.child.state import (
     ChildState,
     EventKind,
 )
-from node_agent.child.streams import health_session, read_lines, watch_health
+from node_agent.child.streams import health_session, pipe_stream, read_lines, watch_health
 from node_agent.errors import ChildError
 from node_agent.llama_server.binary import explain_exit
 
@@ -71,8 +71,12 @@ HEALTH_MAX_DELAY: Final = 0.25
 # grandchild that inherited the pipes could hold them open longer.
 READER_GRACE: Final = 1.0
 # llama-server writes its log a line at a time, ~9 lines a request: read in one go what came
-# within this many seconds (one wake-up of the loop, not nine; nothing waits for the log).
-LOG_GATHER: Final = 0.05
+# within this many seconds, the pipe paused meanwhile (the loop woke and read once a line, 15
+# reads a request; nothing waits for the log, and a child's exit ends the wait at once). Bench
+# S1, Corral's CPU ÷ the router's: 1.60-1.61 as it was, 1.49-1.55 paused for 0.05 s, 1.36-1.40
+# for 0.25 s (its requests come ~20 ms apart). A child writing more than a pipe holds (64 KB)
+# within it waits at most this long; the reads after a large one are not paused.
+LOG_GATHER: Final = 0.25
 BIND_FAILURE: Final = "couldn't bind"
 EXIT_NUDGE_AFTER: Final = 0.5  # see _begin_stop
 EXIT_NOT_RUN: Final = 127  # the exit code reported for a child that could not be executed
@@ -278,8 +282,8 @@ class ChildProcess:
         deadline = loop.time() + self.config.load_timeout
         try:
             while True:
-                proc = await self._spawn()
-                await self._supervise(proc, deadline)
+                spawned = await self._spawn()
+                await self._supervise(spawned, deadline)
                 if not self._should_respawn():
                     break
                 log.warning(
@@ -311,15 +315,16 @@ class ChildProcess:
             and self._attempt < self.config.port_attempts
         )
 
-    async def _spawn(self) -> asyncio.subprocess.Process:
+    async def _spawn(self) -> Spawned:
         release_port(self._port)
         self._attempt += 1
         port = reserve_port()
         try:
-            proc = await spawn(self.config, port)
+            spawned = await spawn(self.config, port)
         except ChildError:
             release_port(port)
             raise
+        proc = spawned.process
         self._pid, self._port = proc.pid, port
         self._spawned_at = asyncio.get_running_loop().time()
         self._speaks_protocol = self._ready_line = self._healthy = self._bind_failed = False
@@ -328,16 +333,17 @@ class ChildProcess:
         self.logs.append(f"{_OWN_PREFIX}spawned pid {proc.pid}: {argv}")
         log.info("model=%s pid=%d port=%d: spawned", self.name, proc.pid, port)
         self._emit(EventKind.SPAWNED)
-        return proc
+        return spawned
 
-    async def _supervise(self, proc: asyncio.subprocess.Process, deadline: float) -> None:
+    async def _supervise(self, spawned: Spawned, deadline: float) -> None:
         """Handle messages until this spawn has exited; then reap it and drain its pipes."""
         attempt = self._attempt
-        assert proc.stdout is not None and proc.stderr is not None
+        proc = spawned.process
+        assert proc.stdout is not None
         exited = asyncio.Event()
         helpers = [
             asyncio.create_task(self._pump_stdout(attempt, proc.stdout)),
-            asyncio.create_task(self._pump_stderr(proc.stderr, exited)),
+            asyncio.create_task(self._pump_stderr(spawned.stderr, exited)),
             asyncio.create_task(self._watch_exit(attempt, proc, exited)),
         ]
         self._restart_poller(HEALTH_FIRST_DELAY)
@@ -598,17 +604,23 @@ class ChildProcess:
         async for text in read_lines(stream):
             self._inbox.put_nowait(_Line(attempt, text))
 
-    async def _pump_stderr(self, stream: asyncio.StreamReader, exited: asyncio.Event) -> None:
-        async def gather() -> None:
-            # Until the child has exited: then what is left is read at once (a stop waits
-            # for this reader, and a churn of loads waited 50 ms a swap for it: bench S4).
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(exited.wait(), LOG_GATHER)
+    async def _pump_stderr(self, pipe: BinaryIO, exited: asyncio.Event) -> None:
+        async with pipe_stream(pipe) as (stream, transport):
 
-        async for text in read_lines(stream, gather):
-            if BIND_FAILURE in text:
-                self._bind_failed = True
-            self.logs.append(text)
+            async def gather() -> None:
+                # Until the child has exited: then what is left is read at once (a stop waits
+                # for this reader, and a churn of loads waited 50 ms a swap for it: bench S4).
+                transport.pause_reading()
+                try:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(exited.wait(), LOG_GATHER)
+                finally:
+                    transport.resume_reading()
+
+            async for text in read_lines(stream, gather):
+                if BIND_FAILURE in text:
+                    self._bind_failed = True
+                self.logs.append(text)
 
     async def _watch_exit(
         self, attempt: int, proc: asyncio.subprocess.Process, exited: asyncio.Event

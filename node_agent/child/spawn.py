@@ -8,7 +8,7 @@ import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import BinaryIO, Final
 
 from node_agent.child.keys import keyed_environment
 from node_agent.child.orphans import tag_environment
@@ -94,7 +94,16 @@ def child_argv(config: ChildConfig, port: int) -> list[str]:
 SETPRIV: Final = shutil.which("setpriv")
 
 
-async def spawn(config: ChildConfig, port: int) -> asyncio.subprocess.Process:
+@dataclass(frozen=True)
+class Spawned:
+    """A started child: its process (stdin and stdout piped) and the read end of its stderr,
+    a pipe of our own that the reader can pause (``ChildProcess._pump_stderr``)."""
+
+    process: asyncio.subprocess.Process
+    stderr: BinaryIO
+
+
+async def spawn(config: ChildConfig, port: int) -> Spawned:
     """Start the child with all three pipes, in its own session, dying with its parent."""
     argv = child_argv(config, port)
     preexec = None
@@ -102,19 +111,26 @@ async def spawn(config: ChildConfig, port: int) -> asyncio.subprocess.Process:
         argv = [SETPRIV, "--pdeathsig", "KILL", "--", *argv]
     else:
         preexec = make_preexec()
+    read_end, write_end = os.pipe()
     try:
-        return await asyncio.create_subprocess_exec(
+        process = await asyncio.create_subprocess_exec(
             *argv,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
+            stderr=write_end,
             env=child_environment(config, port=port),
             # Its own process group: a stop can SIGKILL everything it started, and a
             # Ctrl-C in the agent's terminal does not reach it before the agent decides.
             start_new_session=True,
             preexec_fn=preexec,
         )
-    except OSError as exc:
-        raise ChildError(
-            f"model {config.name}: cannot run {config.binary}: {exc.strerror or exc}"
-        ) from exc
+    except BaseException as exc:
+        os.close(read_end)
+        if isinstance(exc, OSError):
+            raise ChildError(
+                f"model {config.name}: cannot run {config.binary}: {exc.strerror or exc}"
+            ) from exc
+        raise
+    finally:
+        os.close(write_end)  # the child's copy is its own: the pipe ends when the child does
+    return Spawned(process, os.fdopen(read_end, "rb", buffering=0))

@@ -7,8 +7,9 @@ not ours to bound, so lines are split here and an overlong one comes out in piec
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Final
+from typing import BinaryIO, Final
 
 import aiohttp
 
@@ -21,6 +22,27 @@ _CHUNK: Final = 64 * 1024
 TRICKLE: Final = 8 * 1024
 
 
+@contextlib.asynccontextmanager
+async def pipe_stream(
+    pipe: BinaryIO,
+) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.ReadTransport]]:
+    """The read end of a pipe as a stream, with its transport (which can pause it); the pipe
+    is closed on leaving, read to its end or not."""
+    loop = asyncio.get_running_loop()
+    stream = asyncio.StreamReader()
+    try:
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(stream), pipe
+        )
+    except BaseException:
+        pipe.close()
+        raise
+    try:
+        yield stream, transport
+    finally:
+        transport.close()
+
+
 async def read_lines(
     stream: asyncio.StreamReader, gather: Callable[[], Awaitable[None]] | None = None
 ) -> AsyncIterator[str]:
@@ -30,8 +52,7 @@ async def read_lines(
     (a model's raw token pieces), and one bad byte must not end the stream.
 
     ``gather``: awaited after a small read (``TRICKLE``), so that the lines written meanwhile
-    come in one read (the loop buffers them without waking this task), not one wake-up each;
-    a writer of more than that is read on at once, never held back.
+    come in one read, not one wake-up each; after a larger read, the next comes at once.
     """
     pending = b""
     while True:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import array
 import asyncio
+import fcntl
 import os
+import termios
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +15,7 @@ import pytest
 from node_agent.child.logs import LogRing, failure_line
 from node_agent.child.orphans import AGENT_PID_ENV, TAG_ENV, find_orphans
 from node_agent.child.ports import release_port, reserve_port
+from tests.waiting import until
 
 
 class TestLogRing:
@@ -71,6 +75,34 @@ class TestLogRing:
         assert seen[2:] == ["new 1", "new 2"]
         ring.close()
         await asyncio.wait_for(follower, 1)
+
+    async def test_followers_that_wait_or_lag_each_see_every_line(self) -> None:
+        """A follower is woken by the first line after it began waiting, another one that was
+        busy elsewhere when lines came reads them without waiting, and neither misses one."""
+        ring = LogRing(100)
+        seen: dict[str, list[str]] = {"waiting": [], "lagging": []}
+
+        async def follow(name: str, lag: int) -> None:
+            async for line in ring.follow():
+                seen[name].append(line)
+                for _ in range(lag):  # elsewhere while the next lines come
+                    await asyncio.sleep(0)
+
+        followers = [
+            asyncio.create_task(follow("waiting", 0)),
+            asyncio.create_task(follow("lagging", 3)),
+        ]
+        await asyncio.sleep(0)
+        expected = []
+        for burst in range(5):
+            for i in range(burst + 1):
+                expected.append(f"{burst}.{i}")
+                ring.append(expected[-1])
+            for _ in range(burst):
+                await asyncio.sleep(0)
+        ring.close()
+        await asyncio.wait_for(asyncio.gather(*followers), 1)
+        assert seen == {"waiting": expected, "lagging": expected}
 
 
 class TestFailureLine:
@@ -160,29 +192,44 @@ class TestPorts:
 async def test_a_childs_log_is_read_in_gathered_pieces_and_at_once_after_its_exit(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The child's stderr is read once per ``LOG_GATHER`` (not once a line), but a stop waits
-    for this reader: once the child has exited, what is left is read at once. (A plain pause
-    after each read made every stop 50 ms longer: bench S4's 60 swaps took 5.1 -> 10.0 s.)"""
+    """The child's stderr is read once per ``LOG_GATHER`` (not once a line): meanwhile what it
+    writes waits in the pipe, unread (the loop woke and read once a line before). But a stop
+    waits for this reader: once the child has exited, what is left is read at once. (A plain
+    pause after each read made every stop 50 ms longer: bench S4's 60 swaps took 5.1 -> 10.0 s.)"""
     from types import SimpleNamespace
 
     import node_agent.child.process as process
 
     monkeypatch.setattr(process, "LOG_GATHER", 30.0)
     child: Any = SimpleNamespace(logs=LogRing(10), _bind_failed=False)
-    stream, exited = asyncio.StreamReader(), asyncio.Event()
-    reader = asyncio.ensure_future(process.ChildProcess._pump_stderr(child, stream, exited))
-    stream.feed_data(b"one\ntwo\n")
-    await asyncio.sleep(0.1)
-    assert child.logs.snapshot() == ["one", "two"]
-    stream.feed_data(b"three\n")  # within the gathering time: waits for it
-    await asyncio.sleep(0.1)
-    assert child.logs.snapshot() == ["one", "two"]
-    exited.set()  # the child exited: the rest now, then the end
-    stream.feed_data(b"couldn't bind\n")
-    stream.feed_eof()
-    await asyncio.wait_for(reader, 5)
+    read_end, write_end = os.pipe()
+    probe = os.dup(read_end)  # the same pipe: how much of it is still unread
+    exited = asyncio.Event()
+    reader = asyncio.ensure_future(
+        process.ChildProcess._pump_stderr(child, os.fdopen(read_end, "rb", buffering=0), exited)
+    )
+    try:
+        os.write(write_end, b"one\ntwo\n")
+        await until(lambda: child.logs.snapshot() == ["one", "two"], 5)
+        os.write(write_end, b"three\n")  # within the gathering time: waits for it, in the pipe
+        await asyncio.sleep(0.1)
+        assert child.logs.snapshot() == ["one", "two"]
+        assert _unread(probe) == len(b"three\n")
+        exited.set()  # the child exited: the rest now, then the end
+        os.write(write_end, b"couldn't bind\n")
+        os.close(write_end)
+        await asyncio.wait_for(reader, 5)
+    finally:
+        reader.cancel()
+        os.close(probe)
     assert child.logs.snapshot() == ["one", "two", "three", "couldn't bind"]
     assert child._bind_failed
+
+
+def _unread(fd: int) -> int:
+    count = array.array("i", [0])
+    fcntl.ioctl(fd, termios.FIONREAD, count)
+    return count[0]
 
 
 async def test_a_flood_read_in_partial_pieces_is_never_held_back() -> None:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from node_agent.source_watch import SourceWatch, have_watchfiles, signature, watched_paths
+from tests.waiting import until
 
 
 @contextlib.asynccontextmanager
@@ -23,15 +24,6 @@ async def running(watch: SourceWatch) -> AsyncIterator[None]:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-
-
-async def until(condition: Callable[[], bool], seconds: float) -> None:
-    """Return once ``condition()`` holds, or after ``seconds`` (the caller asserts)."""
-    deadline = time.monotonic() + seconds
-    while True:
-        if condition() or time.monotonic() > deadline:
-            return
-        await asyncio.sleep(0.02)
 
 
 @pytest.mark.parametrize("use_inotify", [True, False], ids=["inotify", "polling"])
