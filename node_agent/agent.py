@@ -11,6 +11,7 @@ shutdown's bound): ``serve``.
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib
 import importlib.util
 import logging
@@ -394,7 +395,7 @@ class Agent:
         log.warning("%s", security_warning(self.mcp, self.options.ui_mcp_proxy, self.builtin_tools))
         # With the ledger on, every first load estimates its model: gguf (and numpy) too.
         later = IMPORTED_LATER if self.memory is None else (*IMPORTED_LATER, ESTIMATOR)
-        self._tasks.spawn(asyncio.to_thread(_import_all, later), "imports")
+        self._tasks.spawn(_import_then_freeze(later), "imports")
         for warning in startup.source_warnings(self.options, self.env, self.catalog):
             log.warning("%s", warning)
         specs = list(self.catalog.values())
@@ -472,6 +473,14 @@ class Agent:
         """The bound passed or a second signal came: kill the children, then finish."""
         log.warning("forcing the shutdown (%s): killing the children", why)
         self.registry.kill()
+
+
+async def _import_then_freeze(modules: Sequence[str]) -> None:
+    await asyncio.to_thread(_import_all, modules)
+    # What start-up made (modules, the catalog, the app) lives as long as the agent: out of the
+    # collector's sight, a full collection no longer walks it. It did, stalling every stream:
+    # 43 and 46 ms, once in each of two runs of 15 streamed answers of 256 tokens (issue 30).
+    gc.freeze()
 
 
 def _import_all(modules: Sequence[str]) -> None:
