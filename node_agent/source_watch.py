@@ -148,7 +148,12 @@ async def notify_or_poll(paths: Sequence[Path], changed: Callable[[], None]) -> 
         missing = [p for p in paths if not p.exists()]
         watching = asyncio.ensure_future(notify(existing, changed)) if existing else None
         try:
-            await poll(missing, changed, once=True)
+            if missing:
+                await poll(missing, changed, once=True)
+            elif watching is not None:
+                await (
+                    watching
+                )  # nothing to poll for (a poll of nothing woke a thread twice a second)
         finally:
             if watching is not None:
                 watching.cancel()

@@ -95,3 +95,21 @@ async def test_a_path_that_appears_later_is_watched_from_then_on(tmp_path: Path)
             assert len(reloads) == count
             await asyncio.sleep(0.2)
             (hub / f"file{count}").write_bytes(b"x")  # seen by inotify now
+
+
+@pytest.mark.skipif(not have_watchfiles(), reason="inotify through watchfiles")
+async def test_with_every_path_there_nothing_is_polled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """inotify watches them all: no poll of nothing wakes a thread twice a second."""
+    import node_agent.source_watch as source_watch
+
+    polls: list[int] = []
+    monkeypatch.setattr(source_watch, "signature", lambda paths: polls.append(1) or ())
+
+    async def reload() -> None:
+        pass
+
+    async with running(SourceWatch([tmp_path], reload, use_inotify=True)):
+        await asyncio.sleep(3 * source_watch.POLL_SECONDS)
+    assert polls == []
