@@ -258,3 +258,93 @@ async def test_a_flood_read_in_partial_pieces_is_never_held_back() -> None:
     await writing
     assert len(lines) == 21 and lines[-1] == "last"
     assert pauses == 1
+
+
+_STEADY_WRITER = r"""
+import os, sys, time
+line = b"x" * 999 + b"\n"
+blocked = 0.0
+for _ in range(int(sys.argv[1])):
+    began = time.monotonic()
+    os.write(2, line)
+    blocked += time.monotonic() - began
+    time.sleep(0.001)  # a line per millisecond of work: 1 MB/s at most, in 1 KB writes
+print(blocked)
+"""
+
+
+async def test_a_steady_flood_of_small_writes_waits_at_most_one_gather() -> None:
+    """LOG_GATHER's comment: "A child writing more than a pipe holds (64 KB) within it waits at
+    most this long". A child writing ~1 MB/s in 1 KB lines (a verbose llama-server with busy
+    slots) fills the 64 KB pipe in ~65 ms of each paused 0.25 s; after the pause one large read
+    drains it, the next read finds the one line written since (a trickle), and the pipe is
+    paused again. The writer is held back again and again (~0.19 s of every 0.25 s), not once;
+    at 861fe85 (no pause; the loop buffered into the StreamReader) it waited 0.01-0.02 s."""
+    import sys
+    from types import SimpleNamespace
+
+    import node_agent.child.process as process
+
+    lines = 600
+    child: Any = SimpleNamespace(logs=LogRing(lines), _bind_failed=False)
+    read_end, write_end = os.pipe()
+    exited = asyncio.Event()
+    try:
+        writer = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", _STEADY_WRITER, str(lines),
+            stdout=asyncio.subprocess.PIPE, stderr=write_end,
+        )  # fmt: skip
+    finally:
+        os.close(write_end)
+    reader = asyncio.ensure_future(
+        process.ChildProcess._pump_stderr(child, os.fdopen(read_end, "rb", buffering=0), exited)
+    )
+    try:
+        out, _ = await asyncio.wait_for(writer.communicate(), 60)
+        exited.set()
+        await asyncio.wait_for(reader, 5)
+    finally:
+        reader.cancel()
+    assert len(child.logs.snapshot()) == lines
+    blocked = float(out)
+    assert blocked <= process.LOG_GATHER + 0.25, f"the writer waited {blocked:.2f} s in all"
+
+
+def test_closing_a_pipe_stream_under_uvloop_closes_no_other_descriptor() -> None:
+    """uvloop's connect_read_pipe hands the file's descriptor to libuv, which closes it when the
+    transport closes; the file object, attached to the transport, then closes the same number
+    again (uvloop issue 763, open; strace: close(13) = 0, close(13) = EBADF). A descriptor that
+    another thread opened in between (the loop's default executor, watchfiles, a resolver) is
+    closed under it. The probe opens a pipe where that thread would: in the freed number."""
+    import io
+
+    uvloop = pytest.importorskip("uvloop")
+    from node_agent.child.streams import pipe_stream
+
+    opened: list[int] = []
+
+    class Probe(io.FileIO):
+        def close(self) -> None:
+            if not self.closed:
+                opened.extend(os.pipe())  # another thread's open, at this instant
+            super().close()
+
+    async def main() -> None:
+        read_end, write_end = os.pipe()
+        try:
+            async with pipe_stream(Probe(read_end, "rb")) as (stream, _):
+                os.write(write_end, b"a line\n")
+                assert await stream.readline() == b"a line\n"
+        finally:
+            os.close(write_end)
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main())
+    closed_under_it = []
+    for fd in opened:
+        try:
+            os.fstat(fd)
+            os.close(fd)
+        except OSError:
+            closed_under_it.append(fd)
+    assert closed_under_it == [], f"descriptors {closed_under_it} closed by someone else"
