@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import BinaryIO, Final
 
@@ -30,17 +32,22 @@ async def pipe_stream(
     is closed on leaving, read to its end or not."""
     loop = asyncio.get_running_loop()
     stream = asyncio.StreamReader()
+    # asyncio's transport closes the file it is given. uvloop's hands the descriptor to libuv,
+    # which closes it, and then closes the file too: the same number twice, the second time
+    # perhaps another thread's by then (uvloop issue 763). libuv gets a copy of its own.
+    handed = pipe
+    if not isinstance(loop, asyncio.BaseEventLoop):
+        handed = io.FileIO(os.dup(pipe.fileno()), "rb", closefd=False)
     try:
         transport, _ = await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(stream), pipe
+            lambda: asyncio.StreamReaderProtocol(stream), handed
         )
-    except BaseException:
-        pipe.close()
-        raise
-    try:
-        yield stream, transport
+        try:
+            yield stream, transport
+        finally:
+            transport.close()
     finally:
-        transport.close()
+        pipe.close()
 
 
 async def read_lines(
