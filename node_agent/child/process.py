@@ -48,7 +48,13 @@ from node_agent.child.state import (
     ChildState,
     EventKind,
 )
-from node_agent.child.streams import health_session, pipe_stream, read_lines, watch_health
+from node_agent.child.streams import (
+    LogPace,
+    health_session,
+    pipe_stream,
+    read_lines,
+    watch_health,
+)
 from node_agent.errors import ChildError
 from node_agent.llama_server.binary import explain_exit
 
@@ -75,7 +81,7 @@ READER_GRACE: Final = 1.0
 # reads a request; nothing waits for the log, and a child's exit ends the wait at once). Bench
 # S1, Corral's CPU ÷ the router's: 1.60-1.61 as it was, 1.49-1.55 paused for 0.05 s, 1.36-1.40
 # for 0.25 s (its requests come ~20 ms apart). A child writing more than a pipe holds (64 KB)
-# within it waits at most this long; the reads after a large one are not paused.
+# within it waits at most this long, once: it is busy then, and not paused (streams.LogPace).
 LOG_GATHER: Final = 0.25
 BIND_FAILURE: Final = "couldn't bind"
 EXIT_NUDGE_AFTER: Final = 0.5  # see _begin_stop
@@ -605,11 +611,15 @@ class ChildProcess:
             self._inbox.put_nowait(_Line(attempt, text))
 
     async def _pump_stderr(self, pipe: BinaryIO, exited: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
+        pace = LogPace(LOG_GATHER)
         async with pipe_stream(pipe) as (stream, transport):
 
-            async def gather() -> None:
+            async def gather(size: int) -> None:
                 # Until the child has exited: then what is left is read at once (a stop waits
                 # for this reader, and a churn of loads waited 50 ms a swap for it: bench S4).
+                if exited.is_set() or not pace.gathers_after(size, loop.time()):
+                    return
                 transport.pause_reading()
                 try:
                     with contextlib.suppress(TimeoutError):

@@ -15,6 +15,8 @@ from typing import BinaryIO, Final
 
 import aiohttp
 
+from node_agent.event_loop import running_asyncio_loop
+
 MAX_LINE: Final = 64 * 1024
 _CHUNK: Final = 64 * 1024
 # A read smaller than this is a trickle (llama-server writes ~9 lines, ~1 KB, a request): the
@@ -22,6 +24,38 @@ _CHUNK: Final = 64 * 1024
 # asyncio's are whole chunks, uvloop's what the pipe held at that instant (28-64 KB seen with
 # 64 KB lines); pausing after those held a flood to a pipe's worth per pause (issue 30).
 TRICKLE: Final = 8 * 1024
+# A read this large: the writer is busy (after a pause, the pipe's 64 KB came near full and
+# the writer may have waited for it).
+BUSY: Final = 32 * 1024
+
+
+class LogPace:
+    """Whether the reader of a child's log gathers after a read, pausing the pipe for
+    ``window`` seconds: after a trickle (the lines written meanwhile then come in one read),
+    unless the writer is busy. Busy: from a read of :data:`BUSY` bytes, for as long as each
+    ``window`` brings that much; meanwhile each read is taken as it comes. So a writer of more
+    than a pipe's worth a window waits once, at the pause before it was found busy, not at
+    every pause (a steady 1 MB/s in 1 KB lines was held back ~0.19 s of every 0.25 s)."""
+
+    def __init__(self, window: float) -> None:
+        self._window = window
+        self._busy_until: float | None = None
+        self._busy_bytes = 0  # read in the current busy window
+
+    def gathers_after(self, size: int, now: float) -> bool:
+        if self._busy_until is not None:
+            self._busy_bytes += size
+            if now < self._busy_until:
+                return False
+            still_busy = self._busy_bytes >= BUSY
+            self._busy_until = now + self._window if still_busy else None
+            self._busy_bytes = 0
+            if still_busy:
+                return False
+        elif size >= BUSY:
+            self._busy_until = now + self._window
+            return False
+        return size < TRICKLE
 
 
 @contextlib.asynccontextmanager
@@ -36,7 +70,7 @@ async def pipe_stream(
     # which closes it, and then closes the file too: the same number twice, the second time
     # perhaps another thread's by then (uvloop issue 763). libuv gets a copy of its own.
     handed = pipe
-    if not isinstance(loop, asyncio.BaseEventLoop):
+    if not running_asyncio_loop():
         handed = io.FileIO(os.dup(pipe.fileno()), "rb", closefd=False)
     try:
         transport, _ = await loop.connect_read_pipe(
@@ -51,15 +85,15 @@ async def pipe_stream(
 
 
 async def read_lines(
-    stream: asyncio.StreamReader, gather: Callable[[], Awaitable[None]] | None = None
+    stream: asyncio.StreamReader, gather: Callable[[int], Awaitable[None]] | None = None
 ) -> AsyncIterator[str]:
     """Yield decoded lines (without line endings) until EOF.
 
     Decoded with ``errors='replace'``: llama-server's stderr can hold bytes that are not UTF-8
     (a model's raw token pieces), and one bad byte must not end the stream.
 
-    ``gather``: awaited after a small read (``TRICKLE``), so that the lines written meanwhile
-    come in one read, not one wake-up each; after a larger read, the next comes at once.
+    ``gather``: awaited after each read with its size, once its lines are out: it may wait
+    (:class:`LogPace` says when), so that the lines written meanwhile come in one read.
     """
     pending = b""
     while True:
@@ -73,8 +107,8 @@ async def read_lines(
         while len(pending) > MAX_LINE:
             yield pending[:MAX_LINE].decode(errors="replace")
             pending = pending[MAX_LINE:]
-        if gather is not None and len(chunk) < TRICKLE:
-            await gather()
+        if gather is not None:
+            await gather(len(chunk))
     if pending:
         yield pending.rstrip(b"\r").decode(errors="replace")
 

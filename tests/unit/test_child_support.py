@@ -15,6 +15,7 @@ import pytest
 from node_agent.child.logs import LogRing, failure_line
 from node_agent.child.orphans import AGENT_PID_ENV, TAG_ENV, find_orphans
 from node_agent.child.ports import release_port, reserve_port
+from node_agent.child.streams import BUSY, TRICKLE, LogPace
 from tests.waiting import until
 
 
@@ -236,28 +237,67 @@ async def test_a_flood_read_in_partial_pieces_is_never_held_back() -> None:
     """uvloop hands a pipe's data over as it finds it: a child writing 64 KB lines was read in
     pieces of 28-64 KB, and a pause after each piece short of a whole chunk held its log back
     by seconds (the last lines came after the model was loaded)."""
-    from node_agent.child.streams import read_lines
+    from node_agent.child.streams import LogPace, read_lines
 
     stream = asyncio.StreamReader()
-    pauses = 0
+    pace, reads, pauses = LogPace(0.25), [], []
+    loop = asyncio.get_running_loop()
 
-    async def gather() -> None:
-        nonlocal pauses
-        pauses += 1
+    async def gather(size: int) -> None:
+        reads.append(size)
+        if pace.gathers_after(size, loop.time()):
+            pauses.append(len(reads))
 
     async def child() -> None:
         for _ in range(20):  # 40 KB at a time, each read as it comes: less than a 64 KB chunk
             stream.feed_data(b"x" * 40_000 + b"\n")
             for _ in range(3):
                 await asyncio.sleep(0)
-        stream.feed_data(b"last\n")  # a trickle: gathered after
+        stream.feed_data(b"last\n")  # a trickle, but right after the flood: not held either
         stream.feed_eof()
 
     writing = asyncio.ensure_future(child())
     lines = [text async for text in read_lines(stream, gather)]
     await writing
     assert len(lines) == 21 and lines[-1] == "last"
-    assert pauses == 1
+    assert len(reads) == 21 and pauses == []
+
+
+class TestLogPace:
+    """When the reader of a child's log pauses to gather (the clock is the caller's)."""
+
+    def test_a_trickle_is_gathered_after_each_small_read(self) -> None:
+        pace = LogPace(0.25)
+        assert [pace.gathers_after(size, t) for t, size in enumerate([1, 900, TRICKLE - 1])] == [
+            True,
+            True,
+            True,
+        ]
+
+    def test_a_read_between_a_trickle_and_busy_is_followed_at_once_and_no_more(self) -> None:
+        pace = LogPace(0.25)
+        assert not pace.gathers_after(TRICKLE, 0.0)
+        assert pace.gathers_after(100, 0.01)  # not busy: the next small read gathers
+
+    def test_a_busy_writer_is_read_as_it_comes_while_each_window_brings_that_much(self) -> None:
+        pace = LogPace(0.25)
+        assert not pace.gathers_after(BUSY, 0.0)  # after a pause, the pipe came near full
+        times = [0.001 * i for i in range(1, 1000)]  # 1 MB/s in 1 KB reads for a second
+        assert not any(pace.gathers_after(1024, t) for t in times)
+
+    def test_a_writer_that_slows_down_is_gathered_again_after_its_window(self) -> None:
+        pace = LogPace(0.25)
+        assert not pace.gathers_after(BUSY, 0.0)
+        assert not pace.gathers_after(1024, 0.1)  # within the busy window
+        assert pace.gathers_after(1024, 0.3)  # the window brought 2 KB: a trickle again
+        assert pace.gathers_after(1024, 0.31)
+
+    def test_busy_again_from_a_large_read_in_any_window(self) -> None:
+        pace = LogPace(0.25)
+        assert not pace.gathers_after(BUSY, 0.0)
+        assert not pace.gathers_after(BUSY, 0.3)  # its window brought BUSY: still busy
+        assert not pace.gathers_after(10, 0.5)
+        assert pace.gathers_after(10, 0.6)  # the window from 0.3 brought 10 bytes
 
 
 _STEADY_WRITER = r"""
