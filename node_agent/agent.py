@@ -125,7 +125,11 @@ class Agent:
         self.tag = f"{options.host}:{options.port}"
         self.catalog = self._read_catalog()
         self.memory = self._memory_watch(options)
-        self.proxy = Proxy(timeout=options.timeout, client_timeout=options.client_timeout)
+        self.proxy = Proxy(
+            timeout=options.timeout,
+            client_timeout=options.client_timeout,
+            stream_gather=options.stream_gather,
+        )
         self.registry = Registry(
             self.catalog,
             models_max=options.models_max,

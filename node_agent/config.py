@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TypeVar
 from urllib.parse import urlsplit
 
+from node_agent.core import stream_pace
 from node_agent.durations import idle_seconds
 from node_agent.errors import ConfigError
 from node_agent.event_loop import check_event_loop
@@ -107,6 +108,9 @@ class AgentOptions:
     """Bytes of saved prompt caches (warm swaps) the agent keeps; 0 (the default): off. Off
     by default until a stall seen twice under load is understood (streams made no progress
     for 10 s after four slots were restored into a child with a small context)."""
+    stream_gather: float = stream_pace.DEFAULT_WINDOW
+    """``--stream-gather``: seconds in which a child's fast stream gathers its events into one
+    read (core/stream_pace.py); 0: each read as it comes."""
     client_timeout: float = 30.0
     """A client must send its request head, its body, or take streamed data within this long,
     and an idle keep-alive connection closes after it (api/connections.py)."""
@@ -356,6 +360,24 @@ def _hosts(raw: str) -> tuple[str, ...]:
     if not hosts or any("/" in h or ":" in h or " " in h for h in hosts):
         raise ValueError("host names, e.g. cdn.example.com,.example.net")
     return hosts
+
+
+# A longer wait than this between a stream's pieces is a stall to its reader, not a gathering.
+LONGEST_GATHER = 1.0
+
+
+def _gather(raw: str) -> float:
+    try:
+        seconds = idle_seconds(raw)
+    except ValueError:
+        raise ValueError("expects a duration like 10ms or 0.01 (seconds); 0: off") from None
+    if seconds is None:
+        raise ValueError("must be >= 0")
+    if seconds > LONGEST_GATHER:
+        raise ValueError(f"must be at most {LONGEST_GATHER:g}s")
+    if seconds and not stream_pace.SUPPORTED:
+        raise ValueError("works on Linux only; here a stream is read as it comes (0)")
+    return seconds
 
 
 def _positive_seconds(raw: str) -> float:
@@ -621,6 +643,7 @@ _OWN_FLAGS: dict[str, tuple[str, str, Callable[[str], object]]] = {
     "--metrics-key-file": ("metrics_key_file", "a file", _identity),
     "--shutdown-timeout": ("shutdown_timeout", "seconds (> 0)", _positive_seconds),
     "--client-timeout": ("client_timeout", "seconds (> 0)", _positive_seconds),
+    "--stream-gather": ("stream_gather", "a duration like 10ms (0: off, at most 1s)", _gather),
     "--max-connections": ("max_connections", "a count (>= 1)", _int_at_least(1)),
     "--log-level": ("log_level", "one of " + ", ".join(LOG_LEVELS), _log_level),
     "--event-loop": ("event_loop", "auto, uvloop or asyncio", check_event_loop),

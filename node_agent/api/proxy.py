@@ -105,9 +105,18 @@ class Proxy:
     (``api/wire.py``): per target a pool of keep-alive connections, whose idle ones close
     before a child is asked to exit."""
 
-    def __init__(self, *, timeout: float, client_timeout: float = DEFAULT_CLIENT_TIMEOUT) -> None:
+    def __init__(
+        self,
+        *,
+        timeout: float,
+        client_timeout: float = DEFAULT_CLIENT_TIMEOUT,
+        stream_gather: float = 0.0,
+    ) -> None:
+        """``stream_gather``: ``--stream-gather``, the window in which a child's fast stream
+        gathers its events (core/stream_pace.py). A peer's streams do not: the peer gathered."""
         self._timeout = timeout
         self._client_timeout = client_timeout
+        self._stream_gather = stream_gather
         self._children: dict[int, Pool] = {}  # by port
         self._peers: dict[Target, Pool] = {}
 
@@ -121,15 +130,15 @@ class Proxy:
         connections to what it serves; a request over them waits in the model's queue,
         in order, instead of in a socket nobody reads.
         """
-        return self._pool(self._children, port, Target(CHILD_HOST, port))
+        return self._pool(self._children, port, Target(CHILD_HOST, port), self._stream_gather)
 
-    def _pool(self, pools: dict[_K, Pool], key: _K, target: Target) -> Pool:
+    def _pool(self, pools: dict[_K, Pool], key: _K, target: Target, gather: float = 0.0) -> Pool:
         pool = pools.get(key)
         if pool is None:
             if len(pools) >= MAX_POOLS:  # children (and peers' pods) come and go
                 for old in [k for k, each in pools.items() if each.empty()]:
                     del pools[old]
-            pool = pools[key] = Pool(target, self._timeout)
+            pool = pools[key] = Pool(target, self._timeout, gather)
         return pool
 
     async def release_port(self, port: int) -> None:

@@ -18,13 +18,18 @@ back-pressure.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
+import socket
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
 import httptools
+
+from node_agent.core import stream_pace
+from node_agent.core.stream_pace import StreamPace
 
 # llama-server closes a keep-alive connection idle for 5 s (measured with the pinned binary).
 # A pooled connection reused just as the child closes it fails with "Server disconnected"
@@ -36,6 +41,10 @@ CONNECT_TIMEOUT = 10.0
 MAX_HEAD = 64 * 1024
 MAX_HEADERS = 100
 _JOIN_UP_TO = 64 * 1024  # a body up to this size goes out in one write with its head
+# While a stream gathers (core/stream_pace.py), its socket wakes the loop only once this much
+# waits in it, or the other side closes: a read is bounded by size, not by event. Linux wakes
+# a waiting reader when the mark is lowered again (the end of a gathering).
+GATHER_MARK = 64 * 1024
 # Methods sent without a body get no Content-Length (as aiohttp's client sends them).
 _BODILESS = frozenset(("GET", "HEAD", "OPTIONS", "CONNECT", "TRACE"))
 
@@ -111,11 +120,13 @@ def request_head(
 class Connection(asyncio.Protocol):
     """One connection and the answer to the request on it; see the module's docstring."""
 
-    def __init__(self, pool: Pool, read_timeout: float) -> None:
+    def __init__(self, pool: Pool, read_timeout: float, gather: float) -> None:
         self._pool = pool
         self._loop = asyncio.get_running_loop()
         self._read_timeout = read_timeout
+        self._gather = gather
         self._transport: asyncio.Transport | None = None
+        self._socket: socket.socket | None = None
         self._parser = httptools.HttpResponseParser(self)
         self.reused = False
         self.idle_since = 0.0
@@ -137,6 +148,8 @@ class Connection(asyncio.Protocol):
         self._heard = False  # any byte of the answer came
         self._last_read = 0.0
         self._timer: asyncio.TimerHandle | None = None
+        self._pace: StreamPace | None = None
+        self._release: asyncio.TimerHandle | None = None  # a gathering's end
         self._head_only = False
         self._sent = False  # a request is out: bytes before that are no answer to anything
 
@@ -145,6 +158,9 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, but are ones.
         self._transport = cast(asyncio.Transport, transport)
+        # Only a plain TCP socket's own mark tells when to wake (not TLS's records).
+        if stream_pace.SUPPORTED and self._gather > 0 and self._pool.target.tls is None:
+            self._socket = transport.get_extra_info("socket")
 
     def data_received(self, data: bytes) -> None:
         self._heard = True
@@ -262,8 +278,11 @@ class Connection(asyncio.Protocol):
         return body
 
     def stream(self, sink: Sink) -> None:
-        """Hand the body on to ``sink`` from now on: what was read already, at once."""
+        """Hand the body on to ``sink`` from now on: what was read already, at once. A fast
+        stream gathers (core/stream_pace.py) when the connection was made with a window."""
         self._sink = sink
+        if self._socket is not None:
+            self._pace = StreamPace(self._gather)
         if self._pieces:
             self._hand_on()
 
@@ -283,6 +302,7 @@ class Connection(asyncio.Protocol):
         """Done with the answer: back to the pool when the connection may carry another
         request, else closed."""
         self._cancel_timer()
+        self._end_gathering()
         reusable = (
             self._done
             and self._transport is not None
@@ -300,6 +320,7 @@ class Connection(asyncio.Protocol):
     def close(self) -> None:
         """Drop the connection now (a child stops generating for a client that is gone)."""
         self._cancel_timer()
+        self._end_gathering()
         if self._transport is not None:
             self._transport.abort()
 
@@ -322,6 +343,30 @@ class Connection(asyncio.Protocol):
             if self._transport is not None:
                 self._transport.pause_reading()
             self._wake()
+        elif (
+            self._pace is not None
+            and not self._done
+            and self._pace.read(self._loop.time(), len(pieces))
+        ):
+            self._set_mark(GATHER_MARK)
+            self._release = self._loop.call_later(self._pace.window, self._end_gathering)
+
+    def _end_gathering(self) -> None:
+        """The window is over (or the answer): the socket wakes the loop for any byte again,
+        at once if some wait (Linux signals a lowered mark)."""
+        if self._release is None:
+            return
+        self._release.cancel()  # (a no-op when it is what runs)
+        self._release = None
+        if self._pace is not None:
+            self._pace.released(self._loop.time())
+        if self._transport is not None:
+            self._set_mark(1)
+
+    def _set_mark(self, size: int) -> None:
+        assert self._socket is not None
+        with contextlib.suppress(OSError):  # closed meanwhile: connection_lost ends the answer
+            self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, size)
 
     def _fail(self, error: WireError) -> None:
         if self._error is None and not self._done:
@@ -335,10 +380,12 @@ class Connection(asyncio.Protocol):
         idle = self._loop.time() - self._last_read
         if self._done or self._error is not None:
             return
-        if idle >= self._read_timeout and not self._paused:
+        # The client's pause is no silence of the child's, nor a gathering's unread events.
+        waiting = self._paused or self._release is not None
+        if idle >= self._read_timeout and not waiting:
             self._fail(WireError(f"no answer within {self._read_timeout:g}s", stalled=True))
             return
-        wait = self._read_timeout - idle if not self._paused else self._read_timeout
+        wait = self._read_timeout if waiting else self._read_timeout - idle
         self._timer = self._loop.call_later(wait, self._check_stall)
 
     def _cancel_timer(self) -> None:
@@ -371,9 +418,12 @@ class PoolStatistics:
 class Pool:
     """Connections to one target: the idle ones to reuse, and every open one (to close)."""
 
-    def __init__(self, target: Target, read_timeout: float) -> None:
+    def __init__(self, target: Target, read_timeout: float, gather: float = 0.0) -> None:
+        """``gather``: the window of a fast stream's gatherings (core/stream_pace.py); 0:
+        every read as it comes."""
         self.target = target
         self._read_timeout = read_timeout
+        self._gather = gather
         self._idle: list[Connection] = []
         self._open: set[Connection] = set()
         self._retired = False
@@ -391,7 +441,7 @@ class Pool:
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT):
                 _, conn = await loop.create_connection(
-                    lambda: Connection(self, self._read_timeout),
+                    lambda: Connection(self, self._read_timeout, self._gather),
                     target.host,
                     target.port,
                     ssl=target.tls,

@@ -8,6 +8,7 @@ from re import escape as re_escape
 import pytest
 
 from node_agent.config import AgentOptions, parse_agent_args, parse_size
+from node_agent.core import stream_pace
 from node_agent.errors import ConfigError
 
 
@@ -109,6 +110,21 @@ def test_corral_flags() -> None:
     assert parse("--models-ttl", "0", "--max-queue", "0").models_ttl is None
     # Durations as keep_alive takes them (issue 29); -1 is never, like 0.
     assert [parse("--models-ttl", t).models_ttl for t in ("10m", "1h", "-1")] == [600, 3600, None]
+
+
+def test_stream_gather_takes_a_short_duration(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert parse().stream_gather == (0.01 if stream_pace.SUPPORTED else 0.0)
+    monkeypatch.setattr(stream_pace, "SUPPORTED", True)
+    assert [parse("--stream-gather", t).stream_gather for t in ("5ms", "0.02", "0", "1s")] == [
+        0.005, 0.02, 0.0, 1.0
+    ]  # fmt: skip
+    for bad, why in (("2s", "must be at most 1s"), ("-1", "must be >= 0"), ("soon", "10ms or")):
+        with pytest.raises(ConfigError, match=f"--stream-gather .*{re_escape(why)}"):
+            parse("--stream-gather", bad)
+    monkeypatch.setattr(stream_pace, "SUPPORTED", False)  # (macOS, Windows)
+    assert parse("--stream-gather", "0").stream_gather == 0.0
+    with pytest.raises(ConfigError, match=r"--stream-gather .*works on Linux only"):
+        parse("--stream-gather", "10ms")
 
 
 def test_sizes() -> None:
