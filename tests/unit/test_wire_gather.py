@@ -139,3 +139,36 @@ async def test_a_gathering_longer_than_the_read_timeout_is_no_stall(upstream: Up
     upstream.answers = [events_with_pauses([0.01, 0.01, 0.01, 0.9], {})]
     sink = await read_stream(upstream, 0.4, gather=1.0)
     assert b"".join(piece for _, piece in sink.pieces) == b"".join(event(i) for i in range(4))
+
+
+@on_each_loop
+async def test_the_pace_is_timed_finer_than_a_millisecond(upstream: Upstream) -> None:
+    """StreamPace takes a read for the one that ends a gathering when it comes within
+    AT_RELEASE (1 ms) of the release, and counts a read in a window when it came less than
+    the window (10 ms) before: the times it is given must be finer than a millisecond. uvloop's
+    loop.time() is libuv's uv_now, whole milliseconds: a read 0.1 ms after a release may read
+    as 1 ms after it (``0.001 < AT_RELEASE`` then turns on the float's rounding), and a
+    gathering starts at once, the events the child held back for our acknowledgement waiting
+    for a second window."""
+    from unittest import mock
+
+    from node_agent.api import wire
+    from node_agent.core.stream_pace import StreamPace
+
+    stamps: list[float] = []
+
+    class Stamped(StreamPace):
+        def read(self, now: float, pieces: int = 1) -> bool:
+            stamps.append(now)
+            return super().read(now, pieces)
+
+        def released(self, now: float) -> None:
+            stamps.append(now)
+            super().released(now)
+
+    upstream.answers = [events_with_pauses([0.05, 0.05] + [0.003] * 20, {})]
+    with mock.patch.object(wire, "StreamPace", Stamped):
+        await read_stream(upstream, 5.0, gather=0.01)
+    assert len(stamps) >= 4
+    whole_ms = [s for s in stamps if abs(s * 1000 - round(s * 1000)) < 1e-6]
+    assert len(whole_ms) < len(stamps), f"every time the pace saw is a whole ms: {stamps}"
