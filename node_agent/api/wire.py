@@ -22,6 +22,7 @@ import contextlib
 import enum
 import socket
 import ssl
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
@@ -346,7 +347,7 @@ class Connection(asyncio.Protocol):
         elif (
             self._pace is not None
             and not self._done
-            and self._pace.read(self._loop.time(), len(pieces))
+            and self._pace.read(time.monotonic(), len(pieces))
         ):
             self._set_mark(GATHER_MARK)
             self._release = self._loop.call_later(self._pace.window, self._end_gathering)
@@ -358,8 +359,8 @@ class Connection(asyncio.Protocol):
             return
         self._release.cancel()  # (a no-op when it is what runs)
         self._release = None
-        if self._pace is not None:
-            self._pace.released(self._loop.time())
+        if self._pace is not None:  # (not the loop's clock: uvloop's counts whole milliseconds)
+            self._pace.released(time.monotonic())
         if self._transport is not None:
             self._set_mark(1)
 
