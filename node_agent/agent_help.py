@@ -66,8 +66,8 @@ Corral's own:
                               30; a second SIGTERM/SIGINT kills at once)
   --client-timeout SECONDS    a client must send its request head or body, or take streamed
                               data, within this long; idle connections close (default 30)
-  --stream-gather DURATION    a child's stream faster than this gathers its tokens for up to
-                              this long, then passes them in one piece (default 10ms: fewer
+  --stream-gather DURATION    a child's stream of 3+ events within this long gathers them for
+                              up to this long, then passes them in one piece (default 10ms: fewer
                               wake-ups, so more CPU for the model; 0: each as it comes, as
                               always on systems other than Linux)
   --max-connections N         at most N client connections (default: from ulimit -n); idle

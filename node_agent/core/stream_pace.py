@@ -9,8 +9,9 @@ agent's CPU 0.50-0.59 s -> 0.22-0.28 s (the router's 0.26-0.35 s), tokens/s 0.83
 1.02-1.09x the router's, since the child's two compute threads lose less of the cores to the
 agent (and to the client, which wakes less often too).
 
-What a gathering costs is latency, at most about one window per event, and only for a stream
-faster than that anyway (100 tokens/s at 10 ms); a slower stream is read per event as before.
+What a gathering costs is latency, about one window per event at most (more when a busy loop
+comes late to a release), and only for a stream of :data:`FAST` events or more a window (over
+200 tokens/s at 10 ms); a slower stream is read per event as before.
 The first reads pass at once (time to the first token is not touched). The child's closing
 after its last event wakes the reader whatever it waits for (``api/wire.py``), but those last
 writes may wait in the child's socket for an acknowledgement (see :class:`StreamPace`): the end
