@@ -32,6 +32,7 @@ from node_agent.api.routing_metrics import routing_app
 from node_agent.api.state import AgentState, RouterSettings
 from node_agent.api.tools_api import security_warning
 from node_agent.api.vertex import vertex_from_env
+from node_agent.api.wire import gather_window
 from node_agent.child.logs import LogRing
 from node_agent.child.orphans import end_orphans
 from node_agent.child.process import ChildConfig, ChildProcess
@@ -128,7 +129,7 @@ class Agent:
         self.proxy = Proxy(
             timeout=options.timeout,
             client_timeout=options.client_timeout,
-            stream_gather=options.stream_gather,
+            stream_gather=gather_window(options.stream_gather),
         )
         self.registry = Registry(
             self.catalog,

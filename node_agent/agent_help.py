@@ -67,9 +67,9 @@ Corral's own:
   --client-timeout SECONDS    a client must send its request head or body, or take streamed
                               data, within this long; idle connections close (default 30)
   --stream-gather DURATION    a child's stream of 3+ events within this long gathers them for
-                              up to this long, then passes them in one piece (default 10ms: fewer
-                              wake-ups, so more CPU for the model; 0: each as it comes, as
-                              always on systems other than Linux)
+                              up to this long, then passes them in one piece (default 10ms:
+                              fewer wake-ups, so more CPU for the model; 0: each as it comes,
+                              as always on systems other than Linux)
   --max-connections N         at most N client connections (default: from ulimit -n); idle
                               and slow ones are closed first, so /health keeps answering
   --log-level LEVEL           debug, info, warning or error (default info)

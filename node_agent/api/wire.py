@@ -18,10 +18,13 @@ back-pressure.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
+import functools
+import logging
+import select
 import socket
 import ssl
+import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +34,8 @@ import httptools
 
 from node_agent.core import stream_pace
 from node_agent.core.stream_pace import StreamPace
+
+log = logging.getLogger(__name__)
 
 # llama-server closes a keep-alive connection idle for 5 s (measured with the pinned binary).
 # A pooled connection reused just as the child closes it fails with "Server disconnected"
@@ -44,8 +49,61 @@ MAX_HEADERS = 100
 _JOIN_UP_TO = 64 * 1024  # a body up to this size goes out in one write with its head
 # While a stream gathers (core/stream_pace.py), its socket wakes the loop only once this much
 # waits in it, or the other side closes: a read is bounded by size, not by event. Linux wakes
-# a waiting reader when the mark is lowered again (the end of a gathering).
+# a waiting reader when the mark is lowered again (the end of a gathering). (The mark also
+# caps the connection's TCP window at it: no matter for a stream of events.)
 GATHER_MARK = 64 * 1024
+
+
+@functools.cache
+def lowered_mark_wakes() -> bool:
+    """Whether this kernel holds a socket's reader until its mark is reached, and wakes it as
+    soon as the mark is lowered below what waits (tried once, on loopback, with epoll as the
+    loops use it; well under a millisecond). Linux 6.x does; an old kernel, or a look-alike
+    such as a sandbox's, may not, and a gathering there would last until the child's next
+    write."""
+    try:
+        with (
+            socket.create_server(("127.0.0.1", 0)) as server,
+            socket.create_connection(server.getsockname()[:2], timeout=1.0) as writer,
+            server.accept()[0] as reader,
+            select.epoll() as poller,
+        ):
+            reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, GATHER_MARK)
+            poller.register(reader.fileno(), select.EPOLLIN)
+            writer.sendall(b"x")
+            deadline = time.monotonic() + 1.0
+            while _waiting(reader) < 1 and time.monotonic() < deadline:
+                time.sleep(0.001)  # (loopback delivers within the send: not seen looping)
+            if _waiting(reader) < 1 or poller.poll(0):
+                return False  # lost, or a reader woken below its mark: nothing would gather
+            reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
+            return bool(poller.poll(0))
+    except (OSError, AttributeError):  # no loopback, or no epoll
+        return False
+
+
+def _waiting(sock: socket.socket) -> int:
+    """Bytes in ``sock``'s receive queue."""
+    import fcntl  # (Unix only: imported where the probe runs)
+    import termios
+
+    (count,) = struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0" * 4))
+    return int(count)
+
+
+def gather_window(requested: float) -> float:
+    """The ``--stream-gather`` window this machine can keep: ``requested``, or 0 (said in the
+    log) when its kernel does not wake a reader as :func:`lowered_mark_wakes` needs."""
+    if requested <= 0 or lowered_mark_wakes():
+        return requested
+    log.warning(
+        "--stream-gather %gs: this kernel does not wake a socket's reader when its low mark is "
+        "lowered; each stream is read as it comes (--stream-gather 0 says so and skips this)",
+        requested,
+    )
+    return 0.0
+
+
 # Methods sent without a body get no Content-Length (as aiohttp's client sends them).
 _BODILESS = frozenset(("GET", "HEAD", "OPTIONS", "CONNECT", "TRACE"))
 
@@ -347,6 +405,7 @@ class Connection(asyncio.Protocol):
         elif (
             self._pace is not None
             and not self._done
+            and self._transport is not None
             and self._pace.read(time.monotonic(), len(pieces))
         ):
             self._set_mark(GATHER_MARK)
@@ -365,9 +424,10 @@ class Connection(asyncio.Protocol):
             self._set_mark(1)
 
     def _set_mark(self, size: int) -> None:
+        """Called only while the transport is there: both loops close the socket after
+        connection_lost (which drops the transport), so the number names this socket still."""
         assert self._socket is not None
-        with contextlib.suppress(OSError):  # closed meanwhile: connection_lost ends the answer
-            self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, size)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, size)
 
     def _fail(self, error: WireError) -> None:
         if self._error is None and not self._done:

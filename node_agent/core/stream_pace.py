@@ -4,9 +4,9 @@ Each read of a child's stream costs the agent a wake-up of its loop: ~100 µs of
 llama-server event on a busy 2-core machine (1,400 tokens/s, CPU time from schedstat), most of
 it the wake-up itself, not the bytes; the router's C++ paid ~30 µs. When events come faster
 than the window, the next read waits (*gathers*) until the window has passed: the events
-written meanwhile come in one read. Bench S2 with a 10 ms window, three pairs of runs: the
-agent's CPU 0.50-0.59 s -> 0.22-0.28 s (the router's 0.26-0.35 s), tokens/s 0.83-0.91x ->
-1.02-1.09x the router's, since the child's two compute threads lose less of the cores to the
+written meanwhile come in one read. Bench S2 with a 10 ms window, five pairs of runs: the
+agent's CPU 0.58-0.76 s -> 0.27-0.49 s (the router's 0.30-0.37 s), tokens/s 0.80-0.90x ->
+1.03-1.10x the router's, since the child's two compute threads lose less of the cores to the
 agent (and to the client, which wakes less often too).
 
 What a gathering costs is latency, about one window per event at most (more when a busy loop

@@ -78,6 +78,13 @@ AGENT_KEYS = frozenset(
         "log-level",
         "expect-gpus",
         "metrics-key-file",
+        "event-loop",
+        "max-child-errors",
+        "peer-ca-file",
+        "peer-server-name",
+        "routing-metrics-port",
+        "stream-gather",
+        "warm-cache-size",
     }
 )
 # Preset-only keys, with llama.cpp's pseudo env names for the two it defines.

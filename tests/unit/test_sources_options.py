@@ -122,3 +122,13 @@ def test_check_values(name: str, good: list[str], bad: list[str]) -> None:
     opt = llama_options().named(name)
     assert [v for v in good if opt.check(v) is not None] == []
     assert [v for v in bad if opt.check(v) is None] == []
+
+
+def test_every_flag_of_the_agents_own_is_an_agent_key_in_a_preset() -> None:
+    """A preset naming one is told to give it on the agent's command line, not that the key is
+    unknown (seven flags added since the list was written were missing from it; its comment
+    said a test kept the two equal, and none did)."""
+    from node_agent.config import _OWN_FLAGS
+    from node_agent.sources.preset_ini import AGENT_KEYS
+
+    assert {flag.removeprefix("--") for flag in _OWN_FLAGS} == AGENT_KEYS

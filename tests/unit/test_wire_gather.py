@@ -5,14 +5,18 @@ both must wake when the socket's mark is lowered or the child closes."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
+from unittest import mock
 
 import pytest
 
-from node_agent.api.wire import Pool, Target, Wait
+from node_agent.api import wire
+from node_agent.api.wire import Pool, Target, Wait, gather_window, lowered_mark_wakes
 from node_agent.core import stream_pace
+from node_agent.core.stream_pace import StreamPace
 from tests.unit.test_wire import Upstream, ask, chunked
 
 pytestmark = [
@@ -150,11 +154,6 @@ async def test_the_pace_is_timed_finer_than_a_millisecond(upstream: Upstream) ->
     as 1 ms after it (``0.001 < AT_RELEASE`` then turns on the float's rounding), and a
     gathering starts at once, the events the child held back for our acknowledgement waiting
     for a second window."""
-    from unittest import mock
-
-    from node_agent.api import wire
-    from node_agent.core.stream_pace import StreamPace
-
     stamps: list[float] = []
 
     class Stamped(StreamPace):
@@ -172,3 +171,21 @@ async def test_the_pace_is_timed_finer_than_a_millisecond(upstream: Upstream) ->
     assert len(stamps) >= 4
     whole_ms = [s for s in stamps if abs(s * 1000 - round(s * 1000)) < 1e-6]
     assert len(whole_ms) < len(stamps), f"every time the pace saw is a whole ms: {stamps}"
+
+
+def test_this_kernel_wakes_a_reader_when_its_mark_is_lowered() -> None:
+    assert lowered_mark_wakes()
+
+
+def test_a_kernel_that_does_not_wake_a_reader_gathers_nothing_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    probe = mock.Mock(return_value=False)
+    monkeypatch.setattr(wire, "lowered_mark_wakes", probe)
+    assert gather_window(0.0) == 0.0
+    probe.assert_not_called()  # off: nothing to try
+    with caplog.at_level(logging.WARNING, logger=wire.__name__):
+        assert gather_window(0.01) == 0.0
+    assert "--stream-gather 0.01s: this kernel does not wake" in caplog.text
+    probe.return_value = True
+    assert gather_window(0.01) == 0.01
