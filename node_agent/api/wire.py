@@ -98,7 +98,7 @@ def gather_window(requested: float) -> float:
         return requested
     log.warning(
         "--stream-gather %gs: this kernel does not wake a socket's reader when its low mark is "
-        "lowered; each stream is read as it comes (--stream-gather 0 says so and skips this)",
+        "lowered; each stream is read as it comes (--stream-gather 0 skips this check)",
         requested,
     )
     return 0.0
