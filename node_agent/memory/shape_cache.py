@@ -25,7 +25,8 @@ Kind = Literal["model", "vision"]
 # The header walk's bound. A real model's header (a 256k-token vocabulary, a few thousand
 # tensors) takes tens of milliseconds; one that takes seconds is crafted.
 HEADER_TIME_LIMIT = 5.0
-# File versions kept: the node's models and their projectors, with room for old versions.
+# File versions kept: the node's models and their projectors, with room for old versions (more
+# when a listing asks for more at once: MemoryWatch.prepare_off_loop).
 SHAPES_KEPT = 512
 
 
@@ -89,6 +90,10 @@ class ShapeCache:
         self._entries.move_to_end(key)
         while len(self._entries) > self._limit:
             self._entries.popitem(last=False)
+
+    def hold_at_least(self, count: int) -> None:
+        """Keep ``count`` versions from now on, if that is more than the bound so far."""
+        self._limit = max(self._limit, count)
 
     def __len__(self) -> int:
         return len(self._entries)
