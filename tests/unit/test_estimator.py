@@ -28,7 +28,8 @@ def write_gguf(path: Path, *, n_layer: int = 2, n_embd: int = 64, n_head: int = 
     writer.add_head_count(n_head)
     writer.add_head_count_kv(n_head // 2)
     writer.add_token_list([f"t{i}" for i in range(300)])
-    writer.add_token_scores([0.0] * 300)
+    writer.add_token_scores([i / 8 - 10 for i in range(300)])
+    writer.add_token_types([i % 6 for i in range(300)])
     writer.add_tensor("token_embd.weight", np.zeros((300, n_embd), np.float16))
     writer.add_tensor("output_norm.weight", np.zeros(n_embd, np.float32))
     writer.add_tensor("output.weight", np.zeros((300, n_embd), np.float16))
@@ -69,6 +70,8 @@ def test_header_reader_matches_gguf_py(tmp_path: Path) -> None:
     assert header.metadata["llama.block_count"] == 2
     assert header.metadata["tokenizer.ggml.tokens"] == SkippedArray(300)
     reference = gguf.GGUFReader(str(path))
+    for kept in ("tokenizer.ggml.scores", "tokenizer.ggml.token_type"):  # numeric arrays
+        assert header.metadata[kept] == tuple(reference.fields[kept].contents())
     ours = {t.name: (t.shape, t.nbytes) for t in header.tensors}
     theirs = {t.name: (tuple(int(d) for d in t.shape), int(t.n_bytes)) for t in reference.tensors}
     assert ours == theirs
