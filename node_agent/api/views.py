@@ -6,14 +6,13 @@ sends stays exactly as clients expect it.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from node_agent.child.ports import CHILD_HOST
-from node_agent.core.model_state import ModelState
+from node_agent.core.model_state import USABLE, ModelState
 from node_agent.redact import redact, redact_args
 from node_agent.sources.preset_env import env_lines
 from node_agent.sources.spec import SOURCE_CACHE
@@ -59,24 +58,36 @@ def child_args(binary: str, spec: _Listed, port: int | None) -> list[str]:
 # A listing of 1,000 models redacted every model's command line and preset on every
 # GET /models (half its time, issue 30): what an entry takes from its spec depends only on the
 # spec, the binary and the port, so it is worked out once. Specs are frozen, and a reload makes
-# new ones.
+# new ones. Keyed by the spec's identity, not its value: hashing a spec (its options and
+# environment) on every lookup was a tenth of a listing. Each entry holds its spec, so no other
+# spec can take its id while the entry lives; the table starts over when full.
 _LISTED_CACHE = 4096
 
 
 @dataclass(frozen=True, slots=True)
 class _FromSpec:
+    spec: _Listed  # kept: its id is the key
     args: tuple[str, ...]  # the child's command line, secrets hidden
     preset: str
     input_modalities: tuple[str, ...]
 
 
-@functools.lru_cache(maxsize=_LISTED_CACHE)
+_listed: dict[tuple[int, str, int | None], _FromSpec] = {}
+
+
 def _from_spec(binary: str, spec: _Listed, port: int | None) -> _FromSpec:
-    return _FromSpec(
-        tuple(child_args(binary, spec, port)),
-        preset_text(spec),
-        ("text", "image") if spec.mmproj else ("text",),
-    )
+    key = (id(spec), binary, port)
+    fixed = _listed.get(key)
+    if fixed is None:
+        if len(_listed) >= _LISTED_CACHE:
+            _listed.clear()
+        fixed = _listed[key] = _FromSpec(
+            spec,
+            tuple(child_args(binary, spec, port)),
+            preset_text(spec),
+            ("text", "image") if spec.mmproj else ("text",),
+        )
+    return fixed
 
 
 def preset_text(spec: _Listed) -> str:
@@ -166,10 +177,11 @@ def model_entry(
     }
     # The child's ``ready`` payload is its whole model entry ({id, aliases, …, meta}); llama.cpp
     # lists only the inner ``meta`` (n_vocab, n_ctx, n_params, size…) under the model.
-    info = getattr(child, "meta", None) if child is not None else None
-    meta = info.get("meta") if isinstance(info, Mapping) else None
-    if view.state in (ModelState.LOADED, ModelState.SLEEPING) and isinstance(meta, Mapping):
-        entry["meta"] = dict(meta)
+    if child is not None and view.state in USABLE:
+        info = getattr(child, "meta", None)
+        meta = info.get("meta") if isinstance(info, Mapping) else None
+        if isinstance(meta, Mapping):
+            entry["meta"] = dict(meta)
     entry["corral"] = corral
     return entry
 
