@@ -481,11 +481,19 @@ class Agent:
 
 
 async def _import_then_freeze(modules: Sequence[str]) -> None:
-    await asyncio.to_thread(_import_all, modules)
-    # What start-up made (modules, the catalog, the app) lives as long as the agent: out of the
-    # collector's sight, a full collection no longer walks it. It did, stalling every stream:
-    # 43 and 46 ms, once in each of two runs of 15 streamed answers of 256 tokens (issue 30).
-    gc.freeze()
+    """The last of start-up: then what it made (modules, the catalog, the app), which lives as
+    long as the agent, goes out of the collector's sight, and the collector (off since the
+    command began: cli._agent) comes back on.
+
+    A full collection walked it all: 43 and 46 ms, once in each of two runs of 15 streamed
+    answers of 256 tokens; and during start-up, 37 ms before the agent listened and 59 ms in
+    a GET /models just after, with 1,000 models (issue 30). Nothing start-up makes is garbage
+    worth looking for."""
+    try:
+        await asyncio.to_thread(_import_all, modules)
+    finally:
+        gc.freeze()
+        gc.enable()
 
 
 def _import_all(modules: Sequence[str]) -> None:

@@ -7,6 +7,7 @@ their modules lazily: ``corral models`` must not pay for aiohttp's server or kop
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -40,13 +41,19 @@ EXIT_BROKEN_PIPE = 128 + 13  # 128 + SIGPIPE, what a shell reports for a program
 
 
 def _agent(argv: Sequence[str]) -> int:
-    from node_agent.binary_probe import BinaryProbe
+    # No collection during start-up: what it makes lives as long as the agent, which freezes
+    # it once started and turns the collector back on (agent._import_then_freeze).
+    gc.disable()
+    try:
+        from node_agent.binary_probe import BinaryProbe
 
-    # llama-server's --version and --help run while the agent's modules import.
-    probe = BinaryProbe(argv, os.environ)
-    from node_agent.serve import main
+        # llama-server's --version and --help run while the agent's modules import.
+        probe = BinaryProbe(argv, os.environ)
+        from node_agent.serve import main
 
-    return main(list(argv), probe)
+        return main(list(argv), probe)
+    finally:
+        gc.enable()
 
 
 def _operator(argv: Sequence[str]) -> int:
