@@ -99,6 +99,7 @@ class MemoryWatch:
         limits: Mapping[str, int],
         probe: CompositeProbe,
         clock: Callable[[], float] = time.monotonic,
+        shapes: ShapeCache | None = None,
     ) -> None:
         self.ledger = MemoryLedger(margin_mib * MIB, limits)
         self.probe = probe
@@ -117,7 +118,7 @@ class MemoryWatch:
         self._placed: dict[str, Placement] = {}
         # GGUF shapes by file version, and the reads on their way (issue 26, row 6); why a
         # model has no estimate, for GET /models.
-        self._shapes = ShapeCache()
+        self._shapes = shapes if shapes is not None else ShapeCache()
         self._reading: dict[FileKey, asyncio.Future[Any]] = {}
         self._unestimated: dict[str, str] = {}
         # Estimates on their way, by model: the key they are for and their worker's future.

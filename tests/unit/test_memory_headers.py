@@ -19,8 +19,8 @@ import aiohttp
 import pytest
 
 from node_agent.memory.devices import CompositeProbe
+from node_agent.memory.shape import ModelShape, VisionShape
 from node_agent.memory.shape_cache import FileKey, ShapeCache, Unreadable, file_key, read_file
-from node_agent.runtime import memory_watch
 from node_agent.runtime.memory_watch import MemoryWatch
 from tests.integration.model_attacks import crafted_gguf
 from tests.unit.fake_child import Plan, fake_agent, spec
@@ -135,26 +135,32 @@ def test_an_unreadable_header_is_kept_with_its_reason(tmp_path: Path) -> None:
     assert memory.figures("inf")["min"] == {}
 
 
-async def test_a_catalog_larger_than_the_shape_cache_is_read_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+class CountedShapes(ShapeCache):
+    """A small shape cache that counts the headers read (each is put here once read)."""
+
+    def __init__(self) -> None:
+        super().__init__(limit=4)
+        self.read: list[str] = []
+
+    def put(self, key: FileKey, value: ModelShape | VisionShape | Unreadable) -> None:
+        self.read.append(key.path)
+        super().put(key, value)
+
+
+async def test_a_catalog_larger_than_the_shape_cache_is_read_once(tmp_path: Path) -> None:
     """More models than the cache keeps shapes (1,000 of 512 in bench S6): every GET /models
     read every header again, the listing waited its whole bound for them each time, and half
-    the models were never estimated (each read evicted one the estimates had not reached)."""
+    the models were never estimated (each read evicted a shape whose estimate was not made)."""
     paths = [crafted_gguf(tmp_path / f"m{i}.gguf", block_count=1) for i in range(10)]
     specs = [spec(p.stem, options=(("model", str(p)),)) for p in paths]
-    memory = watch()
-    monkeypatch.setattr(memory, "_shapes", ShapeCache(limit=4))
-    reads: list[FileKey] = []
-
-    def counted(key: FileKey) -> object:
-        reads.append(key)
-        return read_file(key)
-
-    monkeypatch.setattr(memory_watch, "read_file", counted)
+    shapes = CountedShapes()
+    memory = MemoryWatch(
+        margin_mib=0, limits={"host": 8 * GIB}, probe=CompositeProbe([]), shapes=shapes
+    )
     await memory.prepare_off_loop(specs, wait=10)
     assert [s.name for s in specs if not memory.figures(s.name)["min"]] == []
     # A shape is kept for an estimate: one made is not read for again, even once evicted.
-    monkeypatch.setattr(memory, "_shapes", ShapeCache(limit=4))
+    for i in range(100):
+        shapes.put(FileKey("model", f"/elsewhere{i}", 0, 0), Unreadable("not here"))
     await memory.prepare_off_loop(specs, wait=10)
-    assert len(reads) == len(specs)
+    assert sorted(p for p in shapes.read if p.endswith(".gguf")) == sorted(map(str, paths))
