@@ -4,7 +4,10 @@ the GIL."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import itertools
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -67,3 +70,24 @@ def test_the_file_check_pauses_as_long_as_each_file_took(tmp_path: Path) -> None
     assert pauses == [0.25, 0.5]
     assert len(warnings) == 1
     assert warnings[0].startswith(f"model broken: its model file {broken} cannot be loaded")
+
+
+def test_the_file_check_ends_with_its_task(tmp_path: Path) -> None:
+    """The agent's shutdown cancels its tasks, and the process then waits for the threads
+    they left (asyncio.run: the default executor): the check went on walking and pausing, as
+    long again as its walks, after the agent had stopped (20 walks of 0.2 s: exit after
+    4.3 s)."""
+    paths = [crafted_gguf(tmp_path / f"m{i}.gguf") for i in range(20)]
+    specs = [spec(p.stem, options=(("model", str(p)),)) for p in paths]
+    ticks = itertools.count(step=0.2)  # each walk seems to take 0.2 s: each pause is 0.2 s
+
+    async def start_then_stop() -> None:
+        check = asyncio.create_task(
+            model_files.log_model_file_problems(specs, clock=lambda: next(ticks))
+        )
+        await asyncio.sleep(0.1)
+        check.cancel()
+
+    started = time.monotonic()
+    asyncio.run(start_then_stop())
+    assert time.monotonic() - started < 1.5
