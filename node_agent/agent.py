@@ -314,7 +314,7 @@ class Agent:
         await self.registry.reload(new, set(diff.changed))
         fresh = [new[name] for name in (*diff.added, *diff.changed)]  # their files, as at start
         if fresh and not self._tasks.statistics().closed:  # (a reload during the shutdown)
-            self._tasks.spawn(asyncio.to_thread(log_model_file_problems, fresh), "model-files")
+            self._tasks.spawn(log_model_file_problems(fresh), "model-files")
 
     async def watch_presets(self, directory: Path) -> None:
         """Reload when the operator's ConfigMap volume changes (the kubelet's ``..data`` swap)."""
@@ -404,7 +404,7 @@ class Agent:
         for warning in startup.source_warnings(self.options, self.env, self.catalog):
             log.warning("%s", warning)
         specs = list(self.catalog.values())
-        self._tasks.spawn(asyncio.to_thread(log_model_file_problems, specs), "model-files")
+        self._tasks.spawn(log_model_file_problems(specs), "model-files")
         tools_default = self._tools_enabled and self.options.cors_origins is None
         for warning in start_warnings(
             settings.browser, settings.api_keys, tools_default=tools_default

@@ -8,7 +8,9 @@ tensor's data inside the file), bounded in time per file and run off the event l
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -49,7 +51,8 @@ def check_model_files(
     specs: Iterable[ModelSpec],
     *,
     clock: Callable[[], float] = time.monotonic,
-    pause: Callable[[float], None] = time.sleep,
+    pause: Callable[[float], object] | None = None,
+    stop: threading.Event | None = None,
 ) -> list[str]:
     """One warning per model whose file is broken; blocking (run it in a thread).
 
@@ -57,12 +60,19 @@ def check_model_files(
     GIL, which the event loop needs to answer anyone: with 1,000 models (bench S6) the check
     ran a second or two at start, and every GET /models meanwhile took twice as long (47 ms
     against 25 ms without the check, lab). Pausing gives the loop the GIL alone half of the
-    time; the check is background work, and takes twice as long instead."""
+    time; the check is background work, and takes twice as long instead.
+
+    ``stop`` set: the check ends at its next file, and a pause ends at once (the agent stops:
+    the process would wait its thread out)."""
+    stop = stop if stop is not None else threading.Event()
+    wait = pause if pause is not None else stop.wait
     warnings = []
     for spec in specs:
+        if stop.is_set():
+            break
         started = clock()
         problem = model_file_problem(spec)
-        pause(clock() - started)
+        wait(clock() - started)
         if problem is not None:
             warnings.append(
                 f"model {spec.name}: {problem}; loading it will fail until the file is "
@@ -71,7 +81,17 @@ def check_model_files(
     return warnings
 
 
-def log_model_file_problems(specs: Iterable[ModelSpec]) -> None:
-    """:func:`check_model_files`, logged (the task the agent starts once it listens)."""
-    for warning in check_model_files(specs):
+async def log_model_file_problems(
+    specs: Iterable[ModelSpec], *, clock: Callable[[], float] = time.monotonic
+) -> None:
+    """:func:`check_model_files` in a thread, logged (the task the agent starts once it
+    listens, and after a reload). Cancelled (the agent stops), the check ends at its next
+    file: a thread left walking and pausing kept the process from exiting (asyncio.run waits
+    for it), for as long again as its walks."""
+    stop = threading.Event()
+    try:
+        warnings = await asyncio.to_thread(check_model_files, list(specs), clock=clock, stop=stop)
+    finally:
+        stop.set()
+    for warning in warnings:
         log.warning("%s", warning)
