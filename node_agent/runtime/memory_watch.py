@@ -19,7 +19,6 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from node_agent.core.ledger import MemoryLedger, freed_memory_visible
@@ -237,16 +236,14 @@ class MemoryWatch:
             self._apply(job, run_estimate(job))
 
     def _key(self, spec: ModelSpec) -> tuple[object, ...] | None:
-        """What ``spec``'s estimate is for: its file's version and its options (None: it has
-        no file on disk yet, so no estimate and no memory check, as in llama.cpp)."""
-        path = spec.model_path
-        if path is None:
+        """What ``spec``'s estimate is for: its files' versions (the model's and its
+        projector's: a replaced projector left the model counted at the old one's size) and
+        its options (None: no model file on disk yet, so no estimate and no memory check, as
+        in llama.cpp)."""
+        files = self._files(spec)
+        if not files or files[0].kind != "model":
             return None
-        try:
-            stat = Path(path).stat()
-        except OSError:
-            return None
-        return (path, stat.st_mtime_ns, stat.st_size, spec.options)
+        return (*files, spec.options)
 
     def _job(
         self, spec: ModelSpec, key: tuple[object, ...] | None, *, read: bool

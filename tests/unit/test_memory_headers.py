@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
+import gguf
+import numpy as np
 import pytest
 
 from node_agent.memory.devices import CompositeProbe
@@ -164,3 +166,32 @@ async def test_a_catalog_larger_than_the_shape_cache_is_read_once(tmp_path: Path
         shapes.put(FileKey("model", f"/elsewhere{i}", 0, 0), Unreadable("not here"))
     await memory.prepare_off_loop(specs, wait=10)
     assert sorted(p for p in shapes.read if p.endswith(".gguf")) == sorted(map(str, paths))
+
+
+def projector(path: Path, n_embd: int) -> Path:
+    """A vision projector (``--mmproj``) whose weights grow with ``n_embd``."""
+    writer = gguf.GGUFWriter(str(path), "clip")
+    writer.add_uint32("clip.vision.patch_size", 14)
+    writer.add_uint32("clip.vision.image_size", 224)
+    writer.add_uint32("clip.vision.embedding_length", n_embd)
+    writer.add_uint32("clip.vision.feed_forward_length", 4 * n_embd)
+    writer.add_tensor("v.patch_embd.weight", np.zeros((n_embd, 588), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+async def test_a_replaced_projector_is_estimated_again(tmp_path: Path) -> None:
+    """The estimate was kept per model file and options: a projector replaced by a larger
+    one left the model counted at the old one's size."""
+    model = crafted_gguf(tmp_path / "m.gguf", block_count=1)
+    mmproj = projector(tmp_path / "mmproj.gguf", 64)
+    vision = spec("m", options=(("model", str(model)), ("mmproj", str(mmproj))))
+    memory = watch()
+    await memory.prepare_off_loop([vision], wait=10)
+    before = memory.figures("m")["min"]["host"]
+    projector(mmproj, 1024)
+    await memory.prepare_off_loop([vision], wait=10)
+    assert memory.figures("m")["min"]["host"] > before
