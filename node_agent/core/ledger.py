@@ -149,7 +149,9 @@ class MemoryLedger:
             self._held[model] = _positive(min)
 
     def figures(self, model: str) -> ModelFigures:
-        return self._figures.get(model, ModelFigures())
+        # Not .get(model, ModelFigures()): that made a default on every call, 1,000 a listing.
+        found = self._figures.get(model)
+        return found if found is not None else ModelFigures()
 
     def forget(self, model: str) -> None:
         """The model left the catalog."""

@@ -15,7 +15,7 @@ import os
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 if TYPE_CHECKING:  # the reader imports gguf, hence numpy: lazily, in read_file (start-up time)
     from node_agent.memory.shape import ModelShape, VisionShape
@@ -30,9 +30,10 @@ HEADER_TIME_LIMIT = 5.0
 SHAPES_KEPT = 512
 
 
-@dataclass(frozen=True, slots=True)
-class FileKey:
-    """One version of one file, read as a model or as a projector."""
+class FileKey(NamedTuple):
+    """One version of one file, read as a model or as a projector. A named tuple: GET /models
+    makes one per model file (its estimate's key), and a frozen dataclass took twice as long
+    to make."""
 
     kind: Kind
     path: str
