@@ -142,8 +142,8 @@ class MemoryWatch:
         each part is bounded (the header walk by ``HEADER_TIME_LIMIT``, the arithmetic by
         llama.cpp's 512 layers), so no thread runs unbounded either (issue 26, row 6)."""
         # Only what is not estimated for its file version and options yet: a header is read for
-        # an estimate, and a catalog larger than the shape cache (1,000 models, bench S6) read
-        # every header again on every GET /models, waiting the whole bound for them.
+        # an estimate, and a catalog larger than the shape cache (1,000 models) read every
+        # header again on every GET /models, waiting the whole bound for them.
         specs = [s for s in specs if self._estimated.get(s.name) != self._key(s)]
         # Room for every file asked for at once (a model and its projector): fewer, and a read
         # evicted a shape whose estimate had not been made, so that model never was.
