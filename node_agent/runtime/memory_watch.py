@@ -88,6 +88,16 @@ def _vision_path(spec: ModelSpec) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+def _version(spec: ModelSpec, files: Sequence[FileKey]) -> tuple[object, ...] | None:
+    """What ``spec``'s estimate is for, given its ``files`` (``MemoryWatch._files``): their
+    versions (the model's and its projector's: a replaced projector left the model counted at
+    the old one's size) and its options. None: no model file on disk yet, so no estimate and
+    no memory check, as in llama.cpp."""
+    if not files or files[0].kind != "model":
+        return None
+    return (*files, spec.options)
+
+
 class MemoryWatch:
     """Owns the ledger and the device probes for one agent."""
 
@@ -141,18 +151,23 @@ class MemoryWatch:
         at most ``wait`` seconds in all. What outlasts the wait goes on and lands when done;
         each part is bounded (the header walk by ``HEADER_TIME_LIMIT``, the arithmetic by
         llama.cpp's 512 layers), so no thread runs unbounded either (issue 26, row 6)."""
-        # Only what is not estimated for its file version and options yet: a header is read for
-        # an estimate, and a catalog larger than the shape cache (1,000 models) read every
+        # Only what is not estimated for its file versions and options yet: a header is read
+        # for an estimate, and a catalog larger than the shape cache (1,000 models) read every
         # header again on every GET /models, waiting the whole bound for them.
-        specs = [s for s in specs if self._estimated.get(s.name) != self._key(s)]
+        pending = []
+        for spec in specs:
+            files = self._files(spec)
+            version = _version(spec, files)
+            if version != self._estimated.get(spec.name):
+                pending.append((spec, files, version))
         # Room for every file asked for at once (a model and its projector): fewer, and a read
         # evicted a shape whose estimate had not been made, so that model never was.
-        self._shapes.hold_at_least(2 * len(specs))
+        self._shapes.hold_at_least(2 * len(pending))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
         reads: list[asyncio.Future[Any]] = []
-        for spec in specs:
-            for key in self._files(spec):
+        for _, files, _ in pending:
+            for key in files:
                 if self._shapes.get(key) is not None:
                     continue
                 future = self._reading.get(key)
@@ -164,8 +179,7 @@ class MemoryWatch:
         if reads:
             await asyncio.wait(reads, timeout=max(0.0, deadline - loop.time()))
         estimates: list[asyncio.Future[Any]] = []
-        for spec in specs:
-            version = self._key(spec)
+        for spec, _, version in pending:
             running = self._estimating.get(spec.name)
             if running is not None and running[0] == version:
                 estimates.append(running[1])  # on its way already
@@ -231,19 +245,9 @@ class MemoryWatch:
     def prepare(self, spec: ModelSpec) -> None:
         """Estimate ``spec``'s min and max (once per file version and options), here and now:
         reading its header where the cache lacks it. The agent uses :meth:`prepare_off_loop`."""
-        job = self._job(spec, self._key(spec), read=True)
+        job = self._job(spec, _version(spec, self._files(spec)), read=True)
         if job is not None:
             self._apply(job, run_estimate(job))
-
-    def _key(self, spec: ModelSpec) -> tuple[object, ...] | None:
-        """What ``spec``'s estimate is for: its files' versions (the model's and its
-        projector's: a replaced projector left the model counted at the old one's size) and
-        its options (None: no model file on disk yet, so no estimate and no memory check, as
-        in llama.cpp)."""
-        files = self._files(spec)
-        if not files or files[0].kind != "model":
-            return None
-        return (*files, spec.options)
 
     def _job(
         self, spec: ModelSpec, key: tuple[object, ...] | None, *, read: bool
