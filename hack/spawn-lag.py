@@ -4,10 +4,11 @@ blocks the event loop 6-10 ms per spawn under load").
 
 Usage: ``python hack/spawn-lag.py [SPAWNS]`` (default 40), best with the machine busy (e.g.
 two ``python -c "while 1: pass"``). A ticker wakes every 0.5 ms and records how late it is;
-three runs: no spawns (the machine's own noise), the agent's own ``child.spawn.spawn`` (asyncio
-runs ``fork_exec`` on the loop thread and waits there until the child has called ``exec``),
-and ``subprocess.Popen`` in a worker thread (what moving it off the loop would give; asyncio
-has no public way to wrap such a process, so the agent does not do it).
+three runs: no spawns (the machine's own noise), the agent's own ``child.spawn.spawn``
+(``subprocess.Popen`` on the loop thread, which waits there until the child has called
+``exec``), and ``subprocess.Popen`` in a worker thread (what moving it off the loop would give;
+the agent does not: a child's parent-death signal fires when the thread that started it ends,
+and the default executor's threads end when idle).
 """
 
 from __future__ import annotations
@@ -41,10 +42,12 @@ async def _none() -> float:
 
 async def _on_loop() -> float:
     started = time.perf_counter()
-    proc = await spawn(CONFIG, 0)
+    spawned = spawn(CONFIG, 0)
     took = time.perf_counter() - started
     await asyncio.sleep(0.02)
-    await proc.wait()
+    await spawned.process.wait()
+    spawned.process.stdout.close()
+    spawned.stderr.close()
     return took
 
 

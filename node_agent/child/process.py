@@ -32,11 +32,12 @@ import shlex
 import signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Final
+from typing import IO, Any, BinaryIO, Final
 
 import aiohttp
 
 from node_agent.child import protocol
+from node_agent.child.launched import Launched
 from node_agent.child.logs import LogRing, failure_line
 from node_agent.child.ports import CHILD_HOST, release_port, reserve_port
 from node_agent.child.spawn import ChildConfig, Spawned, child_argv, spawn
@@ -326,7 +327,7 @@ class ChildProcess:
         self._attempt += 1
         port = reserve_port()
         try:
-            spawned = await spawn(self.config, port)
+            spawned = spawn(self.config, port)
         except ChildError:
             release_port(port)
             raise
@@ -345,7 +346,6 @@ class ChildProcess:
         """Handle messages until this spawn has exited; then reap it and drain its pipes."""
         attempt = self._attempt
         proc = spawned.process
-        assert proc.stdout is not None
         exited = asyncio.Event()
         helpers = [
             asyncio.create_task(self._pump_stdout(attempt, proc.stdout)),
@@ -392,7 +392,7 @@ class ChildProcess:
             return min(pending, default=None)
         return None
 
-    def _on_deadline(self, proc: asyncio.subprocess.Process, load_deadline: float) -> None:
+    def _on_deadline(self, proc: Launched, load_deadline: float) -> None:
         now = asyncio.get_running_loop().time()
         if self._state in NOT_LOADED and now >= load_deadline:
             self._failure = f"not ready within load_timeout={self.config.load_timeout:g}s; killed"
@@ -485,7 +485,7 @@ class ChildProcess:
             self._ready.set_result(None)
         self._emit(EventKind.READY)
 
-    def _begin_stop(self, proc: asyncio.subprocess.Process, *, at_once: bool = False) -> None:
+    def _begin_stop(self, proc: Launched, *, at_once: bool = False) -> None:
         if self._state is ChildState.STOPPING and at_once:
             self._kill(proc)
         if self._state in (ChildState.STOPPING, ChildState.EXITED):
@@ -504,8 +504,7 @@ class ChildProcess:
             return
         now = asyncio.get_running_loop().time()
         self._kill_at = now + self.config.stop_timeout
-        if self._speaks_protocol and proc.stdin is not None and not proc.stdin.is_closing():
-            proc.stdin.write(protocol.EXIT_COMMAND)
+        if self._speaks_protocol and proc.write_stdin(protocol.EXIT_COMMAND):
             # llama.cpp race (seen 2 in ~35 stops right after ready): the stdin thread starts
             # before the main loop does, and a terminate() that lands in between is lost; the
             # child then runs on. One SIGTERM later terminates it: the exit command does not
@@ -515,17 +514,17 @@ class ChildProcess:
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
 
-    def _kill(self, proc: asyncio.subprocess.Process) -> None:
+    def _kill(self, proc: Launched) -> None:
         already, self._killed = self._killed, True  # no deadline applies any more
         if already or proc.returncode is not None:
             return
         try:
-            # Its own session: pid == process group, which takes any helper it spawned along.
-            os.killpg(proc.pid, signal.SIGKILL)
+            # Its own process group, which takes any helper it spawned along.
+            proc.kill_group(signal.SIGKILL)
         except ProcessLookupError:
             pass
         except PermissionError:
-            proc.kill()
+            proc.send_signal(signal.SIGKILL)
 
     def _set_state(self, new: ChildState) -> None:
         old = self._state
@@ -606,9 +605,10 @@ class ChildProcess:
 
     # -- helper tasks (owned by _supervise) ----------------------------------------------------
 
-    async def _pump_stdout(self, attempt: int, stream: asyncio.StreamReader) -> None:
-        async for text in read_lines(stream):
-            self._inbox.put_nowait(_Line(attempt, text))
+    async def _pump_stdout(self, attempt: int, pipe: IO[bytes]) -> None:
+        async with pipe_stream(pipe) as (stream, _):
+            async for text in read_lines(stream):
+                self._inbox.put_nowait(_Line(attempt, text))
 
     async def _pump_stderr(self, pipe: BinaryIO, exited: asyncio.Event) -> None:
         loop = asyncio.get_running_loop()
@@ -632,9 +632,7 @@ class ChildProcess:
                     self._bind_failed = True
                 self.logs.append(text)
 
-    async def _watch_exit(
-        self, attempt: int, proc: asyncio.subprocess.Process, exited: asyncio.Event
-    ) -> None:
+    async def _watch_exit(self, attempt: int, proc: Launched, exited: asyncio.Event) -> None:
         code = await proc.wait()
         exited.set()
         self._inbox.put_nowait(_Exited(attempt, code))

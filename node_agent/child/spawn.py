@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 from collections.abc import Mapping
@@ -11,6 +10,7 @@ from pathlib import Path
 from typing import BinaryIO, Final
 
 from node_agent.child.keys import keyed_environment
+from node_agent.child.launched import Launched, launch
 from node_agent.child.orphans import tag_environment
 from node_agent.child.pdeathsig import make_preexec, pdeathsig_supported
 from node_agent.child.ports import CHILD_HOST
@@ -96,15 +96,16 @@ SETPRIV: Final = shutil.which("setpriv")
 
 @dataclass(frozen=True)
 class Spawned:
-    """A started child: its process (stdin and stdout piped) and the read end of its stderr,
-    a pipe of our own that the reader can pause (``ChildProcess._pump_stderr``)."""
+    """A started child (stdin and stdout piped) and the read end of its stderr, a pipe of
+    our own that the reader can pause (``ChildProcess._pump_stderr``)."""
 
-    process: asyncio.subprocess.Process
+    process: Launched
     stderr: BinaryIO
 
 
-async def spawn(config: ChildConfig, port: int) -> Spawned:
-    """Start the child with all three pipes, in its own session, dying with its parent."""
+def spawn(config: ChildConfig, port: int) -> Spawned:
+    """Start the child with all three pipes, in a process group of its own within the agent's
+    session (``child/launched.py`` says why), dying with its parent."""
     argv = child_argv(config, port)
     preexec = None
     if SETPRIV is not None and pdeathsig_supported():
@@ -113,17 +114,7 @@ async def spawn(config: ChildConfig, port: int) -> Spawned:
         preexec = make_preexec()
     read_end, write_end = os.pipe()
     try:
-        process = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=write_end,
-            env=child_environment(config, port=port),
-            # Its own process group: a stop can SIGKILL everything it started, and a
-            # Ctrl-C in the agent's terminal does not reach it before the agent decides.
-            start_new_session=True,
-            preexec_fn=preexec,
-        )
+        process = launch(argv, child_environment(config, port=port), write_end, preexec)
     except BaseException as exc:
         os.close(read_end)
         if isinstance(exc, OSError):

@@ -11,7 +11,7 @@ import contextlib
 import io
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import BinaryIO, Final
+from typing import IO, Final
 
 import aiohttp
 
@@ -60,7 +60,7 @@ class LogPace:
 
 @contextlib.asynccontextmanager
 async def pipe_stream(
-    pipe: BinaryIO,
+    pipe: IO[bytes],
 ) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.ReadTransport]]:
     """The read end of a pipe as a stream, with its transport (which can pause it); the pipe
     is closed on leaving, read to its end or not."""

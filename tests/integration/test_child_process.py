@@ -115,8 +115,10 @@ async def test_ready_then_graceful_stop(
     assert child.port is not None and child.pid is not None
     async with aiohttp.ClientSession() as session, session.get(f"{child.url}/health") as health:
         assert health.status == 200
-    # Its own session (so a stop can kill the whole group) and the environment it needs.
+    # Its own process group (a stop kills the whole group), in the agent's session (where the
+    # scheduler counts it with the agent: child/launched.py), and the environment it needs.
     assert os.getpgid(child.pid) == child.pid
+    assert os.getsid(child.pid) == os.getsid(0)
     environ = (await asyncio.to_thread(Path(f"/proc/{child.pid}/environ").read_bytes)).split(b"\0")
     for needed in (b"LLAMA_SERVER_ROUTER_PORT=0", b"CUDA_DEVICE_ORDER=PCI_BUS_ID"):
         assert needed in environ

@@ -1,0 +1,128 @@
+"""A started child as its supervisor drives it (``child/launched.py``), with real processes:
+its group and session, its exit, its stdin and its signals."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from node_agent.child.launched import Launched, launch
+
+pytestmark = [pytest.mark.usefixtures("no_leaked_tasks"), pytest.mark.timeout(60)]
+
+# Echoes one line of its stdin, then exits with 3; on EOF, exits with 4.
+ECHO = (
+    "import sys\nline = sys.stdin.readline()\nprint(line.strip(), flush=True)\n"
+    "sys.exit(3 if line else 4)"
+)
+
+
+def _start(code: str) -> tuple[Launched, int]:
+    read_end, write_end = os.pipe()
+    try:
+        child = launch([sys.executable, "-c", code], os.environ, write_end)
+    finally:
+        os.close(write_end)
+    return child, read_end
+
+
+async def test_a_child_takes_its_stdin_and_its_exit_is_awaited() -> None:
+    child, err = _start(ECHO)
+    try:
+        assert os.getpgid(child.pid) == child.pid  # its own group
+        assert os.getsid(child.pid) == os.getsid(0)  # in our session
+        assert child.returncode is None
+        assert child.write_stdin(b"exit please\n")
+        assert await asyncio.wait_for(child.wait(), 10) == 3
+        assert child.returncode == 3
+        assert await asyncio.to_thread(child.stdout.read) == b"exit please\n"
+        # Gone: nothing more is written, and no signal reaches its pid (perhaps another's).
+        assert not child.write_stdin(b"again\n")
+        child.send_signal(signal.SIGKILL)
+        child.kill_group(signal.SIGKILL)
+    finally:
+        child.stdout.close()
+        os.close(err)
+
+
+async def test_a_killed_group_ends_the_child_and_what_it_started() -> None:
+    # The child starts a grandchild in its group, prints its pid and waits.
+    code = textwrap.dedent(
+        """
+        import subprocess, sys, time
+        grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        print(grandchild.pid, flush=True)
+        time.sleep(60)
+        """
+    )
+    child, err = _start(code)
+    try:
+        line = await asyncio.wait_for(asyncio.to_thread(child.stdout.readline), 10)
+        grandchild = int(line)
+        child.kill_group(signal.SIGKILL)
+        assert await asyncio.wait_for(child.wait(), 10) == -signal.SIGKILL
+        assert await asyncio.to_thread(_gone_within, grandchild, 10)
+    finally:
+        child.stdout.close()
+        os.close(err)
+
+
+def test_a_ctrl_c_in_the_agents_terminal_does_not_reach_a_child() -> None:
+    """A terminal sends Ctrl-C's SIGINT to its foreground process group: the agent's. A child
+    in a group of its own does not get it (the agent decides when its children stop)."""
+    agent = textwrap.dedent(
+        """
+        import asyncio, os, signal, sys
+        from node_agent.child.launched import Launched, launch
+        # This stand-in agent lives on (a handler: an ignored signal would stay ignored in
+        # the child too).
+        signal.signal(signal.SIGINT, lambda *_: None)
+        async def main():
+            child = launch([sys.executable, "-c", "import time; time.sleep(60)"], os.environ, 2)
+            print(child.pid, flush=True)
+            sys.stdin.readline()
+            child.kill_group(signal.SIGKILL)
+            print(await child.wait(), flush=True)
+        asyncio.run(main())
+        """
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", agent],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # a group of its own, as a terminal's foreground job has
+    ) as proc:
+        assert proc.stdin is not None and proc.stdout is not None
+        child = int(proc.stdout.readline())
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C does
+        time.sleep(0.3)
+        assert _alive(child)  # Python's default SIGINT handling would have ended it
+        proc.stdin.write("stop\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == str(-signal.SIGKILL)
+        assert proc.wait(timeout=10) == 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _gone_within(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while _alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
