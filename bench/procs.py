@@ -183,9 +183,9 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        # The process group is the one start_new_session made for this target (pgid = pid):
-        # the peer router's children share it. Corral's children may have groups of their own,
-        # hence the remembered pids too.
+        # The process group is the one made for this target (pgid = pid): the peer router's
+        # children share it. Corral's children have groups of their own, hence the remembered
+        # pids too.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, signal.SIGKILL)
         for pid in self.seen_children:
@@ -221,7 +221,11 @@ class Launcher:
                 stderr=subprocess.STDOUT,
                 env=env,
                 cwd=REPO,
-                start_new_session=True,
+                # A group of its own (killed as one), in the benchmark's session: Linux's
+                # autogroups give each session one share of the cores, so a target in a
+                # session of its own competed with the others and the client as a block
+                # (time-to-first-token outliers of 100-150 ms for every target, S2).
+                process_group=0,
             )
         return Server(kind, proc, f"http://127.0.0.1:{port}", log_path, started)
 

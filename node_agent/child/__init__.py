@@ -2,6 +2,7 @@
 
 - :mod:`.process` — :class:`~.process.ChildProcess`, the supervisor (one owner task per child)
 - :mod:`.spawn` — :class:`~.spawn.ChildConfig`, the command line and environment
+- :mod:`.launched` — a started child: its exit, signals and stdin
 - :mod:`.protocol` — llama.cpp's parent–child protocol lines
 - :mod:`.state` — states, allowed transitions, events, snapshots
 - :mod:`.logs` — the ring buffer of a child's stderr
@@ -10,7 +11,8 @@
   ending what an earlier agent left behind
 
 **Spawn.** ``binary *args --host 127.0.0.1 --port P`` with P picked free by the agent (see
-:mod:`.ports` for why not ``--port 0``), its own session (process group), ``PR_SET_PDEATHSIG``
+:mod:`.ports` for why not ``--port 0``), its own process group in the agent's session (see
+:mod:`.launched` for why not a session of its own), ``PR_SET_PDEATHSIG``
 (SIGKILL) so it dies with the agent, and environment ``os.environ`` + ``config.env`` +
 ``LLAMA_SERVER_ROUTER_PORT`` (turns the protocol on; the pinned binary only checks that it is
 set) + ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (GPU indices agree with NVML) + the agent tag (see

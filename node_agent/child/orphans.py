@@ -91,7 +91,7 @@ def end_orphans(tag: str, *, timeout: float = 5.0, proc_root: Path = Path("/proc
     for pid in pids:
         log.warning("ending orphaned child pid=%d left by an earlier agent (tag=%s)", pid, tag)
         try:
-            # Children run in their own session, so their pid is their process group.
+            # Children run in a process group of their own: their pid is its number.
             if os.getpgid(pid) == pid:
                 os.killpg(pid, signal.SIGKILL)
             else:
