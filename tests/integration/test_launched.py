@@ -10,9 +10,12 @@ import subprocess
 import sys
 import textwrap
 import time
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
+from node_agent.child import launched
 from node_agent.child.launched import Launched, launch
 
 pytestmark = [pytest.mark.usefixtures("no_leaked_tasks"), pytest.mark.timeout(60)]
@@ -72,6 +75,49 @@ async def test_a_killed_group_ends_the_child_and_what_it_started() -> None:
     finally:
         child.stdout.close()
         os.close(err)
+
+
+async def test_a_child_that_cannot_be_watched_is_not_left_running(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its reaper thread cannot start (``can't start new thread``: a limit on threads, or no
+    memory for one's stack) after the child has: launch() fails, and nothing watches the
+    child. It must not run on, unsupervised, holding a port, with its pipes open."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    class Recorded(subprocess.Popen[bytes]):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            started.append(self)
+
+    class NoThread:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def start(self) -> None:
+            raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(launched.subprocess, "Popen", Recorded)
+    monkeypatch.setattr(launched, "threading", SimpleNamespace(Thread=NoThread))
+    before = sorted(os.listdir("/proc/self/fd"))
+    read_end, write_end = os.pipe()
+    try:
+        with pytest.raises(RuntimeError, match="can't start new thread"):
+            launch([sys.executable, "-c", "import time; time.sleep(60)"], os.environ, write_end)
+    finally:
+        os.close(write_end)
+        os.close(read_end)
+    [popen] = started
+    try:
+        assert popen.returncode == -signal.SIGKILL  # ended and reaped
+        assert popen.stdin is not None and popen.stdin.closed
+        assert popen.stdout is not None and popen.stdout.closed
+        assert sorted(os.listdir("/proc/self/fd")) == before
+    finally:  # before the fix: end it here, so that it leaks nothing into later tests
+        if popen.returncode is None:
+            popen.kill()
+        with popen:
+            pass
 
 
 def test_a_ctrl_c_in_the_agents_terminal_does_not_reach_a_child() -> None:
