@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import subprocess
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -105,4 +106,13 @@ def launch(
         process_group=0,
         preexec_fn=preexec,
     )
-    return Launched(popen)
+    try:
+        return Launched(popen)
+    except BaseException:
+        # Nothing would watch it (its reaper thread could not start, or no loop runs here):
+        # not left running unsupervised, its pipes open. Not reaped yet: the group is its own.
+        with contextlib.suppress(OSError):
+            os.killpg(popen.pid, signal.SIGKILL)
+        with popen:  # closes its pipes and reaps it
+            pass
+        raise
