@@ -77,6 +77,39 @@ async def test_a_killed_group_ends_the_child_and_what_it_started() -> None:
         os.close(err)
 
 
+async def _reaped_by_the_loop() -> None:
+    child, err = _start("pass")  # exits at once
+    try:
+        deadline = time.monotonic() + 10
+        # The loop held, as between kill_group's check and its signal, and long enough for
+        # another thread to reap the child meanwhile.
+        while _state(child.pid) not in ("Z", None) and time.monotonic() < deadline:
+            time.sleep(0.01)  # noqa: ASYNC251
+        time.sleep(0.2)  # noqa: ASYNC251
+        assert _state(child.pid) == "Z", "reaped behind the loop's back"
+        assert child.returncode is None
+        assert await asyncio.wait_for(child.wait(), 10) == 0
+        assert child.returncode == 0
+        assert _state(child.pid) is None
+    finally:
+        child.stdout.close()
+        os.close(err)
+
+
+async def test_a_child_is_reaped_by_the_loop_alone() -> None:
+    """send_signal and kill_group check that the child has not been reaped, then signal its
+    pid (the number of its group): reaped by another thread in between, it could be another
+    process's by then. So the loop reaps it: until the loop has taken its exit, the child stays
+    a zombie, which holds its pid and its group's number."""
+    await _reaped_by_the_loop()
+
+
+def test_under_uvloop_a_child_is_reaped_by_the_loop_alone() -> None:
+    uvloop = pytest.importorskip("uvloop")
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(_reaped_by_the_loop())
+
+
 async def test_a_child_that_cannot_be_watched_is_not_left_running(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -172,3 +205,12 @@ def _gone_within(pid: int, seconds: float) -> bool:
             return False
         time.sleep(0.02)
     return True
+
+
+def _state(pid: int) -> str | None:
+    """``pid``'s state (``Z``: exited, not reaped yet); None once it has been reaped."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return None
