@@ -14,8 +14,8 @@ children too).
 
 uvloop's subprocesses cannot have a group without a session (libuv knows only ``setsid``), so
 the child is started with ``subprocess.Popen(process_group=0)`` (vfork and exec: 1.3-2.3 ms
-a spawn on the loop, against 4.9-5.5 ms with uvloop's own, measured) and a thread waits for
-its exit.
+a spawn on the loop, against 4.9-5.5 ms with uvloop's own, measured), a thread waits for its
+exit, and the loop reaps it (``Launched._reap`` says why there).
 """
 
 from __future__ import annotations
@@ -78,12 +78,22 @@ class Launched:
             return False
 
     def _reap(self, loop: asyncio.AbstractEventLoop) -> None:
-        code = self._popen.wait()
-        # The loop is gone when the agent exits first (the child dies with it: pdeathsig).
-        with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(self._exited, code)
+        # Waits for the exit and leaves the child a zombie (WNOWAIT) for the loop to reap:
+        # send_signal and kill_group check on the loop that it has not been reaped, then signal
+        # its pid and its group's number, which a zombie holds. Reaped here in between, both
+        # could be another process's by the time the signal goes.
+        if hasattr(os, "waitid"):  # not on macOS: there this thread reaps it
+            with contextlib.suppress(ChildProcessError):  # reaped already (send_signal polls)
+                os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT)
+        else:
+            self._popen.wait()
+        try:
+            loop.call_soon_threadsafe(self._exited)
+        except RuntimeError:  # the loop is closed (the agent exits; a test's loop ended)
+            self._popen.wait()  # no zombie left behind
 
-    def _exited(self, code: int) -> None:
+    def _exited(self) -> None:
+        code = self._popen.wait()  # at once: it has exited
         self._stdin.close()
         if not self._exit.done():
             self._exit.set_result(code)
