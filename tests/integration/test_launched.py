@@ -153,6 +153,34 @@ async def test_a_child_that_cannot_be_watched_is_not_left_running(
             pass
 
 
+def test_a_child_that_outlives_its_loop_is_reaped_and_its_stdin_closed() -> None:
+    """The loop closes before the child exits (a test's loop; an agent's forced shutdown): the
+    child is still reaped, not left a zombie, and its stdin pipe is not left open (a
+    ResourceWarning when it is collected, an error under pytest)."""
+    before = set(os.listdir("/proc/self/fd"))
+
+    def left_open() -> list[str]:
+        return sorted(set(os.listdir("/proc/self/fd")) - before)
+
+    async def start() -> Launched:
+        child, err = _start("import time; time.sleep(0.5)")
+        os.close(err)
+        return child
+
+    with asyncio.Runner(loop_factory=asyncio.new_event_loop) as runner:
+        child = runner.run(start())
+    child.stdout.close()
+    try:
+        deadline = time.monotonic() + 5
+        while left_open() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert left_open() == []
+        assert _state(child.pid) is None
+        assert child.returncode == 0
+    finally:  # before the fix: closed here, so that no later test gets its ResourceWarning
+        child._stdin.close()
+
+
 def test_a_ctrl_c_in_the_agents_terminal_does_not_reach_a_child() -> None:
     """A terminal sends Ctrl-C's SIGINT to its foreground process group: the agent's. A child
     in a group of its own does not get it (the agent decides when its children stop)."""
