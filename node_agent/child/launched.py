@@ -91,6 +91,7 @@ class Launched:
             loop.call_soon_threadsafe(self._exited)
         except RuntimeError:  # the loop is closed (the agent exits; a test's loop ended)
             self._popen.wait()  # no zombie left behind
+            self._stdin.close()  # nor an open pipe (nothing on the loop can use it now)
 
     def _exited(self) -> None:
         code = self._popen.wait()  # at once: it has exited
