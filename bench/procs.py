@@ -3,9 +3,10 @@
 Three kinds of target, started with the same binary, models and flags so that only the router
 differs: ``corral`` (our agent), ``llama.cpp`` (the same llama-server binary in router mode)
 and ``direct`` (one llama-server child for one model, as a router would start it: the
-zero-overhead limit). Every process is started in a session of its own and every child pid
-seen is remembered, so :meth:`Server.stop` can leave nothing running even when a router dies
-or leaves orphans behind.
+zero-overhead limit). Every process is started in a process group of its own (in the
+benchmark's session: ``Launcher._spawn`` says why) and every child pid seen is remembered,
+so :meth:`Server.stop` can leave nothing running even when a router dies or leaves orphans
+behind.
 """
 
 from __future__ import annotations

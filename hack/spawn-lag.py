@@ -6,9 +6,9 @@ Usage: ``python hack/spawn-lag.py [SPAWNS]`` (default 40), best with the machine
 two ``python -c "while 1: pass"``). A ticker wakes every 0.5 ms and records how late it is;
 three runs: no spawns (the machine's own noise), the agent's own ``child.spawn.spawn``
 (``subprocess.Popen`` on the loop thread, which waits there until the child has called
-``exec``), and ``subprocess.Popen`` in a worker thread (what moving it off the loop would give;
-the agent does not: a child's parent-death signal fires when the thread that started it ends,
-and the default executor's threads end when idle).
+``exec``), and the same ``subprocess.Popen`` in a worker thread (what moving it off the loop
+would give; the agent does not: a child's parent-death signal fires when the thread that started
+it ends, and the default executor's threads end at its shutdown, not with the agent).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ async def _on_loop() -> float:
 async def _in_thread() -> float:
     argv = child_argv(CONFIG, 0)
     started = time.perf_counter()
-    proc = await asyncio.to_thread(subprocess.Popen, argv, start_new_session=True)
+    proc = await asyncio.to_thread(subprocess.Popen, argv, process_group=0)  # as spawn()'s
     took = time.perf_counter() - started
     await asyncio.sleep(0.02)
     await asyncio.to_thread(proc.wait)
