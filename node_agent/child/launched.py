@@ -12,10 +12,12 @@ sched``, a 2-core machine, the agent sharing its session with a client): a sched
 over 30 ms; none with the child in the agent's session, where llama.cpp's router keeps its
 children too).
 
-uvloop's subprocesses cannot have a group without a session (libuv knows only ``setsid``), so
-the child is started with ``subprocess.Popen(process_group=0)`` (vfork and exec: 1.3-2.3 ms
-a spawn on the loop, against 4.9-5.5 ms with uvloop's own, measured), a thread waits for its
-exit, and the loop reaps it (``Launched._reap`` says why there).
+uvloop's subprocesses cannot have a group without a session but through a ``preexec_fn``
+(libuv knows only ``setsid``), which forces a fork, so the child is started with
+``subprocess.Popen(process_group=0)`` (vfork and exec: 1.3-2.3 ms a spawn on the loop, against
+4.9-5.5 ms with uvloop's own, measured; a fork where no ``setpriv`` sets the parent-death
+signal and a ``preexec_fn`` must), a thread waits for its exit, and the loop reaps it
+(``Launched._reap`` says why there).
 """
 
 from __future__ import annotations
