@@ -219,11 +219,7 @@ def test_a_ctrl_c_in_the_agents_terminal_does_not_reach_a_child() -> None:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+    return _state(pid) not in ("Z", None)
 
 
 def _gone_within(pid: int, seconds: float) -> bool:
