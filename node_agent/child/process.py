@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import shlex
 import signal
 from collections.abc import Callable, Mapping
@@ -147,7 +146,7 @@ class ChildProcess:
         self._owner: asyncio.Task[None] | None = None
 
         self._state = ChildState.STARTING
-        self._pid: int | None = None
+        self._launched: Launched | None = None  # the latest spawn
         self._port: int | None = None
         self._exit_code: int | None = None
         self._progress: float | None = None
@@ -183,7 +182,7 @@ class ChildProcess:
 
     @property
     def pid(self) -> int | None:
-        return self._pid
+        return None if self._launched is None else self._launched.pid
 
     @property
     def port(self) -> int | None:
@@ -210,7 +209,7 @@ class ChildProcess:
         return ChildSnapshot(
             name=self.name,
             state=self._state,
-            pid=self._pid,
+            pid=self.pid,
             port=self._port,
             progress=self._progress,
             exit_code=self._exit_code,
@@ -260,11 +259,11 @@ class ChildProcess:
     def kill(self) -> None:
         """SIGKILL the child's process group now, without waiting (a forced shutdown); the
         owner still reaps it and settles every waiter."""
-        if self._pid is None or self._exited.done():
+        if self._launched is None or self._exited.done():
             return
         self._killed = True
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self._pid, signal.SIGKILL)
+            self._launched.kill_group(signal.SIGKILL)  # (not once it has been reaped)
 
     async def wait_exited(self) -> int:
         """Wait until the child has exited and been reaped; its exit code.
@@ -332,7 +331,7 @@ class ChildProcess:
             release_port(port)
             raise
         proc = spawned.process
-        self._pid, self._port = proc.pid, port
+        self._launched, self._port = proc, port
         self._spawned_at = asyncio.get_running_loop().time()
         self._speaks_protocol = self._ready_line = self._healthy = self._bind_failed = False
         self._killed = False
@@ -396,20 +395,20 @@ class ChildProcess:
         now = asyncio.get_running_loop().time()
         if self._state in NOT_LOADED and now >= load_deadline:
             self._failure = f"not ready within load_timeout={self.config.load_timeout:g}s; killed"
-            log.warning("model=%s pid=%s: %s", self.name, self._pid, self._failure)
+            log.warning("model=%s pid=%s: %s", self.name, self.pid, self._failure)
             self._kill(proc)
         elif self._state is not ChildState.STOPPING:
             return
         elif self._nudge_at is not None and now >= self._nudge_at:
             self._nudge_at = None
-            log.info("model=%s pid=%s: exit command unheard; SIGTERM", self.name, self._pid)
+            log.info("model=%s pid=%s: exit command unheard; SIGTERM", self.name, self.pid)
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
         elif self._kill_at is not None and now >= self._kill_at:
             log.warning(
                 "model=%s pid=%s: did not exit within stop_timeout=%gs; SIGKILL",
                 self.name,
-                self._pid,
+                self.pid,
                 self.config.stop_timeout,
             )
             self._kill(proc)
@@ -420,7 +419,7 @@ class ChildProcess:
         try:
             line = protocol.parse_state_line(text)
         except protocol.ProtocolError as exc:
-            log.warning("model=%s pid=%s: %s", self.name, self._pid, exc)
+            log.warning("model=%s pid=%s: %s", self.name, self.pid, exc)
             self.logs.append(text)
             return
         if line is None:  # a binary without the protocol may log to stdout
@@ -477,7 +476,7 @@ class ChildProcess:
         log.info(
             "model=%s pid=%s port=%s: ready after %.3fs",
             self.name,
-            self._pid,
+            self.pid,
             self._port,
             self._ready_after or 0.0,
         )
@@ -499,7 +498,7 @@ class ChildProcess:
             self._kill(proc)
             return
         if at_once:
-            log.info("model=%s pid=%s: its drain is over: SIGKILL", self.name, self._pid)
+            log.info("model=%s pid=%s: its drain is over: SIGKILL", self.name, self.pid)
             self._kill(proc)
             return
         now = asyncio.get_running_loop().time()
@@ -536,7 +535,7 @@ class ChildProcess:
         log.info(
             "model=%s pid=%s port=%s: %s -> %s",
             self.name,
-            self._pid,
+            self.pid,
             self._port,
             old.value,
             new.value,
@@ -549,7 +548,7 @@ class ChildProcess:
             name=self.name,
             kind=kind,
             state=self._state,
-            pid=self._pid,
+            pid=self.pid,
             port=self._port,
             progress=self._progress,
             meta=self._meta,
@@ -581,7 +580,7 @@ class ChildProcess:
             assert reason is not None
             self._ready.set_exception(ChildError(reason))
         elif not expected:
-            log.warning("model=%s pid=%s: %s", self.name, self._pid, reason)
+            log.warning("model=%s pid=%s: %s", self.name, self.pid, reason)
         self._emit(EventKind.EXITED, expected=expected, reason=reason)
         self._exited.set_result(code)
         if self._owns_logs:
