@@ -41,13 +41,15 @@ of, public for the tests that drive them one by one. ``handle`` also gates each 
 slots (a lease that takes a slot is granted only while the child has one free, in arrival
 order), so a request waits in one queue, under one timeout, whether for a load or a slot,
 and one that has not reached the child when its model stops simply waits for the reload.
+An event looks at a few waiters however many wait (:meth:`Scheduler._answer_entry`): the
+queue is the client's to make long, and the loop that runs the scheduler serves everyone.
 """
 
 from __future__ import annotations
 
 import enum
+import heapq
 import itertools
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Protocol
@@ -204,6 +206,19 @@ class _Waiter:
     direct: bool = False
     deadline: float | None = None
 
+    @property
+    def kind(self) -> int:
+        """Which of its entry's :attr:`_Entry.kinds` it waits in."""
+        return _DIRECT if self.direct else _SLOT if self.slot else _SLOTLESS
+
+
+# Waiters of one kind are answered alike (Scheduler._answer_entry): those that take one of the
+# child's slots, those that take none, and direct loads (answered once the child exists).
+_SLOT, _SLOTLESS, _DIRECT = range(3)
+# A heap of deadlines is rebuilt from its waiters once it holds this many more than they are
+# (the waiters that left before their deadline stay in it until then).
+_STALE_DEADLINES = 64
+
 
 @dataclass
 class _Entry:
@@ -213,11 +228,41 @@ class _Entry:
     waiters: dict[int, _Waiter] = field(default_factory=dict)
     claimed: bool = False  # a waiter was told to load; the load is the registry's from then on
     spawned: bool = False  # the claimed load has a child process now
-    # What lets a queue of slot waiters be passed over in one step (Scheduler._quiet): how
-    # many waiters are not plain slot waiters, and no waiter's deadline is before this (exact
-    # after each look at every waiter; a waiter that left may leave it early, never late).
-    unslotted: int = 0
-    earliest: float = math.inf
+    # The same waiters by kind (each in arrival order), those that may not load, and their
+    # deadlines (a heap of (deadline, waiter); a waiter that left stays until it is on top):
+    # what lets an event look at a few waiters, not at all of them (Scheduler._answer_entry).
+    kinds: tuple[dict[int, _Waiter], ...] = field(default_factory=lambda: ({}, {}, {}))
+    no_load: dict[int, None] = field(default_factory=dict)
+    deadlines: list[tuple[float, int]] = field(default_factory=list)
+
+    def add(self, waiter: int, info: _Waiter) -> None:
+        self.waiters[waiter] = info
+        self.kinds[info.kind][waiter] = info
+        if not info.may_load:
+            self.no_load[waiter] = None
+        if info.deadline is not None:
+            if len(self.deadlines) > 2 * len(self.waiters) + _STALE_DEADLINES:
+                self.deadlines = [
+                    (w.deadline, n) for n, w in self.waiters.items() if w.deadline is not None
+                ]
+                heapq.heapify(self.deadlines)
+            heapq.heappush(self.deadlines, (info.deadline, waiter))
+
+    def remove(self, waiter: int) -> None:
+        info = self.waiters.pop(waiter, None)
+        if info is not None:
+            del self.kinds[info.kind][waiter]
+            self.no_load.pop(waiter, None)
+
+    def next_deadline(self) -> tuple[float, int] | None:
+        """The earliest deadline of a waiter still waiting, and that waiter."""
+        while self.deadlines:
+            deadline, waiter = self.deadlines[0]
+            info = self.waiters.get(waiter)
+            if info is not None and info.deadline == deadline:
+                return deadline, waiter
+            heapq.heappop(self.deadlines)
+        return None
 
 
 @dataclass(frozen=True)
@@ -464,29 +509,45 @@ class Scheduler:
             del self._failures[waiter]
             out.append(Refuse(waiter, Refusal.FAILED, reason))
         for entry in list(self._queue.values()):
-            if self._quiet(entry, now):
-                continue
-            for waiter, info in list(entry.waiters.items()):
-                effect = self._answer(waiter, info, entry, now)
-                if effect is not None:
-                    out.append(effect)
-                    self.leave(waiter)
-                    if isinstance(effect, Grant):
-                        continue
-                if entry.model not in self._queue:
-                    break  # its last waiter went, or its load failed
-            deadlines = [w.deadline for w in entry.waiters.values() if w.deadline is not None]
-            entry.earliest = min(deadlines, default=math.inf)
+            self._answer_entry(entry, now, out)
 
-    def _quiet(self, entry: _Entry, now: float) -> bool:
-        """Nothing can change for ``entry``'s waiters now, so they need no look (a queue of
-        hundreds waiting for one busy slot costs one check per event, not one per waiter)."""
+    def _answer_entry(self, entry: _Entry, now: float, out: list[Effect]) -> None:
+        """Answer the waiters of ``entry`` that can be answered now, looking at a few of them.
+
+        Waiters of one kind whose deadline has not passed get the same answer (the entry's
+        state decides it), but for leases, which go in arrival order while the child has
+        slots: so each kind is looked at until one of its waiters waits, and a queue of
+        thousands waiting for a load costs three looks an event, not thousands. Only a waiter
+        that may not load is answered otherwise (once its model needs a load), and one whose
+        deadline passed (the heap finds it).
+        """
         model = self._models.get(entry.model)
-        if model is None or model.gone or self.closing:
+        if entry.no_load and model is not None and not model.stopping and self._needs_load(entry):
+            for waiter in list(entry.no_load):
+                if not self._answered(waiter, entry.waiters[waiter], entry, now, out):
+                    break
+        for waiters in entry.kinds:
+            while waiters and entry.model in self._queue:
+                waiter, info = next(iter(waiters.items()))
+                if not self._answered(waiter, info, entry, now, out):
+                    break
+        while entry.model in self._queue and (due := entry.next_deadline()) is not None:
+            deadline, waiter = due
+            if deadline > now or self._loading(entry):
+                break  # (the queue timeout does not bound a load under way)
+            if not self._answered(waiter, entry.waiters[waiter], entry, now, out):
+                break
+
+    def _answered(
+        self, waiter: int, info: _Waiter, entry: _Entry, now: float, out: list[Effect]
+    ) -> bool:
+        """Answer one waiter if it can be answered now (it leaves the queue then)."""
+        effect = self._answer(waiter, info, entry, now)
+        if effect is None:
             return False
-        if model.state not in USABLE or model.stopping or model.slot_free():
-            return False
-        return entry.unslotted == 0 and entry.earliest > now
+        out.append(effect)
+        self.leave(waiter)
+        return True
 
     def _answer(self, waiter: int, info: _Waiter, entry: _Entry, now: float) -> Effect | None:
         """The answer to one waiter now, or None while it waits."""
@@ -514,9 +575,9 @@ class Scheduler:
         event."""
         times: list[float] = []
         for entry in self._queue.values():
-            finite = not math.isinf(entry.earliest)
-            if finite and entry.earliest > now and not self._loading(entry):
-                times.append(entry.earliest)
+            due = entry.next_deadline()
+            if due is not None and due[0] > now and not self._loading(entry):
+                times.append(due[0])
         for name in self._stopping:
             model = self._models[name]
             if not model.stop_sent and model.drain_until is not None and model.in_flight:
@@ -623,12 +684,7 @@ class Scheduler:
             entry = self._queue[name] = _Entry(name)
         if waiter is None:
             waiter = next(self._ids)
-        info = info or _Waiter()
-        entry.waiters[waiter] = info
-        if info.direct or not info.slot:
-            entry.unslotted += 1
-        if info.deadline is not None:
-            entry.earliest = min(entry.earliest, info.deadline)
+        entry.add(waiter, info or _Waiter())
         self._waiting[waiter] = name
         return waiter
 
@@ -643,9 +699,7 @@ class Scheduler:
         entry = self._queue.get(name) if name is not None else None
         if entry is None:
             return
-        info = entry.waiters.pop(waiter, None)
-        if info is not None and (info.direct or not info.slot):
-            entry.unslotted -= 1
+        entry.remove(waiter)
         self._drop_if_done(entry)
 
     def _drop_if_done(self, entry: _Entry) -> None:
@@ -665,6 +719,10 @@ class Scheduler:
             return Decision(DecisionKind.FAILED, reason=reason or "load failed")
         info = entry.waiters[waiter]
         info.inference, info.may_load = inference, may_load
+        if may_load:
+            entry.no_load.pop(waiter, None)
+        else:
+            entry.no_load[waiter] = None
         decision = self._verdict(waiter, info, entry, now)
         if decision.kind is not DecisionKind.WAIT:
             self.leave(waiter)

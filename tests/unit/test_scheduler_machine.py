@@ -7,6 +7,8 @@ the invariants the agent's safety rests on are checked.
 * Every request is answered at most once, and a request still waiting is in the queue.
 * No lease is granted for a model that is not usable, and nothing is spawned once closing.
 * A stopped child is told to stop once, and only after it was drained.
+* Every event has the effects it has on a scheduler that looks at every waiter on every event
+  (:class:`FullScan`): the one that looks at a few of them answers the same waiters alike.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from node_agent.core.model_state import ModelState, Transition
-from node_agent.core.scheduler import Scheduler
+from node_agent.core.scheduler import Scheduler, _Entry
 from node_agent.core.scheduler_events import (
     Catalog,
     Close,
@@ -49,10 +51,35 @@ MODELS_MAX = 2
 SLOTS = {"a": 1, "b": 2, "c": 1}
 
 
+class FullScan(Scheduler):
+    """The reference: every waiter of an entry is looked at, in arrival order, on every event
+    (as the scheduler did before it learnt to look at a few)."""
+
+    def _answer_entry(self, entry: _Entry, now: float, out: list[Effect]) -> None:
+        for waiter, info in list(entry.waiters.items()):
+            if entry.model not in self._queue:
+                break
+            self._answered(waiter, info, entry, now, out)
+
+
+def _alike(effects: list[Effect]) -> list[str]:
+    """Effects compared across two schedulers: in any order, a lease by its waiter and model
+    (lease numbers follow the order leases were taken in)."""
+    shown = []
+    for effect in effects:
+        if isinstance(effect, Grant):
+            shown.append(f"Grant({effect.waiter}, {effect.lease.model}, {effect.lease.slot})")
+        else:
+            shown.append(repr(effect))
+    return sorted(shown)
+
+
 class SchedulerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.sched = Scheduler(MODELS_MAX, max_queue=20)
+        self.reference = FullScan(MODELS_MAX, max_queue=20)
+        self.reference_leases: dict[int, Lease] = {}  # waiter -> the reference's lease
         self.now = 0.0
         self.ids = itertools.count(1)
         self.waiting: dict[int, str] = {}  # waiter -> model, not answered yet
@@ -67,8 +94,16 @@ class SchedulerMachine(RuleBasedStateMachine):
         configs = {m: ModelConfig(slots=SLOTS[m], stop_timeout=3.0) for m in MODELS}
         self.send(Catalog(configs))
 
-    def send(self, event: Event) -> None:
-        for effect in self.sched.handle(event, self.now):
+    def send(self, event: Event, reference: Event | None = None) -> None:
+        """``event`` to both schedulers (``reference``: its form for the reference, where it
+        names a lease, which each has numbered its own way)."""
+        effects = self.sched.handle(event, self.now)
+        expected = self.reference.handle(reference or event, self.now)
+        assert _alike(effects) == _alike(expected), (event, effects, expected)
+        for effect in expected:
+            if isinstance(effect, Grant):
+                self.reference_leases[effect.waiter] = effect.lease
+        for effect in effects:
             self.carry_out(effect)
 
     def carry_out(self, effect: Effect) -> None:
@@ -79,7 +114,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                 assert view.state in (ModelState.LOADED, ModelState.SLEEPING)
                 assert not view.stopping
                 assert lease.port == self.children[lease.model]
-                self.leases.append(lease)
+                self.leases.append((waiter, lease))
             case Started(waiter=waiter) | Refuse(waiter=waiter):
                 self.answer(waiter)
             case Spawn(model=name):
@@ -101,17 +136,24 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     # -- what happens --------------------------------------------------------------------------
 
-    # Mostly plain requests: a direct load or a slot-less lease is one in five.
+    # Mostly plain requests: a direct load, a slot-less lease, one that may not load and one
+    # without a deadline are one in five each; deadlines of different lengths.
     @rule(
         model=st.sampled_from(MODELS),
         slot=st.sampled_from((True, True, True, True, False)),
         direct=st.sampled_from((False, False, False, False, True)),
+        may_load=st.sampled_from((True, True, True, True, False)),
+        timeout=st.sampled_from((5.0, 5.0, 2.0, 8.0, None)),
     )
-    def request(self, model: str, slot: bool, direct: bool) -> None:
+    def request(
+        self, model: str, slot: bool, direct: bool, may_load: bool, timeout: float | None
+    ) -> None:
         self.steps += 1
         waiter = next(self.ids)
         self.waiting[waiter] = model
-        self.send(Request(waiter, model, slot=slot, direct=direct, deadline=self.now + 5.0))
+        deadline = None if timeout is None else self.now + timeout
+        self.send(Request(waiter, model, slot=slot, may_load=may_load, direct=direct,
+                          deadline=deadline))  # fmt: skip
 
     @precondition(lambda self: self.waiting)
     @rule(data=st.data())
@@ -123,9 +165,9 @@ class SchedulerMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.leases)
     @rule(data=st.data())
     def release(self, data: st.DataObject) -> None:
-        lease = data.draw(st.sampled_from(self.leases))
-        self.leases.remove(lease)
-        self.send(Release(lease))
+        waiter, lease = data.draw(st.sampled_from(self.leases))
+        self.leases.remove((waiter, lease))
+        self.send(Release(lease), Release(self.reference_leases.pop(waiter)))
 
     @precondition(lambda self: self.spawning)
     @rule(data=st.data())
@@ -152,7 +194,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         del self.children[name]
         self.stop_told.discard(name)
         self.drained.discard(name)
-        self.leases = [lease for lease in self.leases if lease.model != name]
+        self.leases = [(w, lease) for w, lease in self.leases if lease.model != name]
         self.send(Exited(name, 1 if crash else 0))
 
     @rule(model=st.sampled_from(MODELS))
@@ -178,7 +220,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     @invariant()
     def slots_and_instances_hold(self) -> None:
         for model in MODELS:
-            busy = sum(1 for lease in self.leases if lease.model == model and lease.slot)
+            busy = sum(1 for _, lease in self.leases if lease.model == model and lease.slot)
             assert busy <= SLOTS[model], (model, busy)
         running = len(self.children) + len(self.spawning)
         assert running <= MODELS_MAX, (self.children, self.spawning)
