@@ -1,0 +1,104 @@
+"""Reviewer's wider differential machine: events the base machine does not generate."""
+from __future__ import annotations
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import precondition, rule, invariant
+
+from node_agent.core.model_state import ModelState
+from node_agent.core.scheduler import Scheduler
+from node_agent.core.scheduler_events import (
+    Catalog, ChildFault, KeepAlive, ModelConfig, Release, Sleeping, SpawnFailed, Woke,
+)
+from tests.unit import test_scheduler_machine as base
+
+SIZES = {"a": 3, "b": 4, "c": 5}
+
+
+class Room:
+    def __init__(self) -> None:
+        self.sched: Scheduler | None = None
+
+    def _used(self) -> int:
+        s = self.sched
+        used = sum(SIZES.get(n, 0) for n in s._running)
+        used += sum(SIZES.get(e.model, 0) for e in s._queue.values() if e.claimed and not e.spawned)
+        return used
+
+    def shortfall(self, model, candidates) -> bool:
+        return self._used() + SIZES[model] > 8
+
+    def pick_victim(self, model, candidates):
+        return candidates[0] if candidates else None
+
+
+class FullScanWide(base.FullScan):
+    pass
+
+
+class WideMachine(base.SchedulerMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        r1, r2 = Room(), Room()
+        self.sched = Scheduler(base.MODELS_MAX, r1, max_queue=20, child_errors=2)
+        self.reference = base.FullScan(base.MODELS_MAX, r2, max_queue=20, child_errors=2)
+        r1.sched, r2.sched = self.sched, self.reference
+        self.slots = dict(base.SLOTS)
+        self.send(Catalog({m: ModelConfig(slots=self.slots[m], stop_timeout=3.0)
+                           for m in base.MODELS}))
+
+    @precondition(lambda self: self.spawning)
+    @rule(data=st.data(), count=st.booleans())
+    def spawn_failed(self, data, count: bool) -> None:
+        name = data.draw(st.sampled_from(sorted(self.spawning)))
+        self.spawning.discard(name)
+        self.send(SpawnFailed(name, "boom", count=count))
+
+    @precondition(lambda self: self.children)
+    @rule(data=st.data())
+    def sleep_or_wake(self, data) -> None:
+        name = data.draw(st.sampled_from(sorted(self.children)))
+        if name not in self.sched:
+            return
+        state = self.sched.view(name).state
+        if state is ModelState.LOADED:
+            self.send(Sleeping(name))
+        elif state is ModelState.SLEEPING:
+            self.send(Woke(name))
+
+    @rule(model=st.sampled_from(base.MODELS), ttl=st.sampled_from((None, 0.5, 3.0)))
+    def keep_alive(self, model, ttl) -> None:
+        self.send(KeepAlive(model, ttl))
+
+    @precondition(lambda self: self.leases)
+    @rule(data=st.data(), fault=st.sampled_from(list(ChildFault)))
+    def release_fault(self, data, fault) -> None:
+        waiter, lease = data.draw(st.sampled_from(self.leases))
+        self.leases.remove((waiter, lease))
+        self.send(Release(lease, fault), Release(self.reference_leases.pop(waiter), fault))
+
+    @rule(
+        slots=st.tuples(*(st.sampled_from((0, 1, 2, 3)) for _ in base.MODELS)),
+        pins=st.tuples(*(st.booleans() for _ in base.MODELS)),
+        drop_c=st.booleans(),
+        changed=st.frozensets(st.sampled_from(base.MODELS)),
+    )
+    def catalog(self, slots, pins, drop_c, changed) -> None:
+        models = {}
+        if "c" in self.spawning or ("c" in self.sched and self.sched.view("c").claimed):
+            drop_c = False  # (a claimed load of a model dropped from the catalog: KeyError, pre-existing)
+        for m, s, p in zip(base.MODELS, slots, pins):
+            if m == "c" and drop_c:
+                continue
+            models[m] = ModelConfig(slots=s, pin=p, stop_timeout=3.0)
+            self.slots[m] = s
+        self.send(Catalog(models, frozenset(c for c in changed if c in models)))
+
+    @invariant()
+    def slots_and_instances_hold(self) -> None:
+        running = len(self.children) + len(self.spawning)
+        assert running <= base.MODELS_MAX, (self.children, self.spawning)
+
+
+WideMachine.TestCase.settings = settings(stateful_step_count=80)
+test_wide_machine = WideMachine.TestCase
