@@ -336,11 +336,16 @@ class Scheduler:
                 self.claim_done(name, spawned=True, now=now, port=port)
                 if self.closing:  # spawned as the agent began to close: it stops too
                     self._drain(name, "shutdown", now, out)
+                elif self._models[name].gone:  # it left the catalog as it was spawned
+                    self._drain(name, "reload", now, out)
             case SpawnFailed(model=name, reason=reason, count=count):
                 if count:
                     self.on_spawn_failed(name, now, reason)
                 else:
                     self.claim_done(name, spawned=False, reason=reason)
+                if self._models[name].gone:
+                    self.remove_model(name)
+                    out.append(Removed(name))
             case Ready(model=name, port=port):
                 self.on_ready(name, now, port=port)
             case Sleeping(model=name):
@@ -454,7 +459,7 @@ class Scheduler:
             model.gone = True
             if model.state.running:
                 self._drain(name, "reload", now, out)
-            else:
+            elif not self._spawning(name):  # (a granted load reports back first: kept till then)
                 self.remove_model(name)
                 out.append(Removed(name))
         for name in catalog.changed:
@@ -769,6 +774,11 @@ class Scheduler:
         if model is None or model.stopping:
             return False
         return model.state is ModelState.LOADING or (entry.claimed and not entry.spawned)
+
+    def _spawning(self, name: str) -> bool:
+        """A load of ``name`` was granted and its child is not spawned yet."""
+        entry = self._queue.get(name)
+        return entry is not None and entry.claimed and not entry.spawned
 
     def _may_claim(self, entry: _Entry) -> bool:
         if self.closing or self._head() is not entry or self._models[entry.model].state.running:

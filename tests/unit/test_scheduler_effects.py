@@ -263,6 +263,25 @@ def test_the_catalog_removes_gone_models_once_stopped_and_reloads_changed_ones()
     assert "b" in sched and sched.view("b").state is ModelState.UNLOADED
 
 
+def test_a_model_that_leaves_the_catalog_while_its_load_was_granted_goes_once_it_reports() -> None:
+    """It was forgotten at once, and the load's report then raised KeyError in handle."""
+    for spawned in (True, False):
+        sched = make(2, a=ModelConfig(slots=1), c=ModelConfig(slots=1))
+        waiter, effects = request(sched, "c")
+        assert Spawn("c") in effects
+        effects = handle(sched, Catalog({"a": ModelConfig(slots=1)}), 0.1)
+        assert effects == [Refuse(waiter, Refusal.GONE)]
+        if spawned:  # its child runs: it stops, and goes once it has exited
+            assert handle(sched, Spawned("c", 7001), 0.2) == [
+                Drain("c", "reload", 10.2),
+                Stop("c", cut=False),
+            ]
+            assert handle(sched, Exited("c", 0), 0.3) == [Removed("c")]
+        else:
+            assert handle(sched, SpawnFailed("c", "no binary"), 0.2) == [Removed("c")]
+        assert "c" not in sched and sched.statistics().queue == ()
+
+
 def test_a_waiter_that_leaves_is_forgotten_and_its_load_goes_on() -> None:
     sched = make()
     waiter, effects = request(sched)

@@ -1,14 +1,26 @@
-"""Reviewer's wider differential machine: events the base machine does not generate."""
+"""The differential machine of tests/unit/test_scheduler_machine.py with the events it does not
+generate: failed spawns, sleep and wake, catalog changes (slots, pins, a model that leaves and
+comes back), keep_alive, faulted releases, a memory room and ``--max-child-errors``."""
+
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import precondition, rule, invariant
+from hypothesis.stateful import invariant, precondition, rule
 
 from node_agent.core.model_state import ModelState
 from node_agent.core.scheduler import Scheduler
 from node_agent.core.scheduler_events import (
-    Catalog, ChildFault, KeepAlive, ModelConfig, Release, Sleeping, SpawnFailed, Woke,
+    Catalog,
+    ChildFault,
+    KeepAlive,
+    ModelConfig,
+    Release,
+    Sleeping,
+    SpawnFailed,
+    Woke,
 )
 from tests.unit import test_scheduler_machine as base
 
@@ -16,24 +28,23 @@ SIZES = {"a": 3, "b": 4, "c": 5}
 
 
 class Room:
+    """A memory of 8 units (models of 3, 4 and 5): what runs or was granted a load holds it."""
+
     def __init__(self) -> None:
         self.sched: Scheduler | None = None
 
     def _used(self) -> int:
         s = self.sched
+        assert s is not None
         used = sum(SIZES.get(n, 0) for n in s._running)
-        used += sum(SIZES.get(e.model, 0) for e in s._queue.values() if e.claimed and not e.spawned)
-        return used
+        queue = s._queue.values()
+        return used + sum(SIZES.get(e.model, 0) for e in queue if e.claimed and not e.spawned)
 
-    def shortfall(self, model, candidates) -> bool:
+    def shortfall(self, model: str, candidates: Sequence[str]) -> bool:
         return self._used() + SIZES[model] > 8
 
-    def pick_victim(self, model, candidates):
+    def pick_victim(self, model: str, candidates: Sequence[str]) -> str | None:
         return candidates[0] if candidates else None
-
-
-class FullScanWide(base.FullScan):
-    pass
 
 
 class WideMachine(base.SchedulerMachine):
@@ -44,19 +55,19 @@ class WideMachine(base.SchedulerMachine):
         self.reference = base.FullScan(base.MODELS_MAX, r2, max_queue=20, child_errors=2)
         r1.sched, r2.sched = self.sched, self.reference
         self.slots = dict(base.SLOTS)
-        self.send(Catalog({m: ModelConfig(slots=self.slots[m], stop_timeout=3.0)
-                           for m in base.MODELS}))
+        configs = {m: ModelConfig(slots=self.slots[m], stop_timeout=3.0) for m in base.MODELS}
+        self.send(Catalog(configs))
 
     @precondition(lambda self: self.spawning)
     @rule(data=st.data(), count=st.booleans())
-    def spawn_failed(self, data, count: bool) -> None:
+    def spawn_failed(self, data: st.DataObject, count: bool) -> None:
         name = data.draw(st.sampled_from(sorted(self.spawning)))
         self.spawning.discard(name)
         self.send(SpawnFailed(name, "boom", count=count))
 
     @precondition(lambda self: self.children)
     @rule(data=st.data())
-    def sleep_or_wake(self, data) -> None:
+    def sleep_or_wake(self, data: st.DataObject) -> None:
         name = data.draw(st.sampled_from(sorted(self.children)))
         if name not in self.sched:
             return
@@ -67,12 +78,12 @@ class WideMachine(base.SchedulerMachine):
             self.send(Woke(name))
 
     @rule(model=st.sampled_from(base.MODELS), ttl=st.sampled_from((None, 0.5, 3.0)))
-    def keep_alive(self, model, ttl) -> None:
+    def keep_alive(self, model: str, ttl: float | None) -> None:
         self.send(KeepAlive(model, ttl))
 
     @precondition(lambda self: self.leases)
     @rule(data=st.data(), fault=st.sampled_from(list(ChildFault)))
-    def release_fault(self, data, fault) -> None:
+    def release_fault(self, data: st.DataObject, fault: ChildFault) -> None:
         waiter, lease = data.draw(st.sampled_from(self.leases))
         self.leases.remove((waiter, lease))
         self.send(Release(lease, fault), Release(self.reference_leases.pop(waiter), fault))
@@ -83,11 +94,15 @@ class WideMachine(base.SchedulerMachine):
         drop_c=st.booleans(),
         changed=st.frozensets(st.sampled_from(base.MODELS)),
     )
-    def catalog(self, slots, pins, drop_c, changed) -> None:
+    def catalog(
+        self,
+        slots: tuple[int, ...],
+        pins: tuple[bool, ...],
+        drop_c: bool,
+        changed: frozenset[str],
+    ) -> None:
         models = {}
-        if "c" in self.spawning or ("c" in self.sched and self.sched.view("c").claimed):
-            drop_c = False  # (a claimed load of a model dropped from the catalog: KeyError, pre-existing)
-        for m, s, p in zip(base.MODELS, slots, pins):
+        for m, s, p in zip(base.MODELS, slots, pins, strict=True):
             if m == "c" and drop_c:
                 continue
             models[m] = ModelConfig(slots=s, pin=p, stop_timeout=3.0)
