@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import ssl
@@ -104,8 +105,10 @@ class AgentProcess:
         self._log = self.log_path.open("wb")
         full_env = {**os.environ, **(env or {})}
         # Each agent its own state folder (warm swaps' saved caches): a cache one test left
-        # must never warm another's model.
-        full_env.setdefault("XDG_STATE_HOME", tempfile.mkdtemp(prefix="corral-state-"))
+        # must never warm another's model. Removed when it stops (thousands were left in /tmp).
+        self._own_state: str | None = None
+        if "XDG_STATE_HOME" not in full_env:
+            self._own_state = full_env["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="corral-state-")
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -161,6 +164,8 @@ class AgentProcess:
     def stop(self) -> None:
         stop_process(self.proc)
         self._log.close()
+        if self._own_state is not None:
+            shutil.rmtree(self._own_state, ignore_errors=True)
 
 
 def wait_healthy(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,8 +24,8 @@ PROMPT = " ".join(f"word{i}" for i in range(300))  # about 2,000 tokens with the
 
 
 @pytest.fixture
-def state() -> Path:
-    return Path(tempfile.mkdtemp(prefix="corral-warm-"))
+def state(tmp_path: Path) -> Path:
+    return tmp_path
 
 
 @pytest.fixture
