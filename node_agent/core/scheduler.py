@@ -246,12 +246,15 @@ class _Entry:
         self.kinds[info.kind][waiter] = info
         if not info.may_load:
             self.no_load[waiter] = None
-        if info.deadline is not None:
-            if len(self.deadlines) > 2 * len(self.waiters) + _STALE_DEADLINES:
-                self.deadlines = [
-                    (w.deadline, n) for n, w in self.waiters.items() if w.deadline is not None
-                ]
-                heapq.heapify(self.deadlines)
+        if info.deadline is None:
+            return
+        if len(self.deadlines) > 2 * len(self.waiters) + _STALE_DEADLINES:
+            # Rebuilt from the waiters, this one among them.
+            self.deadlines = [
+                (w.deadline, n) for n, w in self.waiters.items() if w.deadline is not None
+            ]
+            heapq.heapify(self.deadlines)
+        else:
             heapq.heappush(self.deadlines, (info.deadline, waiter))
 
     def remove(self, waiter: int) -> None:
