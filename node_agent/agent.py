@@ -41,6 +41,7 @@ from node_agent.config import AgentOptions, discovered_scheme
 from node_agent.errors import ApiError, ConfigError
 from node_agent.event_loop import running_asyncio_loop
 from node_agent.extras import install_hint
+from node_agent.llama_server.devices import cpu_turn
 from node_agent.mcp.config import load_servers
 from node_agent.mcp.servers import McpServers
 from node_agent.model_files import log_model_file_problems
@@ -115,8 +116,15 @@ class Agent:
     """One running agent: its catalog, registry, proxy and HTTP site."""
 
     def __init__(
-        self, options: AgentOptions, binary: Path, build_info: str, env: Mapping[str, str]
+        self,
+        options: AgentOptions,
+        binary: Path,
+        build_info: str,
+        env: Mapping[str, str],
+        devices: tuple[str, ...] | None = None,
     ) -> None:
+        """``devices``: what the binary's children may compute on besides the CPU
+        (``--list-devices``; None: unknown)."""
         self.options = options
         self.binary = binary
         self.build_info = build_info  # the binary's, as llama.cpp's router reports its own
@@ -144,7 +152,14 @@ class Agent:
             shutdown_timeout=options.shutdown_timeout,
             downloads=download_settings(options, self.env),
             warm=self._warm_swaps(options),
+            cpu_turn=cpu_turn(options.cpu_turns, devices, self.env),
         )
+        if self.registry.scheduler.turn > 0:
+            log.info(
+                "children compute on the CPU alone: models take turns of at most %gs "
+                "(--cpu-turns; 0: off)",
+                self.registry.scheduler.turn,
+            )
         self.registry.downloads.on_finished = self.reload  # a download becomes a cache model
         self.peers = (
             Peers(

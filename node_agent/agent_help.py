@@ -62,6 +62,12 @@ Corral's own:
   --max-child-errors N        a child that fails N requests in a row with its own 5xx, or
                               stalls one for --timeout, is killed as wedged and loads again
                               when asked (default 5; 0: only stalls)
+  --cpu-turns DURATION        where the children compute on the CPU alone (llama-server
+                              --list-devices lists no GPU), models take turns: two children
+                              computing at once each run a thread per core, and both slow
+                              down many times over; a turn holds the others back at most
+                              this long, then they share the cores (default 1s; 0: off, as
+                              in llama.cpp; a model with its own -t, -tb or -C takes none)
   --shutdown-timeout SECONDS  on SIGTERM: drain and stop within this long, then kill (default
                               30; a second SIGTERM/SIGINT kills at once)
   --client-timeout SECONDS    a client must send its request head or body, or take streamed

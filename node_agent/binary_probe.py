@@ -1,8 +1,9 @@
-"""The llama-server binary's two start-up checks, begun before the agent's modules import.
+"""The llama-server binary's three start-up checks, begun before the agent's modules import.
 
 ``corral agent`` runs the binary twice before it can parse its own flags: ``--version``
-(does it run on this machine?) and ``--help`` (which options it has). Begun here, from
-``cli``, the two children run while the interpreter imports aiohttp and the agent (a few
+(does it run on this machine?) and ``--help`` (which options it has); and once to learn what
+its children compute on (``--list-devices``: the CPU alone, or GPUs too). Begun here, from
+``cli``, the children run while the interpreter imports aiohttp and the agent (a few
 hundred ms), instead of after: the agent listens sooner (bench S6, start with 1,000 models).
 Only what finding the binary needs is imported first.
 """
@@ -16,16 +17,19 @@ from pathlib import Path
 from node_agent.config import llama_server_arg
 from node_agent.errors import BinaryError
 from node_agent.llama_server.binary import check_llama_server, find_llama_server, set_in_use
+from node_agent.llama_server.devices import list_devices
 from node_agent.sources.options import read_options_early, use_options_of
 
 
 class BinaryProbe:
-    """Find the binary now; run its ``--version`` and ``--help`` in two threads."""
+    """Find the binary now; run its ``--version``, ``--help`` and ``--list-devices`` in three
+    threads."""
 
     def __init__(self, argv: Sequence[str], env: Mapping[str, str]) -> None:
-        self._pool = ThreadPoolExecutor(2, thread_name_prefix="binary-probe")
+        self._pool = ThreadPoolExecutor(3, thread_name_prefix="binary-probe")
         self._binary: Path | None = None
         self._version: Future[str] | None = None
+        self._devices: Future[tuple[str, ...] | None] | None = None
         self._missing: BinaryError | None = None
         try:
             self._binary = find_llama_server(llama_server_arg(argv), env)
@@ -34,6 +38,7 @@ class BinaryProbe:
             return
         self._pool.submit(read_options_early, self._binary)
         self._version = self._pool.submit(check_llama_server, self._binary)
+        self._devices = self._pool.submit(list_devices, self._binary)
 
     def result(self) -> tuple[Path | None, str, BinaryError | None]:
         """``(binary, its version line, None)`` once both checks are done, that binary's
@@ -48,3 +53,8 @@ class BinaryProbe:
         use_options_of(self._binary, version)
         set_in_use(self._binary)
         return self._binary, version, None
+
+    def devices(self) -> tuple[str, ...] | None:
+        """The devices besides the CPU its children may compute on (``()``: the CPU alone),
+        None when the binary could not say; once :meth:`result` found a usable binary."""
+        return None if self._devices is None else self._devices.result()

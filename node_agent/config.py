@@ -108,6 +108,10 @@ class AgentOptions:
     """Bytes of saved prompt caches (warm swaps) the agent keeps; 0 (the default): off. Off
     by default until a stall seen twice under load is understood (streams made no progress
     for 10 s after four slots were restored into a child with a small context)."""
+    cpu_turns: float = 1.0
+    """``--cpu-turns``: where the children compute on the CPU alone, models take turns, and
+    one computing holds the others back at most this many seconds (core/scheduler.py);
+    0: they compute at once, as in llama.cpp."""
     stream_gather: float = stream_pace.DEFAULT_WINDOW
     """``--stream-gather``: seconds in which a child's fast stream gathers its events into one
     read (core/stream_pace.py); 0: each read as it comes."""
@@ -366,18 +370,28 @@ def _hosts(raw: str) -> tuple[str, ...]:
 LONGEST_GATHER = 1.0
 
 
-def _gather(raw: str) -> float:
+def _duration(raw: str, like: str) -> float:
+    """Seconds >= 0 from a duration (``like``: examples for the error); 0 is off."""
     try:
         seconds = idle_seconds(raw)
     except ValueError:
-        raise ValueError("expects a duration like 10ms or 0.01 (seconds); 0: off") from None
+        raise ValueError(f"expects a duration like {like} (seconds); 0: off") from None
     if seconds is None:
         raise ValueError("must be >= 0")
+    return seconds
+
+
+def _gather(raw: str) -> float:
+    seconds = _duration(raw, "10ms or 0.01")
     if seconds > LONGEST_GATHER:
         raise ValueError(f"must be at most {LONGEST_GATHER:g}s")
     if seconds and not stream_pace.SUPPORTED:
         raise ValueError("works on Linux only; here a stream is read as it comes (0)")
     return seconds
+
+
+def _turn(raw: str) -> float:
+    return _duration(raw, "1s, 500ms or 2")
 
 
 def _positive_seconds(raw: str) -> float:
@@ -643,6 +657,7 @@ _OWN_FLAGS: dict[str, tuple[str, str, Callable[[str], object]]] = {
     "--metrics-key-file": ("metrics_key_file", "a file", _identity),
     "--shutdown-timeout": ("shutdown_timeout", "seconds (> 0)", _positive_seconds),
     "--client-timeout": ("client_timeout", "seconds (> 0)", _positive_seconds),
+    "--cpu-turns": ("cpu_turns", "a duration like 1s (0: off)", _turn),
     "--stream-gather": ("stream_gather", "a duration like 10ms (0: off, at most 1s)", _gather),
     "--max-connections": ("max_connections", "a count (>= 1)", _int_at_least(1)),
     "--log-level": ("log_level", "one of " + ", ".join(LOG_LEVELS), _log_level),

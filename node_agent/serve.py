@@ -48,10 +48,14 @@ FORCED_CLEANUP_SECONDS = 5.0
 
 
 async def serve(
-    options: AgentOptions, binary: Path, build_info: str, env: Mapping[str, str]
+    options: AgentOptions,
+    binary: Path,
+    build_info: str,
+    env: Mapping[str, str],
+    devices: tuple[str, ...] | None,
 ) -> None:
     _watch_children_with_pidfds()
-    agent = Agent(options, binary, build_info, env)
+    agent = Agent(options, binary, build_info, env, devices)
     first, second = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
 
@@ -106,7 +110,8 @@ def main(argv: Sequence[str], probe: BinaryProbe | None = None) -> int:
     env = os.environ
     # The binary first: its own --help says which options the flags and presets may use.
     # Without one, --help still works, and the error waits until the flags are checked.
-    binary, binary_version, missing = (probe or BinaryProbe(argv, env)).result()
+    probe = probe or BinaryProbe(argv, env)
+    binary, binary_version, missing = probe.result()
     try:
         options = parse_agent_args(argv, env)
     except CorralError as exc:
@@ -145,7 +150,7 @@ def main(argv: Sequence[str], probe: BinaryProbe | None = None) -> int:
     try:
         options = with_vertex(options, env)
         with asyncio.Runner(loop_factory=loop_factory(options.event_loop)) as runner:
-            runner.run(serve(options, binary, build_info(binary_version), env))
+            runner.run(serve(options, binary, build_info(binary_version), env, probe.devices()))
     except CorralError as exc:
         print(f"corral agent: {exc}", file=sys.stderr)
         return 1

@@ -23,6 +23,16 @@ router (``server_models_sched``) and close the races that router leaves open:
   llama.cpp's router). A stopping (draining) model takes no new lease: its new requests wait
   in the queue and load it again once it has exited.
 
+* **Turns.** Children that compute on the CPU with a thread per core (``ModelConfig.turns``)
+  compute one model at a time: two at once run twice as many threads as cores, and ggml's
+  threads wait for each other by spinning, so each slows down many times over (measured on
+  2 cores: a 4-token request 16 ms alone, 0.15-2.5 s beside another model). A request for
+  one waits while another computes; a computing model takes no new request while another
+  waits, so its turn ends with its requests in flight, and the next turn goes to the model
+  that computed least recently. No turn holds the others back longer than :attr:`turn`
+  seconds: then the next model computes beside it (a long generation does not stall the
+  other models, it only shares the cores with them, as without turns).
+
 * **Closing.** Once :meth:`Scheduler.close` was called (the agent got SIGTERM) no lease is
   taken, no load is claimed and no claimed load may spawn: every waiter is told to go away
   (503 with Retry-After) and the registry only drains and stops what runs.
@@ -50,6 +60,7 @@ from __future__ import annotations
 import enum
 import heapq
 import itertools
+import math
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -163,6 +174,7 @@ class _Model:
     uses: int = 0  # inference requests since it was last ready
     errors: int = 0  # requests in a row its child failed with a 5xx of its own
     wedged: str | None = None  # why its child is being killed as wedged
+    turn_at: float = -math.inf  # when its child last began to compute (a slot lease from none)
 
     @property
     def pin(self) -> bool:
@@ -294,6 +306,7 @@ class Scheduler:
         residency_factor: float = 0.0,
         max_queue: int | None = None,
         child_errors: int = 0,
+        turn: float = 0.0,
     ) -> None:
         # llama.cpp: --models-max <= 0 means unlimited instances.
         self.models_max = models_max
@@ -303,6 +316,9 @@ class Scheduler:
         self.max_queue = max_queue  # --max-queue: waiters per model beyond which one is refused
         # --max-child-errors: 5xx answers in a row after which a child is wedged (0: never)
         self.child_errors = child_errors
+        # --cpu-turns: how long a model that takes turns (ModelConfig.turns) computes before
+        # the next one waiting may compute beside it (0: they never wait for each other)
+        self.turn = turn
         self._models: dict[str, _Model] = {}
         # Models with a child (any state but unloaded), and those stopping: in the order they
         # came to be (dicts as ordered sets: views and wait reasons list them in that order).
@@ -524,6 +540,8 @@ class Scheduler:
             out.append(Refuse(waiter, Refusal.FAILED, reason))
         for entry in list(self._queue.values()):
             self._answer_entry(entry, now, out)
+        if self.turn > 0:
+            self._answer_turns(now, out)
 
     def _answer_entry(self, entry: _Entry, now: float, out: list[Effect]) -> None:
         """Answer the waiters of ``entry`` that can be answered now, looking at a few of them.
@@ -596,6 +614,7 @@ class Scheduler:
             model = self._models[name]
             if not model.stop_sent and model.drain_until is not None and model.in_flight:
                 times.append(model.drain_until)
+        times += self._turn_ends()
         for name in self._running:
             model = self._models[name]
             ttl = model.ttl()
@@ -663,10 +682,12 @@ class Scheduler:
         model = self._models[name]
         if self.closing or model.stopping or model.state not in USABLE:
             return None
-        if slot and not model.slot_free():
+        if slot and not (model.slot_free() and self._turn_allows(model, now)):
             return None
         model.in_flight += 1
         if slot:
+            if not model.busy:
+                model.turn_at = now
             model.busy += 1
         if inference:
             model.last_used = now
@@ -971,6 +992,57 @@ class Scheduler:
         self.closing = True
         return [name for name in list(self._models) if self.request_stop(name)]
 
+    # -- turns -----------------------------------------------------------------------------
+
+    def _turn_allows(self, model: _Model, now: float) -> bool:
+        """Whether a request that takes one of ``model``'s slots may go now, as far as turns
+        go (see the module's docstring); ``model`` is usable and has a slot free."""
+        if self.turn <= 0 or not model.config.turns:
+            return True
+        others = [m for m in self._turn_takers() if m is not model]
+        waiting = [m for m in others if self._waits_for_turn(m)]
+        if model.busy:
+            # More of its requests add no threads: it takes them while nobody else waits,
+            # and once its turn has lasted its time (the others compute beside it by then).
+            return not waiting or now >= model.turn_at + self.turn
+        computing = [m.turn_at for m in others if m.busy]
+        if computing and now < max(computing) + self.turn:
+            return False
+        return all(model.turn_at <= m.turn_at for m in waiting)
+
+    def _answer_turns(self, now: float, out: list[Effect]) -> None:
+        """Answer again the models waiting for a turn, while that grants one: a model that
+        fills its slots stops waiting, and so may let one looked at before it go."""
+        granted = True
+        while granted:
+            granted = False
+            for model in self._turn_takers():
+                entry = self._queue.get(model.name)
+                if entry is not None and self._waits_for_turn(model):
+                    before = len(out)
+                    self._answer_entry(entry, now, out)
+                    granted = granted or len(out) > before
+
+    def _turn_takers(self) -> list[_Model]:
+        models = (self._models[name] for name in self._running)
+        return [m for m in models if m.config.turns]
+
+    def _waits_for_turn(self, model: _Model) -> bool:
+        """``model`` could take a request that waits for it but for the turns."""
+        if model.stopping or model.state not in USABLE or not model.slot_free():
+            return False
+        entry = self._queue.get(model.name)
+        return entry is not None and bool(entry.kinds[_SLOT])
+
+    def _turn_ends(self) -> list[float]:
+        """When computing models' turns run out, while another model waits for one."""
+        if self.turn <= 0:
+            return []
+        takers = self._turn_takers()
+        if not any(self._waits_for_turn(m) for m in takers):
+            return []
+        return [m.turn_at + self.turn for m in takers if m.busy]
+
     # -- capacity and victims ----------------------------------------------------------------
 
     def _needs_load(self, entry: _Entry) -> bool:
@@ -1113,6 +1185,9 @@ class Scheduler:
             return f"{name} is loading"
         if model.state in USABLE and not model.slot_free():
             return f"all {model.config.slots} slots of its server stayed busy"
+        computing = [m.name for m in self._turn_takers() if m.busy and m is not model]
+        if model.state in USABLE and model.config.turns and self.turn > 0 and computing:
+            return f"it takes turns on the CPU with {', '.join(computing)}, computing"
         head = self._head()
         if entry is not None and head is not None and head is not entry:
             return f"queued behind {head.model}, which waits for room"

@@ -27,6 +27,10 @@ class ModelConfig:
     slots: int = 0  # requests its child serves at once (its -np); 0: no bound
     ttl: float | None = None  # seconds idle before it is unloaded; None: never
     stop_timeout: float = 10.0  # seconds its requests in flight may run once it stops
+    # Its child computes on the CPU with a thread per core (no GPU, no -t of its own): it takes
+    # turns with the other such models (Scheduler.turn), since two of them computing at once
+    # run twice as many threads as there are cores, and both slow down many times over.
+    turns: bool = False
 
 
 @dataclass(frozen=True)

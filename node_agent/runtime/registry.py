@@ -142,6 +142,7 @@ class Registry:
         downloads: DownloadSettings | None = None,
         child_errors: int = DEFAULT_CHILD_ERRORS,
         warm: WarmSwaps | None = None,
+        cpu_turn: float = 0.0,
     ) -> None:
         self._sched = Scheduler(
             models_max,
@@ -149,6 +150,7 @@ class Registry:
             residency_factor=residency_factor,
             max_queue=max_queue,
             child_errors=child_errors,
+            turn=cpu_turn,
         )
         self.memory = memory
         self.ttl = ttl  # seconds idle before unload, for models without their own ``ttl``
@@ -215,6 +217,8 @@ class Registry:
             slots=spec.slots,
             ttl=ttl,
             stop_timeout=spec.stop_timeout,
+            # A model given threads or cores of its own shares the CPU as its user chose.
+            turns=self._sched.turn > 0 and not spec.own_threads,
         )
 
     def resolve(self, name: str) -> str | None:

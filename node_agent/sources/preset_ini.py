@@ -85,6 +85,7 @@ AGENT_KEYS = frozenset(
         "routing-metrics-port",
         "stream-gather",
         "warm-cache-size",
+        "cpu-turns",
     }
 )
 # Preset-only keys, with llama.cpp's pseudo env names for the two it defines.

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from node_agent.llama_server.devices import THREAD_OPTIONS, THREADS_ENV
 from node_agent.sources.options import llama_options
 
 OptionValue = str | bool
@@ -183,6 +184,14 @@ class ModelSpec:
         except ValueError:
             parallel = 0
         return parallel if parallel > 0 else DEFAULT_PARALLEL
+
+    @property
+    def own_threads(self) -> bool:
+        """Its options or environment give its child a number of threads or a set of cores
+        (else llama-server runs a thread per core)."""
+        return any(self.get(name) is not None for name in THREAD_OPTIONS) or any(
+            key == THREADS_ENV for key, _ in self.env
+        )
 
     @property
     def model_path(self) -> str | None:

@@ -87,16 +87,18 @@ def test_an_unreadable_help_falls_back_to_the_generated_table(
 def test_the_early_probe_gives_the_version_and_puts_the_binarys_options_in_use(
     tmp_path: Path,
 ) -> None:
-    """``cli`` begins both checks before the agent's modules import (start-up time)."""
+    """``cli`` begins the checks before the agent's modules import (start-up time)."""
     path = tmp_path / "llama-server"
     path.write_text(
         f'#!/bin/sh\n[ "$1" = --version ] && {{ echo "version: {VERSION}" >&2; exit 0; }}\n'
+        '[ "$1" = --list-devices ] && { printf "Available devices:\\n  (none)\\n"; exit 0; }\n'
         f"cat <<'EOF'\n{HELP}EOF\n"
     )
     path.chmod(0o755)
     probe = BinaryProbe(["-c", "1", "--llama-server", str(path)], {})
     assert probe.result() == (path, VERSION, None)
     assert llama_options().key("spec-future") is not None
+    assert probe.devices() == ()  # the CPU alone
 
 
 def test_the_early_probe_keeps_the_error_for_later(tmp_path: Path) -> None:
@@ -113,6 +115,7 @@ def test_the_early_probe_keeps_the_error_for_later(tmp_path: Path) -> None:
     assert (binary, version) == (broken, "")
     assert isinstance(missing, BinaryError) and "exited with code 3" in str(missing)
     assert llama_options() is generated_options()
+    assert BinaryProbe(["--llama-server", gone], {}).devices() is None
 
 
 def test_the_llama_server_flag_is_found_before_parsing() -> None:

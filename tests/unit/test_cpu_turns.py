@@ -1,0 +1,83 @@
+"""``--cpu-turns``: whether the agent makes models take turns on the CPU, and which ones
+(the turns themselves: test_scheduler_turns.py)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from node_agent.config import parse_agent_args
+from node_agent.errors import ConfigError
+from node_agent.llama_server.devices import cpu_turn, list_devices, parse_devices
+from node_agent.runtime.registry import Registry
+from node_agent.sources.catalog import Catalog
+from node_agent.sources.spec import ModelSpec
+
+# b11434's own output (common_print_available_devices), from a CPU build and a CUDA one.
+CPU_ONLY = "Available devices:\n  (none)\n"
+CUDA = (
+    "ggml_cuda_init: found 1 CUDA devices:\n"
+    "Available devices:\n"
+    "  CUDA0: NVIDIA H200 (143771 MiB, 142942 MiB free)\n"
+)
+
+
+def test_the_devices_listed_by_llama_server_are_read() -> None:
+    assert parse_devices(CPU_ONLY) == ()
+    assert parse_devices(CUDA) == ("CUDA0: NVIDIA H200 (143771 MiB, 142942 MiB free)",)
+    for unknown in ("", "usage: llama-server [options]\n", "Available devices:\n"):
+        assert parse_devices(unknown) is None
+
+
+def _binary(path: Path, script: str) -> Path:
+    path.write_text(f"#!/bin/sh\n{script}\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_a_binary_that_cannot_list_its_devices_says_nothing(tmp_path: Path) -> None:
+    assert list_devices(_binary(tmp_path / "cpu", f"printf '{CPU_ONLY}'")) == ()
+    assert list_devices(_binary(tmp_path / "old", "echo 'error: invalid argument'; exit 1")) is None
+    assert list_devices(tmp_path / "missing") is None
+    assert list_devices(_binary(tmp_path / "slow", "sleep 5"), timeout=0.2) is None
+
+
+def test_models_take_turns_on_the_cpu_alone_without_threads_in_the_environment() -> None:
+    assert cpu_turn(1.0, (), {}) == 1.0
+    assert cpu_turn(1.0, ("CUDA0: NVIDIA H200",), {}) == 0.0
+    assert cpu_turn(1.0, None, {}) == 0.0  # the binary could not say: as llama.cpp
+    assert cpu_turn(1.0, (), {"LLAMA_ARG_THREADS": "4"}) == 0.0
+    assert cpu_turn(0.0, (), {}) == 0.0
+
+
+def test_cpu_turns_takes_a_duration() -> None:
+    assert parse_agent_args([], {}).cpu_turns == 1.0
+    turns = [parse_agent_args(["--cpu-turns", t], {}).cpu_turns for t in ("500ms", "2", "0")]
+    assert turns == [0.5, 2.0, 0.0]
+    for bad, why in (("-1", "must be >= 0"), ("soon", "a duration like 1s")):
+        with pytest.raises(ConfigError, match=f"--cpu-turns .*{re.escape(why)}"):
+            parse_agent_args(["--cpu-turns", bad], {})
+
+
+def _spec(name: str, *options: tuple[str, str], env: tuple[tuple[str, str], ...] = ()) -> ModelSpec:
+    return ModelSpec(name, "preset", options=(("model", f"/m/{name}.gguf"), *options), env=env)
+
+
+@pytest.mark.parametrize("turn", [1.0, 0.0])
+def test_a_model_given_threads_or_cores_of_its_own_takes_no_turns(turn: float) -> None:
+    specs = {
+        "plain": _spec("plain"),
+        "threads": _spec("threads", ("threads", "2")),
+        "batch": _spec("batch", ("threads-batch", "2")),
+        "cores": _spec("cores", ("cpu-range", "0-3")),
+        "env": _spec("env", env=(("LLAMA_ARG_THREADS", "2"),)),
+    }
+    registry = Registry(
+        Catalog(specs, {}), models_max=2, child_factory=lambda spec: None, cpu_turn=turn
+    )
+    turns = {name: registry._config(spec).turns for name, spec in specs.items()}
+    assert turns == {"plain": turn > 0, "threads": False, "batch": False, "cores": False,
+                     "env": False}  # fmt: skip
+    assert registry.scheduler.turn == turn
