@@ -175,6 +175,9 @@ class _Model:
     errors: int = 0  # requests in a row its child failed with a 5xx of its own
     wedged: str | None = None  # why its child is being killed as wedged
     turn_at: float = -math.inf  # when its child last began to compute (a slot lease from none)
+    # When it last stopped computing (its slot leases went to none): who computed least
+    # recently, where a turn's start would put a long generation's model first.
+    done_at: float = -math.inf
 
     @property
     def pin(self) -> bool:
@@ -706,6 +709,8 @@ class Scheduler:
         model.in_flight -= 1
         if lease.slot:
             model.busy -= 1
+            if not model.busy:
+                model.done_at = now
         if lease.inference:
             # Counting use from the end of a request keeps a long stream's model young.
             model.last_used = now
@@ -938,6 +943,8 @@ class Scheduler:
         )
         model.swapped_in = False
         model.exit_code = exit_code
+        if model.busy:
+            model.done_at = now  # it computed until it died
         model.in_flight = model.busy = model.errors = 0
         model.port = None
         for lease_id in [i for i, lease in self._leases.items() if lease.model == name]:
@@ -1008,7 +1015,8 @@ class Scheduler:
         computing = [m.turn_at for m in others if m.busy]
         if computing and now < max(computing) + self.turn:
             return False
-        return all(model.turn_at <= m.turn_at for m in waiting)
+        # A waiting model that computes (its turn ran out) takes its requests anyway.
+        return all(model.done_at <= m.done_at for m in waiting if not m.busy)
 
     def _answer_turns(self, now: float, out: list[Effect]) -> None:
         """Answer again the models waiting for a turn, while that grants one: a model that

@@ -104,6 +104,22 @@ def test_the_turn_goes_to_the_model_that_computed_least_recently() -> None:
     assert grants(handle(sched, Release(b_lease), 3.4)) == [a_waiter]
 
 
+def test_least_recently_counts_from_when_a_model_stopped_computing_not_when_it_began() -> None:
+    sched = make("a", "b", "c")
+    long = lease(sched, "a", 1.0)  # a long generation: a computes from 1.0 to 5.0
+    b_first, _ = ask(sched, "b", 1.1)
+    assert grants(handle(sched, Tick(), 1.0 + TURN)) == [b_first]  # beside a: its turn ran out
+    (b_lease,) = [lease for lease in sched._leases.values() if lease.model == "b"]
+    handle(sched, Release(b_lease), 2.1)  # b computed last at 2.1
+    handle(sched, Release(long), 5.0)  # a at 5.0
+    running = lease(sched, "c", 5.1)
+    a_waiter, _ = ask(sched, "a", 5.2)  # a's entry comes first in the queue
+    b_waiter, _ = ask(sched, "b", 5.3)
+    assert grants(handle(sched, Release(running), 5.4)) == [b_waiter]
+    (b_lease,) = [lease for lease in sched._leases.values() if lease.model == "b"]
+    assert grants(handle(sched, Release(b_lease), 5.5)) == [a_waiter]
+
+
 def test_a_turn_that_lasts_its_time_lets_the_next_model_compute_beside_it() -> None:
     sched = make("a", "b", "c")
     lease(sched, "a", 1.0)  # a long generation
