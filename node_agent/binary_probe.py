@@ -10,6 +10,7 @@ Only what finding the binary needs is imported first.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -26,8 +27,9 @@ class BinaryProbe:
     threads."""
 
     def __init__(self, argv: Sequence[str], env: Mapping[str, str]) -> None:
-        self._pool = ThreadPoolExecutor(3, thread_name_prefix="binary-probe")
+        self._pool = ThreadPoolExecutor(2, thread_name_prefix="binary-probe")
         self._binary: Path | None = None
+        self._help: Future[None] | None = None
         self._version: Future[str] | None = None
         self._devices: Future[tuple[str, ...] | None] | None = None
         self._missing: BinaryError | None = None
@@ -36,20 +38,30 @@ class BinaryProbe:
         except BinaryError as exc:
             self._missing = exc
             return
-        self._pool.submit(read_options_early, self._binary)
+        self._help = self._pool.submit(read_options_early, self._binary)
         self._version = self._pool.submit(check_llama_server, self._binary)
-        self._devices = self._pool.submit(list_devices, self._binary)
+        self._pool.shutdown(wait=False)  # its threads end with their checks
+        # A daemon thread: a GPU build starts its drivers to list its devices (seconds), and
+        # ``--help`` or a bad flag answers and exits without waiting for them.
+        self._devices = Future()
+        threading.Thread(
+            target=_list_devices_into,
+            args=(self._devices, self._binary),
+            name="binary-probe-devices",
+            daemon=True,
+        ).start()
 
     def result(self) -> tuple[Path | None, str, BinaryError | None]:
-        """``(binary, its version line, None)`` once both checks are done, that binary's
-        options then in use; ``(…, "", error)`` when there is no usable binary."""
-        with self._pool:  # waits for both threads
-            if self._binary is None or self._version is None:
-                return None, "", self._missing
-            try:
-                version = self._version.result()
-            except BinaryError as exc:
-                return self._binary, "", exc
+        """``(binary, its version line, None)`` once ``--version`` and ``--help`` are done,
+        that binary's options then in use; ``(…, "", error)`` when there is no usable binary.
+        Not ``--list-devices``: only the agent itself waits for it (:meth:`devices`)."""
+        if self._binary is None or self._help is None or self._version is None:
+            return None, "", self._missing
+        self._help.exception()  # waits: a failure is left for use_options_of
+        try:
+            version = self._version.result()
+        except BinaryError as exc:
+            return self._binary, "", exc
         use_options_of(self._binary, version)
         set_in_use(self._binary)
         return self._binary, version, None
@@ -58,3 +70,10 @@ class BinaryProbe:
         """The devices besides the CPU its children may compute on (``()``: the CPU alone),
         None when the binary could not say; once :meth:`result` found a usable binary."""
         return None if self._devices is None else self._devices.result()
+
+
+def _list_devices_into(future: Future[tuple[str, ...] | None], binary: Path) -> None:
+    try:
+        future.set_result(list_devices(binary))
+    except BaseException as exc:  # a thread's boundary: the agent's wait sees it
+        future.set_exception(exc)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +32,7 @@ HELP = """\
                                         (env: LLAMA_ARG_SPEC_FUTURE)
 """
 VERSION = "0.6.0-dev (build 11434, commit abc1234)"
+REPO = Path(__file__).resolve().parents[2]
 
 
 def fake_binary(path: Path, help_text: str) -> Path:
@@ -99,6 +103,35 @@ def test_the_early_probe_gives_the_version_and_puts_the_binarys_options_in_use(
     assert probe.result() == (path, VERSION, None)
     assert llama_options().key("spec-future") is not None
     assert probe.devices() == ()  # the CPU alone
+
+
+def test_the_early_probe_does_not_wait_for_the_devices_before_the_flags(tmp_path: Path) -> None:
+    """``--list-devices`` starts a GPU build's drivers (seconds): ``--help``, ``--version`` and
+    a bad flag, answered once :meth:`BinaryProbe.result` returns, exit without waiting for
+    it; the agent itself waits for them (:meth:`BinaryProbe.devices`)."""
+    path = tmp_path / "llama-server"
+    path.write_text(
+        f'#!/bin/sh\n[ "$1" = --version ] && {{ echo "version: {VERSION}" >&2; exit 0; }}\n'
+        '[ "$1" = --list-devices ] && { sleep 2; printf "Available devices:\\n  (none)\\n"; '
+        "exit 0; }\n"
+        f"cat <<'EOF'\n{HELP}EOF\n"
+    )
+    path.chmod(0o755)
+    probe = f"BinaryProbe(['--llama-server', {str(path)!r}], {{}})"
+    for then, bound in (("result()[1]", (0.0, 1.5)), ("devices()", (2.0, 10.0))):
+        script = f"from node_agent.binary_probe import BinaryProbe\nprint({probe}.{then})"
+        began = time.monotonic()
+        done = subprocess.run(
+            [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            cwd=REPO,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        assert bound[0] <= time.monotonic() - began < bound[1], (then, done.stdout)
+    assert done.stdout == "()\n"  # the CPU alone
 
 
 def test_the_early_probe_keeps_the_error_for_later(tmp_path: Path) -> None:
