@@ -1,9 +1,10 @@
 """What the children compute on: the devices ``llama-server --list-devices`` lists.
 
 llama.cpp lists every device but the CPU (GPUs, and accelerators such as BLAS), or
-``(none)``: then every child computes on the CPU, with a thread per core by default, and the
-agent makes models take turns (``--cpu-turns``, core/scheduler.py). Asked once, at start-up,
-in a thread beside ``--version`` and ``--help`` (binary_probe.py).
+``(none)``. With none but libraries that compute on the CPU's cores (BLAS), every child
+computes on the CPU, with a thread per core by default, and the agent makes models take
+turns (``--cpu-turns``, core/scheduler.py). Asked once, at start-up, in a thread beside
+``--version`` and ``--help`` (binary_probe.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ THREADS_ENV = "LLAMA_ARG_THREADS"
 # of them shares the CPU as its user chose, and takes no turns.
 THREAD_OPTIONS = ("threads", "threads-batch", "cpu-mask", "cpu-range", "cpu-mask-batch",
                   "cpu-range-batch")  # fmt: skip
+# Devices llama.cpp lists that compute on the CPU's own cores (ggml's BLAS and ZenDNN backends,
+# "accelerators" to ggml): a CPU build with one still runs a thread per core in each child.
+CPU_LIBRARIES = frozenset({"BLAS", "ZenDNN"})
 
 
 def parse_devices(text: str) -> tuple[str, ...] | None:
@@ -56,9 +60,12 @@ def list_devices(binary: Path, *, timeout: float = LIST_TIMEOUT) -> tuple[str, .
 
 def cpu_turn(seconds: float, devices: tuple[str, ...] | None, env: Mapping[str, str]) -> float:
     """How long a model computing on the CPU may hold the others back (``--cpu-turns``): the
-    flag's value where the children compute on the CPU alone, each with a thread per core;
-    0 (no turns) where they have a GPU, where the binary could not say, and where the
-    agent's environment gives every child its threads (``LLAMA_ARG_THREADS``)."""
-    if devices != () or env.get(THREADS_ENV):
+    flag's value where the children compute on the CPU alone (a BLAS library too computes on
+    its cores), each with a thread per core; 0 (no turns) where they have a GPU, where the
+    binary could not say, and where the agent's environment gives every child its threads
+    (``LLAMA_ARG_THREADS``)."""
+    if devices is None or env.get(THREADS_ENV):
+        return 0.0
+    if any(device.partition(":")[0] not in CPU_LIBRARIES for device in devices):
         return 0.0
     return seconds

@@ -22,6 +22,9 @@ CUDA = (
     "Available devices:\n"
     "  CUDA0: NVIDIA H200 (143771 MiB, 142942 MiB free)\n"
 )
+# A CPU build with a BLAS library (GGML_BLAS): ggml lists it as a device (an "accelerator"),
+# yet it computes on the CPU's cores, beside a thread per core of the child's own.
+BLAS = "Available devices:\n  BLAS: OpenBLAS (0 MiB, 0 MiB free)\n"
 
 
 def test_the_devices_listed_by_llama_server_are_read() -> None:
@@ -50,6 +53,13 @@ def test_models_take_turns_on_the_cpu_alone_without_threads_in_the_environment()
     assert cpu_turn(1.0, None, {}) == 0.0  # the binary could not say: as llama.cpp
     assert cpu_turn(1.0, (), {"LLAMA_ARG_THREADS": "4"}) == 0.0
     assert cpu_turn(0.0, (), {}) == 0.0
+
+
+def test_a_library_that_computes_on_the_cpu_is_the_cpu_alone() -> None:
+    zendnn = "  ZenDNN: ZenDNN: AMD optimized primitives backend for GGML (0 MiB, 0 MiB free)\n"
+    assert cpu_turn(1.0, parse_devices(BLAS), {}) == 1.0
+    assert cpu_turn(1.0, parse_devices(BLAS + zendnn), {}) == 1.0
+    assert cpu_turn(1.0, parse_devices(BLAS + CUDA.splitlines()[-1]), {}) == 0.0  # and a GPU
 
 
 def test_cpu_turns_takes_a_duration() -> None:
