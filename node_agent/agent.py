@@ -41,7 +41,7 @@ from node_agent.config import AgentOptions, discovered_scheme
 from node_agent.errors import ApiError, ConfigError
 from node_agent.event_loop import running_asyncio_loop
 from node_agent.extras import install_hint
-from node_agent.llama_server.devices import cpu_turn
+from node_agent.llama_server.devices import no_turns_because
 from node_agent.mcp.config import load_servers
 from node_agent.mcp.servers import McpServers
 from node_agent.model_files import log_model_file_problems
@@ -134,6 +134,7 @@ class Agent:
         self.tag = f"{options.host}:{options.port}"
         self.catalog = self._read_catalog()
         self.memory = self._memory_watch(options)
+        no_turns = no_turns_because(devices, self.env) if options.cpu_turns > 0 else None
         self.proxy = Proxy(
             timeout=options.timeout,
             client_timeout=options.client_timeout,
@@ -152,9 +153,11 @@ class Agent:
             shutdown_timeout=options.shutdown_timeout,
             downloads=download_settings(options, self.env),
             warm=self._warm_swaps(options),
-            cpu_turn=cpu_turn(options.cpu_turns, devices, self.env),
+            cpu_turn=0.0 if no_turns else options.cpu_turns,
         )
-        if self.registry.scheduler.turn > 0:
+        if no_turns:
+            log.info("models compute at once, without turns (--cpu-turns): %s", no_turns)
+        elif self.registry.scheduler.turn > 0:
             log.info(
                 "children compute on the CPU alone: models take turns of at most %gs "
                 "(--cpu-turns; 0: off)",

@@ -29,9 +29,10 @@ router (``server_models_sched``) and close the races that router leaves open:
   2 cores: a 4-token request 16 ms alone, 0.15-2.5 s beside another model). A request for
   one waits while another computes; a computing model takes no new request while another
   waits, so its turn ends with its requests in flight, and the next turn goes to the model
-  that computed least recently. No turn holds the others back longer than :attr:`turn`
-  seconds: then the next model computes beside it (a long generation does not stall the
-  other models, it only shares the cores with them, as without turns).
+  that computed least recently. A turn holds the next model back at most :attr:`turn`
+  seconds: then that one computes beside it, and the one after waits a turn of its own. So
+  a long generation stalls no other model, it shares the cores with them as without turns:
+  turns pay where requests are short beside a turn (bursts, embeddings, short answers).
 
 * **Closing.** Once :meth:`Scheduler.close` was called (the agent got SIGTERM) no lease is
   taken, no load is claimed and no claimed load may spawn: every waiter is told to go away

@@ -18,10 +18,10 @@ LIST_TIMEOUT = 20.0
 # llama.cpp's own variable for a child's threads (``-t``): set in the agent's environment,
 # every child inherits it.
 THREADS_ENV = "LLAMA_ARG_THREADS"
-# The options that give a child its threads or its cores (canonical names): a model with one
-# of them shares the CPU as its user chose, and takes no turns.
-THREAD_OPTIONS = ("threads", "threads-batch", "cpu-mask", "cpu-range", "cpu-mask-batch",
-                  "cpu-range-batch")  # fmt: skip
+# The options that give a child's generation its cores (canonical names; ``threads`` too,
+# when above 0): a model with one of them shares the CPU as its user chose, and takes no
+# turns. (``-tb`` alone sets the prompt's threads: its tokens still take a thread per core.)
+CORE_OPTIONS = ("cpu-mask", "cpu-range")
 # Devices llama.cpp lists that compute on the CPU's own cores (ggml's BLAS and ZenDNN backends,
 # "accelerators" to ggml): a CPU build with one still runs a thread per core in each child.
 CPU_LIBRARIES = frozenset({"BLAS", "ZenDNN"})
@@ -58,14 +58,24 @@ def list_devices(binary: Path, *, timeout: float = LIST_TIMEOUT) -> tuple[str, .
     return parse_devices(done.stdout) if done.returncode == 0 else None
 
 
-def cpu_turn(seconds: float, devices: tuple[str, ...] | None, env: Mapping[str, str]) -> float:
-    """How long a model computing on the CPU may hold the others back (``--cpu-turns``): the
-    flag's value where the children compute on the CPU alone (a BLAS library too computes on
-    its cores), each with a thread per core; 0 (no turns) where they have a GPU, where the
-    binary could not say, and where the agent's environment gives every child its threads
-    (``LLAMA_ARG_THREADS``)."""
-    if devices is None or env.get(THREADS_ENV):
-        return 0.0
-    if any(device.partition(":")[0] not in CPU_LIBRARIES for device in devices):
-        return 0.0
-    return seconds
+def threads_given(value: object) -> bool:
+    """A ``-t`` value (or ``LLAMA_ARG_THREADS``) that sets the threads: llama.cpp takes one
+    below 1 (``-1``, its default) as a thread per core."""
+    try:
+        return int(str(value).strip()) > 0
+    except ValueError:
+        return True  # not a number: the child refuses it, whatever the turns
+
+
+def no_turns_because(devices: tuple[str, ...] | None, env: Mapping[str, str]) -> str | None:
+    """Why models would not take turns on this machine (``--cpu-turns``), or None where they
+    would: the children compute on the CPU alone (a BLAS library too computes on its
+    cores), each with a thread per core."""
+    if devices is None:
+        return "llama-server --list-devices did not say what its children compute on"
+    if threads_given(env.get(THREADS_ENV, "-1")):
+        return f"{THREADS_ENV} gives every child its threads"
+    gpus = [device for device in devices if device.partition(":")[0] not in CPU_LIBRARIES]
+    if gpus:
+        return f"the children may compute on {gpus[0].partition(' (')[0]}"
+    return None

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from node_agent.llama_server.devices import THREAD_OPTIONS, THREADS_ENV
+from node_agent.llama_server.devices import CORE_OPTIONS, THREADS_ENV, threads_given
 from node_agent.sources.options import llama_options
 
 OptionValue = str | bool
@@ -189,8 +189,11 @@ class ModelSpec:
     def own_threads(self) -> bool:
         """Its options or environment give its child a number of threads or a set of cores
         (else llama-server runs a thread per core)."""
-        return any(self.get(name) is not None for name in THREAD_OPTIONS) or any(
-            key == THREADS_ENV for key, _ in self.env
+        threads = self.get("threads")
+        if threads is not None and threads_given(threads):
+            return True
+        return any(self.get(name) is not None for name in CORE_OPTIONS) or any(
+            key == THREADS_ENV and threads_given(value) for key, value in self.env
         )
 
     @property

@@ -10,7 +10,7 @@ import pytest
 
 from node_agent.config import parse_agent_args
 from node_agent.errors import ConfigError
-from node_agent.llama_server.devices import cpu_turn, list_devices, parse_devices
+from node_agent.llama_server.devices import list_devices, no_turns_because, parse_devices
 from node_agent.runtime.registry import Registry
 from node_agent.sources.catalog import Catalog
 from node_agent.sources.spec import ModelSpec
@@ -48,18 +48,26 @@ def test_a_binary_that_cannot_list_its_devices_says_nothing(tmp_path: Path) -> N
 
 
 def test_models_take_turns_on_the_cpu_alone_without_threads_in_the_environment() -> None:
-    assert cpu_turn(1.0, (), {}) == 1.0
-    assert cpu_turn(1.0, ("CUDA0: NVIDIA H200",), {}) == 0.0
-    assert cpu_turn(1.0, None, {}) == 0.0  # the binary could not say: as llama.cpp
-    assert cpu_turn(1.0, (), {"LLAMA_ARG_THREADS": "4"}) == 0.0
-    assert cpu_turn(0.0, (), {}) == 0.0
+    assert no_turns_because((), {}) is None
+    assert no_turns_because((), {"LLAMA_ARG_THREADS": "-1"}) is None  # llama.cpp's default
+    assert (
+        no_turns_because(parse_devices(CUDA), {})
+        == "the children may compute on CUDA0: NVIDIA H200"
+    )
+    assert no_turns_because(None, {}) == (  # the binary could not say: as llama.cpp
+        "llama-server --list-devices did not say what its children compute on"
+    )
+    assert no_turns_because((), {"LLAMA_ARG_THREADS": "4"}) == (
+        "LLAMA_ARG_THREADS gives every child its threads"
+    )
 
 
 def test_a_library_that_computes_on_the_cpu_is_the_cpu_alone() -> None:
     zendnn = "  ZenDNN: ZenDNN: AMD optimized primitives backend for GGML (0 MiB, 0 MiB free)\n"
-    assert cpu_turn(1.0, parse_devices(BLAS), {}) == 1.0
-    assert cpu_turn(1.0, parse_devices(BLAS + zendnn), {}) == 1.0
-    assert cpu_turn(1.0, parse_devices(BLAS + CUDA.splitlines()[-1]), {}) == 0.0  # and a GPU
+    assert no_turns_because(parse_devices(BLAS), {}) is None
+    assert no_turns_because(parse_devices(BLAS + zendnn), {}) is None
+    both = parse_devices(BLAS + CUDA.splitlines()[-1])  # and a GPU
+    assert no_turns_because(both, {}) == "the children may compute on CUDA0: NVIDIA H200"
 
 
 def test_cpu_turns_takes_a_duration() -> None:
@@ -80,7 +88,8 @@ def test_a_model_given_threads_or_cores_of_its_own_takes_no_turns(turn: float) -
     specs = {
         "plain": _spec("plain"),
         "threads": _spec("threads", ("threads", "2")),
-        "batch": _spec("batch", ("threads-batch", "2")),
+        "default": _spec("default", ("threads", "-1")),  # llama.cpp's: a thread per core
+        "batch": _spec("batch", ("threads-batch", "2")),  # the prompt's only
         "cores": _spec("cores", ("cpu-range", "0-3")),
         "env": _spec("env", env=(("LLAMA_ARG_THREADS", "2"),)),
     }
@@ -88,6 +97,7 @@ def test_a_model_given_threads_or_cores_of_its_own_takes_no_turns(turn: float) -
         Catalog(specs, {}), models_max=2, child_factory=lambda spec: None, cpu_turn=turn
     )
     turns = {name: registry._config(spec).turns for name, spec in specs.items()}
-    assert turns == {"plain": turn > 0, "threads": False, "batch": False, "cores": False,
+    on = turn > 0
+    assert turns == {"plain": on, "threads": False, "default": on, "batch": on, "cores": False,
                      "env": False}  # fmt: skip
     assert registry.scheduler.turn == turn
