@@ -155,14 +155,7 @@ class Agent:
             warm=self._warm_swaps(options),
             cpu_turn=0.0 if no_turns else options.cpu_turns,
         )
-        if no_turns:
-            log.info("models compute at once, without turns (--cpu-turns): %s", no_turns)
-        elif self.registry.scheduler.turn > 0:
-            log.info(
-                "children compute on the CPU alone: models take turns of at most %gs "
-                "(--cpu-turns; 0: off)",
-                self.registry.scheduler.turn,
-            )
+        self._no_turns = no_turns  # said once it listens (start's errors are one line)
         self.registry.downloads.on_finished = self.reload  # a download becomes a cache model
         self.peers = (
             Peers(
@@ -432,6 +425,14 @@ class Agent:
         log.info(
             "listening on %s (%d models; event loop: %s)", listening.url, len(self.catalog), loop
         )
+        if self._no_turns:
+            log.info("models compute at once, without turns (--cpu-turns): %s", self._no_turns)
+        elif self.registry.scheduler.turn > 0:
+            log.info(
+                "children compute on the CPU alone: models take turns of at most %gs "
+                "(--cpu-turns; 0: off)",
+                self.registry.scheduler.turn,
+            )
         # Only once it listens: an agent that cannot start says that in one line, no more.
         self._tasks.spawn(self.source_watch.run(), "source-watch", forever=True)
 
