@@ -1020,17 +1020,18 @@ class Scheduler:
         return all(model.done_at <= m.done_at for m in waiting if not m.busy)
 
     def _answer_turns(self, now: float, out: list[Effect]) -> None:
-        """Answer again the models waiting for a turn, while that grants one: a model that
-        fills its slots stops waiting, and so may let one looked at before it go."""
-        granted = True
-        while granted:
-            granted = False
+        """Answer again the models waiting for a turn, while that answers one: a model that
+        fills its slots (or whose last waiter was refused) stops waiting, and so may let one
+        looked at before it go. Each round answers a waiter or ends the loop."""
+        answered = True
+        while answered:
+            answered = False
             for model in self._turn_takers():
                 entry = self._queue.get(model.name)
                 if entry is not None and self._waits_for_turn(model):
                     before = len(out)
                     self._answer_entry(entry, now, out)
-                    granted = granted or len(out) > before
+                    answered = answered or len(out) > before
 
     def _turn_takers(self) -> list[_Model]:
         models = (self._models[name] for name in self._running)
