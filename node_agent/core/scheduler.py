@@ -1195,9 +1195,10 @@ class Scheduler:
             return f"{name} is loading"
         if model.state in USABLE and not model.slot_free():
             return f"all {model.config.slots} slots of its server stayed busy"
-        computing = [m.name for m in self._turn_takers() if m.busy and m is not model]
-        if model.state in USABLE and model.config.turns and self.turn > 0 and computing:
-            return f"it takes turns on the CPU with {', '.join(computing)}, computing"
+        if model.state in USABLE and model.config.turns and self.turn > 0:
+            computing = [m.name for m in self._turn_takers() if m.busy and m is not model]
+            if computing:
+                return f"it takes turns on the CPU with {', '.join(computing)}, computing"
         head = self._head()
         if entry is not None and head is not None and head is not entry:
             return f"queued behind {head.model}, which waits for room"

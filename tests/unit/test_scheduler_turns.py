@@ -92,16 +92,21 @@ def test_every_waiter_of_the_model_whose_turn_comes_goes_at_once_up_to_its_slots
     assert grants(handle(sched, Release(running), 1.2)) == waiters[:2]
 
 
+def b_goes_before_a(sched: Scheduler, now: float) -> None:
+    """While c computes, a and then b ask: b, which computed less recently, goes first."""
+    running = lease(sched, "c", now)
+    a_waiter, _ = ask(sched, "a", now + 0.1)  # a's entry comes first in the queue
+    b_waiter, _ = ask(sched, "b", now + 0.2)
+    assert grants(handle(sched, Release(running), now + 0.3)) == [b_waiter]
+    (b_lease,) = [lease for lease in sched._leases.values() if lease.model == "b"]
+    assert grants(handle(sched, Release(b_lease), now + 0.4)) == [a_waiter]
+
+
 def test_the_turn_goes_to_the_model_that_computed_least_recently() -> None:
     sched = make("a", "b", "c")
     handle(sched, Release(lease(sched, "b", 1.0)), 1.1)  # b computed at 1.0
     handle(sched, Release(lease(sched, "a", 2.0)), 2.1)  # a at 2.0
-    running = lease(sched, "c", 3.0)
-    a_waiter, _ = ask(sched, "a", 3.1)  # a's entry comes first in the queue
-    b_waiter, _ = ask(sched, "b", 3.2)
-    assert grants(handle(sched, Release(running), 3.3)) == [b_waiter]
-    (b_lease,) = [lease for lease in sched._leases.values() if lease.model == "b"]
-    assert grants(handle(sched, Release(b_lease), 3.4)) == [a_waiter]
+    b_goes_before_a(sched, 3.0)
 
 
 def test_least_recently_counts_from_when_a_model_stopped_computing_not_when_it_began() -> None:
@@ -112,12 +117,7 @@ def test_least_recently_counts_from_when_a_model_stopped_computing_not_when_it_b
     (b_lease,) = [lease for lease in sched._leases.values() if lease.model == "b"]
     handle(sched, Release(b_lease), 2.1)  # b computed last at 2.1
     handle(sched, Release(long), 5.0)  # a at 5.0
-    running = lease(sched, "c", 5.1)
-    a_waiter, _ = ask(sched, "a", 5.2)  # a's entry comes first in the queue
-    b_waiter, _ = ask(sched, "b", 5.3)
-    assert grants(handle(sched, Release(running), 5.4)) == [b_waiter]
-    (b_lease,) = [lease for lease in sched._leases.values() if lease.model == "b"]
-    assert grants(handle(sched, Release(b_lease), 5.5)) == [a_waiter]
+    b_goes_before_a(sched, 5.1)
 
 
 def test_a_turn_that_lasts_its_time_lets_the_next_model_compute_beside_it() -> None:
