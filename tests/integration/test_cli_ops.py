@@ -11,6 +11,7 @@ import pytest
 
 from tests.integration.harness import AgentProcess
 from tests.integration.hf_server import HubServer, start_hub
+from tests.integration.model_events import wait_until
 from tests.integration.test_cli_client import corral
 
 TINY = "demo-tiny"
@@ -64,9 +65,15 @@ def test_ps_shows_memory_device_time_until_unload_and_pin(agent: AgentProcess) -
 
 def test_logs_prints_the_childs_lines(agent: AgentProcess) -> None:
     assert corral("load", TINY, url=agent.url).returncode == 0
-    logs = corral("logs", TINY, "-n", "50", url=agent.url)
-    assert logs.returncode == 0, logs.stderr
-    assert "llama_server: model loaded" in logs.stdout
+
+    def printed() -> bool:
+        logs = corral("logs", TINY, "-n", "50", url=agent.url)
+        assert logs.returncode == 0, logs.stderr
+        return "llama_server: model loaded" in logs.stdout
+
+    # llama-server logs "model loaded" just after its /health turns ready (server.cpp), and
+    # the agent reads a trickle of log lines at most every 0.25 s: it may come after the load.
+    wait_until(printed, "the child's 'model loaded' line in corral logs", timeout=10)
     unknown = corral("logs", "nope", url=agent.url)
     assert unknown.returncode == 1 and "model 'nope' not found" in unknown.stderr
 

@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from tests.integration.harness import REPO, chat
+from tests.integration.model_events import wait_until
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # TESTING.md "A real browser": these flags make Debian's chromium run headless in a container.
@@ -119,6 +120,13 @@ def test_status_page_shows_time_until_unload_process_memory_and_a_models_log(
     agent = start_agent("--models-dir", str(demo_dir), "-c", "1024", "--models-ttl", "10m")
     assert agent.post("/models/load", {"model": TINY})[0] == 200
     agent.wait_state(TINY, "loaded")
+    # llama-server logs "model loaded" just after its /health turns ready, and the agent reads
+    # a trickle of log lines at most every 0.25 s: the page is opened once the agent has it.
+    wait_until(
+        lambda: "model loaded" in agent.get(f"/models/logs?model={TINY}")[1],
+        "the child's 'model loaded' line in GET /models/logs",
+        timeout=10,
+    )
     page = browser_page
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
