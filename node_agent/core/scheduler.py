@@ -157,6 +157,9 @@ class _Model:
     stopping: bool = False
     stop_sent: bool = False  # its drain is over and the child was told to exit
     gone: bool = False  # it left the catalog; forgotten once its child has exited
+    # Its arguments changed while its load was granted: the child on its way runs the old
+    # ones, so it stops for the reload once spawned (its waiters load it again).
+    outdated: bool = False
     in_flight: int = 0
     busy: int = 0  # leases in flight that take one of its child's slots
     port: int | None = None  # where its child listens (from the spawn on)
@@ -357,11 +360,14 @@ class Scheduler:
                 self._judge(lease, fault, now, out)
             case Spawned(model=name, port=port):
                 self.claim_done(name, spawned=True, now=now, port=port)
+                model = self._models[name]
                 if self.closing:  # spawned as the agent began to close: it stops too
                     self._drain(name, "shutdown", now, out)
-                elif self._models[name].gone:  # it left the catalog as it was spawned
+                elif model.gone or model.outdated:  # the catalog changed as it was spawned
                     self._drain(name, "reload", now, out)
+                model.outdated = False
             case SpawnFailed(model=name, reason=reason, count=count):
+                self._models[name].outdated = False  # the next spawn takes the new arguments
                 if count:
                     self.on_spawn_failed(name, now, reason)
                 else:
@@ -486,6 +492,8 @@ class Scheduler:
                 self.remove_model(name)
                 out.append(Removed(name))
         for name in catalog.changed:
+            if self._spawning(name):
+                self._models[name].outdated = True
             self._drain(name, "reload", now, out)
 
     def _drain(

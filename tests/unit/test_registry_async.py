@@ -490,6 +490,26 @@ async def test_the_listed_preset_hash_is_the_running_childs_until_a_changed_one_
         assert plan.spawned == ["m", "m"]  # the TTL took no restart
 
 
+async def test_a_reload_while_a_changed_models_child_is_on_its_way_restarts_it() -> None:
+    """The child spawned with the old arguments ran them until next stopped, and the reload
+    (``corral reload``, the operator's PUT) waited for that child to end."""
+    plan = Plan(spawn_after=0.3)
+    v1 = spec("m", stop_timeout=5.0, preset_hash="v1")
+    async with fake_agent(plan, [v1]) as agent:
+        request = asyncio.create_task(
+            agent.client.post(f"{agent.url}/v1/chat/completions", json=chat("m"))
+        )
+        await asyncio.sleep(0.1)  # its load is granted; the process does not exist yet
+        assert plan.spawned == [] and len(plan.children) == 1
+        v2 = spec("m", stop_timeout=5.0, preset_hash="v2", options=(("ctx-size", "64"),))
+        async with asyncio.timeout(5):
+            await agent.registry.reload(Catalog({"m": v2}), {"m"})
+            response = await request
+        assert response.status == 200
+        assert [child.spec.preset_hash for child in plan.children] == ["v1", "v2"]
+        assert (await _listed(agent, "m"))["corral"]["preset_hash"] == "v2"
+
+
 async def test_a_load_on_startup_model_whose_arguments_changed_is_loaded_again() -> None:
     """Found by the cluster tier (issue 25): a loadOnStartup preset whose ``args`` changed
     stopped for the new arguments and stayed unloaded until a request came."""

@@ -282,6 +282,23 @@ def test_a_model_that_leaves_the_catalog_while_its_load_was_granted_goes_once_it
         assert "c" not in sched and sched.statistics().queue == ()
 
 
+def test_a_model_changed_while_its_load_was_granted_reloads_once_it_reports() -> None:
+    """Its child ran the old arguments until next stopped, and a reload waited for that."""
+    sched = make(2, a=ModelConfig(slots=1, stop_timeout=5.0))
+    waiter, effects = request(sched, "a")
+    assert Spawn("a") in effects
+    changed = Catalog({"a": ModelConfig(slots=2, stop_timeout=5.0)}, frozenset({"a"}))
+    assert handle(sched, changed, 0.1) == []  # nothing runs yet: nothing to stop
+    assert handle(sched, Spawned("a", 7001), 0.2) == [
+        Drain("a", "reload", 5.2),
+        Stop("a", cut=False),
+    ]
+    # The waiter loads it again, with the new arguments; a later spawn is not stopped.
+    assert handle(sched, Exited("a", 0), 0.3) == [Spawn("a")]
+    assert handle(sched, Spawned("a", 7002), 0.4) == []
+    assert grants(handle(sched, Ready("a"), 0.5)) == [waiter]
+
+
 def test_a_waiter_that_leaves_is_forgotten_and_its_load_goes_on() -> None:
     sched = make()
     waiter, effects = request(sched)
