@@ -15,7 +15,16 @@ from hypothesis import settings
 # 2,000 each, e.g. `HYPOTHESIS_PROFILE=deep hack/test.sh tests/unit -k "fuzz or property"`.
 settings.register_profile("fast", max_examples=100, deadline=None)
 settings.register_profile("deep", max_examples=2000, deadline=None)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fast"))
+PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "fast")
+settings.load_profile(PROFILE)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The deep profile runs twenty times the examples: pytest's bound of 120 s a test (made
+    for the default run) would cut its machines short (two deep runs on 2 cores did)."""
+    if PROFILE == "deep":
+        for item in items:
+            item.add_marker(pytest.mark.timeout(0))
 
 
 @pytest.fixture
