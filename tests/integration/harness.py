@@ -206,6 +206,16 @@ def stop_process(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
+def wait_until(check: Callable[[], bool], what: str, timeout: float = 60) -> None:
+    """Poll ``check`` until it holds; fail after ``timeout`` seconds, naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"never saw {what}")
+
+
 def alive(pid: int) -> bool:
     """True while ``pid`` exists and is not a zombie (a zombie holds no memory or port)."""
     try:

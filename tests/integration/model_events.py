@@ -7,9 +7,10 @@ import http.client
 import json
 import socket
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
+
+from tests.integration.harness import wait_until
 
 
 class EventLog:
@@ -67,12 +68,3 @@ class EventLog:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def wait_until(check: Callable[[], bool], what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"never saw {what}")

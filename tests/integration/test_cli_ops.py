@@ -9,9 +9,8 @@ from typing import Any
 
 import pytest
 
-from tests.integration.harness import AgentProcess
+from tests.integration.harness import AgentProcess, wait_until
 from tests.integration.hf_server import HubServer, start_hub
-from tests.integration.model_events import wait_until
 from tests.integration.test_cli_client import corral
 
 TINY = "demo-tiny"

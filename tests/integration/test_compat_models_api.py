@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from node_agent.sources.download import cache_dir, destination
-from tests.integration.harness import AgentProcess, chat
+from tests.integration.harness import AgentProcess, chat, wait_until
 from tests.integration.hf_server import HubServer, start_hub
-from tests.integration.model_events import EventLog, wait_until
+from tests.integration.model_events import EventLog
 from tests.integration.test_compat import Answer, LlamaRouter, assert_same, call, shape
 
 REPO = "corral-test/tiny"

@@ -11,7 +11,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tests.integration.harness import AgentProcess, chat
+from tests.integration.harness import AgentProcess, chat, wait_until
 
 TINY, SMALL, MEDIUM = "demo-tiny", "demo-small", "demo-medium"
 FAKE_TIMING = {"LLAMA_SERVER_DEBUG_FAKE_TIMING": "1"}  # every proxied request holds 2 s
@@ -62,13 +62,6 @@ def answer(agent: AgentProcess, model: str) -> tuple[int, Any, Any]:
             return response.status, response.headers, json.loads(response.read())
     except urllib.error.HTTPError as err:
         return err.code, err.headers, json.loads(err.read())
-
-
-def wait_until(predicate: Any, timeout: float = 15) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.02)
 
 
 def test_ttl_unloads_an_idle_model_but_never_one_in_flight(
@@ -129,7 +122,7 @@ def test_queue_timeout_answers_503_with_retry_after(
     # tiny loads (2 s: longer than the queue timeout, which bounds the wait for a turn, not a
     # load under way) then holds its model (2 s) while small waits for the only slot.
     busy, result = in_background(agent, TINY)
-    wait_until(lambda: agent.models()[TINY]["status"]["value"] == "loaded")
+    wait_until(lambda: agent.models()[TINY]["status"]["value"] == "loaded", f"{TINY} loaded")
     started = time.monotonic()
     status, headers, body = answer(agent, SMALL)
     waited = time.monotonic() - started
@@ -148,9 +141,9 @@ def test_max_queue_refuses_extra_waiters_at_once(
     agent = start_agent("--models-preset", ini, "--models-max", "1", "--max-queue", "1")
     # A long stream keeps tiny busy; one request for small may wait, a second may not.
     busy, busy_result = in_background(agent, TINY, max_tokens=3000, ignore_eos=True)
-    wait_until(lambda: agent.models()[TINY]["corral"]["in_flight"] == 1)
+    wait_until(lambda: agent.models()[TINY]["corral"]["in_flight"] == 1, f"{TINY} in flight")
     waiter, waiter_result = in_background(agent, SMALL)
-    wait_until(lambda: agent.models()[SMALL]["corral"]["queued"] == 1)
+    wait_until(lambda: agent.models()[SMALL]["corral"]["queued"] == 1, f"{SMALL} queued")
     status, headers, body = answer(agent, SMALL)
     assert status == 503
     assert headers["Retry-After"] == "1"
@@ -186,6 +179,12 @@ def test_model_logs_endpoint_and_request_log_lines(
     status, text = agent.get(f"/models/logs?model={TINY}")
     assert status == 200
     assert "llama" in text and "model" in text  # the child's own stderr lines
+    # A trickle of the child's lines is read at most every 0.25 s: more than 3 come.
+    wait_until(
+        lambda: "model loaded" in agent.get(f"/models/logs?model={TINY}")[1],
+        "the child's 'model loaded' line",
+        timeout=10,
+    )
     status, text = agent.get(f"/models/logs?model={TINY}&lines=3")
     assert status == 200 and len(text.strip().splitlines()) == 3
     status, body = agent.get("/models/logs?model=nope")

@@ -137,8 +137,7 @@ def test_a_client_that_drops_during_the_load_can_resume_from_0(agent: AgentProce
 def test_a_stop_during_the_load_ends_the_parked_request_with_400(agent: AgentProcess) -> None:
     with socket.create_connection(("127.0.0.1", agent.port), timeout=60) as sock:
         sock.sendall(chat_request(MODEL_NAME, CONV))
-        time.sleep(0.3)
-        assert call(agent.port, "GET", stream_path(CONV)).status == 503
+        until(lambda: call(agent.port, "GET", stream_path(CONV)).status == 503, "it parked", 10)
         stopped = call(agent.port, "DELETE", stream_path(CONV))
         assert stopped.status == 204
         answer = sock.makefile("rb").read1(4096)

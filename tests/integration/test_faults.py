@@ -199,7 +199,9 @@ def test_a_child_that_ignores_exit_and_sigterm_is_killed_after_stop_timeout(
     # The exit command, then SIGTERM after 0.5 s, both unheard; SIGKILL at stop-timeout.
     assert 1.0 <= took < 4.0, took
     assert entry["status"].get("failed") is None  # a stop, not a crash
-    assert not alive(wrapper) and not alive(real[0])
+    assert not alive(wrapper)
+    # The same killpg ends the grandchild, which the agent does not reap: it goes a moment later.
+    wait_until(lambda: not alive(real[0]), 5, "the real llama-server gone")
     assert "did not exit within stop_timeout=1s; SIGKILL" in agent.log()
 
 

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.integration.harness import AgentProcess
+from tests.integration.harness import AgentProcess, wait_until
 
 TINY, SMALL = "demo-tiny", "demo-small"
 
@@ -66,7 +66,8 @@ def test_sighup_reloads_with_a_log_line(start_agent: Any, demo_dir: Path, tmp_pa
     started = time.monotonic()
     while "SIGHUP: reloading" not in agent.log() and time.monotonic() - started < 5:
         time.sleep(0.05)
-    time.sleep(0.5)
+    # The reload comes once no other change came for a moment, off the loop (a worker thread).
+    wait_until(lambda: "reloaded: 0 added" in agent.log(), "the reload's line", timeout=10)
     assert agent.proc.poll() is None, agent.log()[-2000:]  # it used to end the agent
     log = agent.log()
     assert "SIGHUP: reloading the models folder, the presets and the cache" in log

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.harness import AgentProcess, chat
+from tests.integration.harness import AgentProcess, chat, wait_until
 
 MIB = 1 << 20
 FAKE_TIMING = {"LLAMA_SERVER_DEBUG_FAKE_TIMING": "1"}  # loads and requests each hold 2 s
@@ -106,9 +106,9 @@ def test_busy_models_memory_is_never_taken_the_request_waits(
         time.sleep(0.02)
     waiter = threading.Thread(target=send, args=("m3",))
     waiter.start()
-    time.sleep(0.5)
+    # m3 waits: both holders are busy.
+    wait_until(lambda: agent.models()["m3"]["corral"]["queued"] == 1, "m3 queued", timeout=10)
     models = agent.models()
-    assert models["m3"]["corral"]["queued"] == 1  # waits: both holders are busy
     assert {n for n, m in models.items() if m["status"]["value"] == "loaded"} == {"m1", "m2"}
     for thread in (*busy, waiter):
         thread.join(60)

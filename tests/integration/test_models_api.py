@@ -24,9 +24,10 @@ from tests.integration.harness import (
     http,
     stop_process,
     wait_healthy,
+    wait_until,
 )
 from tests.integration.hf_server import HubServer, start_hub
-from tests.integration.model_events import EventLog, wait_until
+from tests.integration.model_events import EventLog
 
 REPO = "corral-test/tiny"
 MODEL = f"{REPO}:Q8_0"

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.integration.harness import chat
+from tests.integration.harness import chat, wait_until
 
 
 class ConfigMapVolume:
@@ -94,6 +94,8 @@ def test_a_broken_update_keeps_the_running_presets(
         assert time.monotonic() < deadline, agent.log()
         time.sleep(0.1)
     assert "no-such-option" in agent.log()
+    # Logged as the sources are read (off the loop); the catalog is kept a moment later.
+    wait_until(lambda: agent.get("/models")[1].get("refused"), "the refusal in GET /models", 10)
     assert set(agent.models()) == {"chat", "steady"}  # as they were before the bad update
     assert agent.get("/models")[1]["refused"][0]["models"] == ["chat", "steady"]
     assert agent.post("/v1/chat/completions", chat("chat"))[0] == 200

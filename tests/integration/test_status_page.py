@@ -10,8 +10,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.integration.harness import REPO, chat
-from tests.integration.model_events import wait_until
+from tests.integration.harness import REPO, chat, wait_until
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # TESTING.md "A real browser": these flags make Debian's chromium run headless in a container.
