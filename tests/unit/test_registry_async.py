@@ -548,3 +548,98 @@ async def test_a_stream_cut_mid_event_ends_with_whole_events_and_the_error_event
     parsed = [json.loads(event) for event in events]  # each one whole
     assert "stopped mid-response" in parsed[-1]["error"]["message"], rest
     assert rest.endswith(b"\n\n") and len(parsed) == 2, rest  # the second token, the error
+
+
+async def test_a_model_gone_and_back_while_its_child_is_on_its_way_ends_the_first_reload() -> None:
+    """Review of 12ca46d: the reload that dropped it waited for its run; the one that brought
+    it back (other arguments) cleared ``gone``, so that child ran on and the first reload hung
+    until it ended; meanwhile ``GET /models`` gave the new version for the old child."""
+    plan = Plan(spawn_after=0.3)
+    v1 = spec("m", stop_timeout=5.0, preset_hash="v1")
+    async with fake_agent(plan, [v1]) as agent:
+        request = asyncio.create_task(
+            agent.client.post(f"{agent.url}/v1/chat/completions", json=chat("m"))
+        )
+        await asyncio.sleep(0.1)  # its load is granted; the process does not exist yet
+        assert plan.spawned == [] and len(plan.children) == 1
+        dropped = asyncio.create_task(agent.registry.reload(Catalog({}), set()))
+        await asyncio.sleep(0.01)
+        v2 = spec("m", stop_timeout=5.0, preset_hash="v2", options=(("ctx-size", "64"),))
+        await agent.registry.reload(Catalog({"m": v2}), set())  # back: "added" to the agent
+        assert (await _listed(agent, "m"))["corral"]["preset_hash"] == "v1"  # on its way
+        async with asyncio.timeout(5):
+            await dropped
+        assert "m" in plan.exited
+        assert (await request).status == 400  # it was gone when it waited
+        assert (await _listed(agent, "m"))["corral"]["preset_hash"] == "v2"
+
+
+async def test_an_update_in_place_while_an_outdated_child_is_on_its_way_keeps_its_hash() -> None:
+    """Review of 12ca46d: a second reload that only updates the model (its TTL) reported the
+    new version for the child on its way, which runs the arguments of the first."""
+    plan = Plan(spawn_after=0.3)
+    v1 = spec("m", stop_timeout=5.0, preset_hash="v1")
+    async with fake_agent(plan, [v1]) as agent:
+        request = asyncio.create_task(
+            agent.client.post(f"{agent.url}/v1/chat/completions", json=chat("m"))
+        )
+        await asyncio.sleep(0.1)  # its load is granted; the process does not exist yet
+        v2 = spec("m", stop_timeout=5.0, preset_hash="v2", options=(("ctx-size", "64"),))
+        first = asyncio.create_task(agent.registry.reload(Catalog({"m": v2}), {"m"}))
+        await asyncio.sleep(0.01)
+        v3 = spec("m", stop_timeout=5.0, preset_hash="v3", options=(("ctx-size", "64"),), ttl=60)
+        await agent.registry.reload(Catalog({"m": v3}), set())
+        assert (await _listed(agent, "m"))["corral"]["preset_hash"] == "v1"  # on its way
+        async with asyncio.timeout(5):
+            await first
+            response = await request
+        assert response.status == 200
+        assert [child.spec.preset_hash for child in plan.children] == ["v1", "v3"]
+        assert (await _listed(agent, "m"))["corral"]["preset_hash"] == "v3"
+
+
+async def test_a_delete_while_a_models_child_is_on_its_way_returns_once_it_exits() -> None:
+    """Review of 12ca46d: ``DELETE /models`` (``stop_and_wait``) of a model whose load was
+    granted sent an Unload the scheduler ignored (nothing ran yet), then waited for that run:
+    until the child's TTL, or for ever."""
+    plan = Plan(spawn_after=0.3)
+    async with fake_agent(plan, [spec("m", stop_timeout=5.0)]) as agent:
+        request = asyncio.create_task(
+            agent.client.post(f"{agent.url}/v1/chat/completions", json=chat("m"))
+        )
+        await asyncio.sleep(0.1)  # its load is granted; the process does not exist yet
+        assert plan.spawned == [] and len(plan.children) == 1
+        async with asyncio.timeout(5):
+            await agent.registry.stop_and_wait("m")
+        assert plan.spawned == ["m"] and "m" in plan.exited
+        async with asyncio.timeout(5):
+            response = await request  # its waiter loads it again
+        assert response.status == 200
+        assert plan.spawned == ["m", "m"]
+
+
+async def test_a_load_on_startup_model_changed_while_its_load_was_granted_loads_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Review of 12ca46d: its start-up load waits through the restart and loads it again; the
+    reload then loaded it a second time, refused ("already running") with a warning."""
+    plan = Plan(spawn_after=0.3)
+    v1 = spec("m", stop_timeout=5.0, load_on_startup=True, preset_hash="v1")
+    async with fake_agent(plan, [v1]) as agent:
+        await asyncio.sleep(0.1)  # its start-up load is granted; no process yet
+        assert plan.spawned == [] and len(plan.children) == 1
+        v2 = spec(
+            "m", stop_timeout=5.0, load_on_startup=True, preset_hash="v2",
+            options=(("ctx-size", "64"),),
+        )  # fmt: skip
+        with caplog.at_level(logging.INFO, logger="corral"):
+            async with asyncio.timeout(5):
+                await agent.registry.reload(Catalog({"m": v2}), {"m"})
+            for _ in range(100):  # loaded by its start-up load, within 1 s
+                if agent.registry.state("m") is ModelState.LOADED:
+                    break
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.5)  # a second load would have been refused by now
+        assert agent.registry.state("m") is ModelState.LOADED
+        assert [child.spec.preset_hash for child in plan.children] == ["v1", "v2"]
+        assert "already running" not in caplog.text, caplog.text

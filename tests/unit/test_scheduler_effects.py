@@ -404,3 +404,36 @@ def test_two_loads_freed_by_one_exit_are_not_both_claimed_into_one_models_memory
     assert [e for e in effects if isinstance(e, Spawn)] == [Spawn("a")]  # not b as well
     effects = send(Spawned("a", 7002), 0.4)
     assert not [e for e in effects if isinstance(e, Spawn)]  # b does not fit beside a
+
+
+def test_a_model_gone_and_back_while_its_load_was_granted_reloads_once_spawned() -> None:
+    """Review of 12ca46d: coming back cleared ``gone``, so the child on its way (the old
+    preset's arguments) was never stopped, and the reload that dropped it waited for it."""
+    sched = make(2, a=ModelConfig(slots=1, stop_timeout=5.0))
+    waiter, effects = request(sched, "a")
+    assert Spawn("a") in effects
+    assert handle(sched, Catalog({}), 0.1) == [Refuse(waiter, Refusal.GONE)]
+    assert handle(sched, Catalog({"a": ModelConfig(slots=2, stop_timeout=5.0)}), 0.2) == []
+    assert handle(sched, Spawned("a", 7001), 0.3) == [
+        Drain("a", "reload", 5.3),
+        Stop("a", cut=False),
+    ]
+    assert handle(sched, Exited("a", 0), 0.4) == []
+    assert "a" in sched and sched.view("a").state is ModelState.UNLOADED
+
+
+def test_a_model_removed_while_its_load_was_granted_stops_once_spawned() -> None:
+    """Review of 12ca46d: ``DELETE /models`` (``Unload(remove)``) of a model whose load was
+    granted was ignored, and the route waited for that child to end (until its TTL)."""
+    sched = make(2, a=ModelConfig(slots=1, stop_timeout=5.0))
+    waiter, effects = request(sched, "a")
+    assert Spawn("a") in effects
+    assert handle(sched, Unload("a", "remove"), 0.1) == []
+    assert handle(sched, Spawned("a", 7001), 0.2) == [
+        Drain("a", "remove", 5.2),
+        Stop("a", cut=False),
+    ]
+    # Its waiter loads it again, as one that waited for a running model removed.
+    assert handle(sched, Exited("a", 0), 0.3) == [Spawn("a")]
+    assert handle(sched, Spawned("a", 7002), 0.4) == []
+    assert grants(handle(sched, Ready("a"), 0.5)) == [waiter]
