@@ -157,9 +157,10 @@ class _Model:
     stopping: bool = False
     stop_sent: bool = False  # its drain is over and the child was told to exit
     gone: bool = False  # it left the catalog; forgotten once its child has exited
-    # Its arguments changed while its load was granted: the child on its way runs the old
-    # ones, so it stops for the reload once spawned (its waiters load it again).
-    outdated: bool = False
+    # Why the child on its way stops once spawned (None: it does not): its arguments changed
+    # ("reload": it runs the old ones; so did one that left the catalog and came back) or it
+    # was removed ("remove") while its load was granted. Its waiters load it again.
+    stop_spawned: str | None = None
     in_flight: int = 0
     busy: int = 0  # leases in flight that take one of its child's slots
     port: int | None = None  # where its child listens (from the spawn on)
@@ -361,13 +362,15 @@ class Scheduler:
             case Spawned(model=name, port=port):
                 self.claim_done(name, spawned=True, now=now, port=port)
                 model = self._models[name]
+                stop, model.stop_spawned = model.stop_spawned, None
                 if self.closing:  # spawned as the agent began to close: it stops too
                     self._drain(name, "shutdown", now, out)
-                elif model.gone or model.outdated:  # the catalog changed as it was spawned
+                elif model.gone:  # it left the catalog as it was spawned
                     self._drain(name, "reload", now, out)
-                model.outdated = False
+                elif stop is not None:  # changed or removed as it was spawned
+                    self._drain(name, stop, now, out)
             case SpawnFailed(model=name, reason=reason, count=count):
-                self._models[name].outdated = False  # the next spawn takes the new arguments
+                self._models[name].stop_spawned = None  # the next spawn takes the new arguments
                 if count:
                     self.on_spawn_failed(name, now, reason)
                 else:
@@ -482,6 +485,11 @@ class Scheduler:
 
     def _apply_catalog(self, catalog: Catalog, now: float, out: list[Effect]) -> None:
         for name, config in catalog.models.items():
+            known = self._models.get(name)
+            if known is not None and known.gone and self._spawning(name):
+                # Back before its child was spawned, maybe with other arguments: that child
+                # (the old preset's) stops once spawned, as one that stayed away would.
+                known.stop_spawned = "reload"
             self.add_model(name, config=config)
         for name in [n for n in self._models if n not in catalog.models]:
             model = self._models[name]
@@ -492,22 +500,23 @@ class Scheduler:
                 self.remove_model(name)
                 out.append(Removed(name))
         for name in catalog.changed:
-            if self._spawning(name):
-                self._models[name].outdated = True
             self._drain(name, "reload", now, out)
 
     def _drain(
         self, name: str, reason: str, now: float, out: list[Effect], evicted_for: str | None = None
     ) -> None:
-        """Stop ``name`` if it runs: it drains until its stop timeout (or an earlier bound)."""
-        if name not in self._models:
+        """Stop ``name`` if it runs: it drains until its stop timeout (or an earlier bound).
+        One whose load was granted stops once its child is spawned (see ``Spawned``)."""
+        model = self._models.get(name)
+        if model is None:
             return
         if self.request_stop(name) or (reason == "shutdown" and name in self._stopping):
-            model = self._models[name]
             self.begin_drain(name, now + model.config.stop_timeout)
             if self._close_until is not None:
                 self.begin_drain(name, self._close_until)  # the shutdown's bound wins
             out.append(Drain(name, reason, model.drain_until or now, evicted_for))
+        elif self._spawning(name) and model.stop_spawned is None:
+            model.stop_spawned = reason
 
     def _close(self, until: float, now: float, out: list[Effect]) -> None:
         self._close_until = until
@@ -662,6 +671,14 @@ class Scheduler:
         if model is not None and model.state.running:
             raise ValueError(f"model {name!r} is still running")
         self._models.pop(name, None)
+
+    def outgoing(self, name: str) -> bool:
+        """``name``'s child, running or on its way, is to stop: it is stopping, it left the
+        catalog, or it stops once spawned (changed or removed while its load was granted)."""
+        model = self._models.get(name)
+        return model is not None and (
+            model.stopping or model.gone or model.stop_spawned is not None
+        )
 
     def __contains__(self, name: object) -> bool:
         return name in self._models

@@ -298,8 +298,9 @@ class Registry:
         self._set_specs({**{n: self._specs[n] for n in gone}, **specs}, catalog.aliases)
         for name in self._served_hash.keys() & specs.keys() - changed:
             # Updated in place (a TTL, a pin): the running child serves the new version, unless
-            # it is on its way out (a child stopped by an earlier reload still runs the old).
-            if not self._sched.view(name).stopping:
+            # it is on its way out (a child stopped by an earlier reload still runs the old, as
+            # does one spawned for a load granted before it changed or left and came back).
+            if not self._sched.outgoing(name):
                 self._served_hash[name] = specs[name].preset_hash
         configs = {name: self._config(spec) for name, spec in specs.items()}
         self._submit(CatalogEvent(configs, frozenset(n for n in changed if n in configs)))
@@ -310,7 +311,10 @@ class Registry:
             # and so do those just stopped for new arguments.
             for name, spec in specs.items():
                 was = before.get(name)
-                again = name in changed and self.state(name) is ModelState.UNLOADED
+                # (Unless its waiters' load is on its way already: a start-up load that waited
+                # through the restart, or a request.)
+                view = self._sched.view(name)
+                again = name in changed and view.state is ModelState.UNLOADED and not view.claimed
                 if spec.load_on_startup and (was is None or not was.load_on_startup or again):
                     self._load_on_startup(name)
 
