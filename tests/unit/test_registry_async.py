@@ -643,3 +643,43 @@ async def test_a_load_on_startup_model_changed_while_its_load_was_granted_loads_
         assert agent.registry.state("m") is ModelState.LOADED
         assert [child.spec.preset_hash for child in plan.children] == ["v1", "v2"]
         assert "already running" not in caplog.text, caplog.text
+
+
+@pytest.mark.parametrize("child", ["draining", "on its way"])
+async def test_a_load_on_startup_model_gone_and_back_before_its_child_ended_is_loaded_again(
+    child: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Review of 12ca46d: the reload that brought it back saw the spec kept for its stopping
+    child as the model's former self (load-on-startup already), so nothing loaded it once that
+    child had ended; with its child on its way, the start-up load was refused ("already
+    running") for the child that was about to stop."""
+    plan = Plan(spawn_after=0.3 if child == "on its way" else 0.0)
+    v1 = spec("m", stop_timeout=5.0, load_on_startup=True, preset_hash="v1")
+    async with fake_agent(plan, [v1]) as agent:
+        stream = None
+        if child == "draining":
+            for _ in range(100):
+                if agent.registry.state("m") is ModelState.LOADED:
+                    break
+                await asyncio.sleep(0.01)
+            stream = await open_stream(agent, "m")  # keeps the v1 child draining
+        else:
+            await asyncio.sleep(0.1)  # its start-up load is granted; no process yet
+            assert plan.spawned == []
+        dropped = asyncio.create_task(agent.registry.reload(Catalog({}), set()))
+        await asyncio.sleep(0.05)
+        assert not dropped.done()
+        v2 = spec("m", stop_timeout=5.0, load_on_startup=True, preset_hash="v2")
+        with caplog.at_level(logging.INFO, logger="corral"):
+            await agent.registry.reload(Catalog({"m": v2}), set())
+            if stream is not None:
+                stream.close()
+            async with asyncio.timeout(5):
+                await dropped
+            for _ in range(200):
+                if len(plan.children) == 2 and agent.registry.state("m") is ModelState.LOADED:
+                    break
+                await asyncio.sleep(0.01)
+        assert [child.spec.preset_hash for child in plan.children] == ["v1", "v2"]
+        assert agent.registry.state("m") is ModelState.LOADED
+        assert "already running" not in caplog.text, caplog.text

@@ -437,3 +437,18 @@ def test_a_model_removed_while_its_load_was_granted_stops_once_spawned() -> None
     assert handle(sched, Exited("a", 0), 0.3) == [Spawn("a")]
     assert handle(sched, Spawned("a", 7002), 0.4) == []
     assert grants(handle(sched, Ready("a"), 0.5)) == [waiter]
+
+
+def test_a_direct_load_while_a_changed_models_child_is_on_its_way_waits_for_the_next() -> None:
+    """Review of 12ca46d: ``POST /models/load`` (or a load-on-startup) of a model changed while
+    its load was granted was refused "already running" for a child about to stop."""
+    sched = make(2, a=ModelConfig(slots=1, stop_timeout=5.0))
+    _, effects = request(sched, "a")
+    assert Spawn("a") in effects
+    changed = Catalog({"a": ModelConfig(slots=2, stop_timeout=5.0)}, frozenset({"a"}))
+    assert handle(sched, changed, 0.1) == []
+    direct, effects = request(sched, "a", 0.1, direct=True)
+    assert Refuse(direct, Refusal.RUNNING) not in effects, effects
+    handle(sched, Spawned("a", 7001), 0.2)  # it stops for the reload
+    assert handle(sched, Exited("a", 0), 0.3) == [Spawn("a")]
+    assert Started(direct) in handle(sched, Spawned("a", 7002), 0.4)
