@@ -417,8 +417,9 @@ class Scheduler:
             return True
         entry = self._queue.get(name)
         if request.direct:
+            # (A child that stops, or stops once spawned, is no load: it waits for the next.)
             if (model.state.running or (entry is not None and entry.claimed)) and not (
-                model.stopping
+                model.stopping or model.stop_spawned is not None
             ):
                 out.append(Refuse(waiter, Refusal.RUNNING))
                 return True

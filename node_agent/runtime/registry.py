@@ -195,6 +195,8 @@ class Registry:
         self._timer_at: float | None = None
         self._room_read_at = -math.inf
         self._set_specs(catalog.models, catalog.aliases)
+        # The catalog's models (``_specs`` also keeps those that left it until they stopped).
+        self._listed_names = frozenset(catalog.models)
         self._submit(CatalogEvent(self._configs()))
 
     # -- catalog -----------------------------------------------------------------------------
@@ -292,7 +294,9 @@ class Registry:
         wait in the queue and load it again with its new arguments.
         """
         specs = catalog.models
-        before = dict(self._specs)
+        # (One that left and comes back before its child ended is new: loaded if it says so.)
+        before = {n: s for n, s in self._specs.items() if n in self._listed_names}
+        self._listed_names = frozenset(specs)
         gone = [name for name in self._specs if name not in specs]
         # Gone models stay known until their children have stopped (draining).
         self._set_specs({**{n: self._specs[n] for n in gone}, **specs}, catalog.aliases)
