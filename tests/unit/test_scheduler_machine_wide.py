@@ -1,6 +1,11 @@
 """The differential machine of tests/unit/test_scheduler_machine.py with the events it does not
 generate: failed spawns, sleep and wake, catalog changes (slots, pins, a model that leaves and
-comes back), keep_alive, faulted releases, a memory room and ``--max-child-errors``."""
+comes back), keep_alive, faulted releases, a memory room and ``--max-child-errors``.
+
+One more invariant: a child whose model changed (new arguments), left the catalog (and maybe
+came back) or was removed (``DELETE /models``) since its load was granted is stopping; so is
+every child once the agent closes. None runs arguments older than the catalog's.
+"""
 
 from __future__ import annotations
 
@@ -15,11 +20,14 @@ from node_agent.core.scheduler import Scheduler
 from node_agent.core.scheduler_events import (
     Catalog,
     ChildFault,
+    Effect,
     KeepAlive,
     ModelConfig,
     Release,
     Sleeping,
+    Spawn,
     SpawnFailed,
+    Unload,
     Woke,
 )
 from tests.unit import test_scheduler_machine as base
@@ -55,8 +63,18 @@ class WideMachine(base.SchedulerMachine):
         self.reference = base.FullScan(base.MODELS_MAX, r2, max_queue=20, child_errors=2)
         r1.sched, r2.sched = self.sched, self.reference
         self.slots = dict(base.SLOTS)
+        # Each model's version (a change, a return to the catalog, a removal make a new one)
+        # and the version each granted load got: what its child runs.
+        self.version = dict.fromkeys(base.MODELS, 0)
+        self.spawned_version: dict[str, int] = {}
+        self.listed = set(base.MODELS)
         configs = {m: ModelConfig(slots=self.slots[m], stop_timeout=3.0) for m in base.MODELS}
         self.send(Catalog(configs))
+
+    def carry_out(self, effect: Effect) -> None:
+        super().carry_out(effect)
+        if isinstance(effect, Spawn):
+            self.spawned_version[effect.model] = self.version[effect.model]
 
     @precondition(lambda self: self.spawning)
     @rule(data=st.data(), count=st.booleans())
@@ -107,7 +125,26 @@ class WideMachine(base.SchedulerMachine):
                 continue
             models[m] = ModelConfig(slots=s, pin=p, stop_timeout=3.0)
             self.slots[m] = s
-        self.send(Catalog(models, frozenset(c for c in changed if c in models)))
+        changed = frozenset(c for c in changed if c in models)
+        for m in changed | (models.keys() - self.listed):
+            self.version[m] += 1
+        self.listed = set(models)
+        self.send(Catalog(models, changed))
+
+    @rule(model=st.sampled_from(base.MODELS))
+    def remove(self, model: str) -> None:
+        """``DELETE /models``: the registry sends it while the model has a run (a child, or
+        a granted load on its way)."""
+        if model in self.children or model in self.spawning:
+            self.version[model] += 1
+            self.send(Unload(model, "remove"))
+
+    @invariant()
+    def no_child_runs_outdated_arguments(self) -> None:
+        for name in self.children:
+            old = self.spawned_version[name] != self.version[name] or name not in self.listed
+            if old or self.closing:
+                assert self.sched.view(name).stopping, (name, self.spawned_version, self.version)
 
     @invariant()
     def slots_and_instances_hold(self) -> None:
