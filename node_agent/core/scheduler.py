@@ -501,6 +501,9 @@ class Scheduler:
                 self.remove_model(name)
                 out.append(Removed(name))
         for name in catalog.changed:
+            # Its failures were the old arguments' or file's: no backoff for the new ones.
+            model = self._models[name]
+            model.failures, model.retry_at = 0, 0.0
             self._drain(name, "reload", now, out)
 
     def _drain(

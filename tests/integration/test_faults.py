@@ -347,6 +347,23 @@ def test_a_failed_load_tells_its_waiters_why(start_agent: StartAgent, broken_mod
     assert CORRUPT["truncated"] in body["error"]["corral"]["reason"], body
 
 
+def test_a_good_file_copied_over_a_broken_one_loads_at_once(
+    start_agent: StartAgent, broken_models: Path, demo_dir: Path
+) -> None:
+    """The backoff of the broken file's failures held the good one back (up to a minute)."""
+    agent = start_agent("--models-dir", str(broken_models), "-c", "512")
+    for failure in range(4):  # the fourth backs off 4 s
+        if failure >= 2:
+            wait_backoff(agent, "truncated")
+        assert complete(agent, "truncated")[0] == 500
+    status, body = complete(agent, "truncated")
+    assert status == 503 and "keeps failing to load" in body["error"]["message"], body
+    shutil.copy(demo_dir / f"{SMALL}.gguf", broken_models / "truncated.gguf")
+    assert agent.get("/models?reload=1")[0] == 200
+    status, body = complete(agent, "truncated")
+    assert status == 200, body
+
+
 def one_model(source: Path, tmp_path: Path, name: str) -> Path:
     """A models folder holding a copy of ``source`` as ``name`` (a copy: the tests change it)."""
     folder = tmp_path / "models"

@@ -244,6 +244,24 @@ def test_a_crash_while_loading_fails_its_waiters_and_backs_off_after_the_second(
     assert refuse.retry_after > 0
 
 
+def test_a_model_that_keeps_failing_loads_at_once_when_its_arguments_or_file_change() -> None:
+    """A fixed preset, or a good file copied over a truncated one, waited out the backoff of
+    the old one's failures (up to a minute of 503s); a change in place (a TTL) still waits."""
+    sched = make()
+    for attempt, now in ((1, 0.0), (2, 1.0), (3, 2.5)):
+        waiter, effects = request(sched, now=now)
+        assert Spawn("a") in effects
+        handle(sched, Spawned("a", 7000 + attempt), now)
+        effects = handle(sched, Exited("a", 1, "bad file"), now + 0.1)
+        assert effects == [Refuse(waiter, Refusal.FAILED, "bad file")]
+    assert handle(sched, Catalog({"a": ModelConfig(slots=1, ttl=60.0)}), 2.7) == []
+    _, effects = request(sched, now=2.8)
+    assert [e.kind for e in effects if isinstance(e, Refuse)] == [Refusal.BACKOFF]
+    assert handle(sched, Catalog({"a": ModelConfig(slots=1)}, frozenset({"a"})), 2.9) == []
+    assert Spawn("a") in request(sched, now=3.0)[1]
+    assert sched.view("a").failures == 0  # a fresh start: a failure now is its first
+
+
 def test_the_catalog_removes_gone_models_once_stopped_and_reloads_changed_ones() -> None:
     sched = make(2, a=ModelConfig(slots=1), b=ModelConfig(slots=1), c=ModelConfig(slots=1))
     loaded(sched, "a")
