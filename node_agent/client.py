@@ -280,9 +280,31 @@ def wait_loaded(client: AgentClient, feed: EventFeed, name: str, outcome: Outcom
 
 def cmd_models(client: AgentClient, args: argparse.Namespace, out: TextIO) -> int:
     models = client.models()
-    listed = json.dumps([dump(m) for m in models], indent=2)
-    print(listed if args.json else fmt.models_table(models), file=out)
+    if args.json:
+        print(json.dumps([dump(m) for m in models], indent=2), file=out)
+    else:
+        print(fmt.models_table(models, process_memory(client, models)), file=out)
     return 0
+
+
+def process_memory(client: AgentClient, models: Sequence[ModelEntry]) -> dict[str, int]:
+    """The running models' own memory (GET /api/ps, counted as the ledger counts a running
+    child), asked only where the ledger is off (it counts none of them)."""
+    running = [m for m in models if m.status.value != "unloaded"]
+    if not running or any(fmt.ledger_held(m) for m in running):
+        return {}
+    try:
+        body = client.call("GET", "/api/ps")
+    except AgentError as err:
+        if err.status == 404:
+            return {}  # an agent without Ollama's API (llama.cpp's own router)
+        raise
+    listed = body.get("models", []) if isinstance(body, dict) else []
+    return {
+        str(m.get("name")): memory
+        for m in listed
+        if isinstance(m, dict) and isinstance(memory := (m.get("corral") or {}).get("memory"), int)
+    }
 
 
 def cmd_status(client: AgentClient, args: argparse.Namespace, out: TextIO) -> int:
@@ -298,7 +320,8 @@ def cmd_status(client: AgentClient, args: argparse.Namespace, out: TextIO) -> in
         }
         print(json.dumps(body, indent=2), file=out)
     else:
-        print(fmt.status_text(client.url, props, models, ledger), file=out)
+        process = process_memory(client, models)
+        print(fmt.status_text(client.url, props, models, ledger, process), file=out)
     return 0
 
 

@@ -48,13 +48,21 @@ def model_state(model: ModelEntry) -> str:
     return value
 
 
-def held_memory(model: ModelEntry) -> str:
+def ledger_held(model: ModelEntry) -> Mapping[str, int]:
+    """What the ledger counts ``model`` holding, by device (empty: none, or the ledger is off)."""
     memory = model.corral.memory if model.corral is not None else None
-    held = memory.held if memory is not None else {}
-    return ", ".join(f"{device} {size(n)}" for device, n in sorted(held.items())) or "-"
+    return memory.held if memory is not None else {}
 
 
-def models_table(models: Sequence[ModelEntry]) -> str:
+def held_memory(model: ModelEntry, process: Mapping[str, int]) -> str:
+    """The ledger's figures; with it off, the process's own (``process``: GET /api/ps')."""
+    held = ledger_held(model)
+    if held:
+        return ", ".join(f"{device} {size(n)}" for device, n in sorted(held.items()))
+    return f"process {size(process[model.id])}" if model.id in process else "-"
+
+
+def models_table(models: Sequence[ModelEntry], process: Mapping[str, int] | None = None) -> str:
     if not models:
         return "no models (check the agent's --models-dir, --models-preset or HF cache)"
     rows = []
@@ -64,7 +72,7 @@ def models_table(models: Sequence[ModelEntry]) -> str:
                 m.id,
                 model_state(m),
                 ", ".join(m.aliases) or "-",
-                held_memory(m),
+                held_memory(m, process or {}),
                 str(m.corral.in_flight if m.corral else 0),
                 str(m.corral.queued if m.corral else 0),
             ]
@@ -100,6 +108,7 @@ def status_text(
     props: Mapping[str, Any],
     models: Sequence[ModelEntry],
     ledger: Mapping[str, Any] | None,
+    process: Mapping[str, int] | None = None,
 ) -> str:
     running = [m for m in models if m.status.value != "unloaded"]
     limit = props.get("max_instances")
@@ -113,7 +122,7 @@ def status_text(
         f"requests   {in_flight} in flight, {queued} waiting",
         f"autoload   {'on' if props.get('models_autoload') else 'off'}",
         "",
-        models_table(models),
+        models_table(models, process),
     ]
     if ledger is None:
         lines += ["", "memory ledger off (start the agent with --models-memory-margin MiB)"]

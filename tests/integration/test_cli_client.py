@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -64,6 +65,13 @@ def test_models_load_unload_status(start_agent: Any, demo_dir: Path) -> None:
     assert f"agent      {agent.url}" in status.stdout
     assert "instances  1 running of 4 (3 models known)" in status.stdout
     assert "memory ledger off" in status.stdout
+    # The ledger off: a running model's memory is its process's own (as `corral ps` and the
+    # status page give it); it was "-" for every model.
+    rows = {line.split()[0]: line for line in status.stdout.splitlines() if line}
+    assert re.search(r"  process \d+\.\d MiB  ", rows[TINY]), rows[TINY]
+    assert "process" not in rows[SMALL], rows[SMALL]
+    (tiny_row,) = [r for r in corral("models", url=agent.url).stdout.splitlines() if TINY in r]
+    assert re.search(r"  process \d+\.\d MiB  ", tiny_row), tiny_row
     status_json = json.loads(corral("status", "--json", url=agent.url).stdout)
     assert status_json["props"]["role"] == "router"
     assert status_json["ledger"] is None
