@@ -262,6 +262,20 @@ def test_a_model_that_keeps_failing_loads_at_once_when_its_arguments_or_file_cha
     assert sched.view("a").failures == 0  # a fresh start: a failure now is its first
 
 
+def test_a_model_that_failed_is_no_longer_failed_once_its_arguments_or_file_change() -> None:
+    """GET /models showed the new arguments as failed (exit code, the old file's error line)
+    with no failure counted; a running model whose arguments change stops without one too."""
+    sched = make()
+    for attempt, now in ((1, 0.0), (2, 1.0)):
+        request(sched, now=now)
+        handle(sched, Spawned("a", 7000 + attempt), now)
+        handle(sched, Exited("a", 1, "bad file"), now + 0.1)
+    assert sched.view("a").failed and sched.view("a").failures == 2
+    handle(sched, Catalog({"a": ModelConfig(slots=1)}, frozenset({"a"})), 2.0)
+    view = sched.view("a")
+    assert (view.failed, view.failures, view.retry_at) == (False, 0, 0.0), view
+
+
 def test_the_catalog_removes_gone_models_once_stopped_and_reloads_changed_ones() -> None:
     sched = make(2, a=ModelConfig(slots=1), b=ModelConfig(slots=1), c=ModelConfig(slots=1))
     loaded(sched, "a")
