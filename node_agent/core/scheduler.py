@@ -501,9 +501,10 @@ class Scheduler:
                 self.remove_model(name)
                 out.append(Removed(name))
         for name in catalog.changed:
-            # Its failures were the old arguments' or file's: no backoff for the new ones.
+            # Its failures were the old arguments' or file's: no backoff for the new ones, and
+            # not shown as theirs (as a running one's stop for the change clears them).
             model = self._models[name]
-            model.failures, model.retry_at = 0, 0.0
+            model.failed, model.failures, model.retry_at = False, 0, 0.0
             self._drain(name, "reload", now, out)
 
     def _drain(
