@@ -1,9 +1,16 @@
-"""The ``corral`` client's pure parts: the --url it accepts and the "no such model" text."""
+"""The ``corral`` client's pure parts: the --url it accepts, the "no such model" text, and
+the tables ``models`` and ``status`` make of what an agent answers."""
 
 from __future__ import annotations
 
+import argparse
+import io
+import json
+from collections.abc import Callable
+
 import pytest
 
+from node_agent.client import AgentClient, AgentError, cmd_models, cmd_status
 from node_agent.client_format import KNOWN_NAMES_SHOWN, unknown_model
 from node_agent.client_transport import BadUrl, agent_url
 
@@ -84,3 +91,66 @@ def test_the_ledger_table_adds_up() -> None:
         "512.0",
         "MiB",
     ]
+
+
+def _entry(name: str, state: str) -> dict[str, object]:
+    return {
+        "id": name,
+        "aliases": [],
+        "tags": [],
+        "object": "model",
+        "owned_by": "llamacpp",
+        "created": 0,
+        "status": {"value": state, "args": []},
+        "architecture": {},
+        "source": "models_dir",
+        "can_remove": False,
+    }
+
+
+class _Agent(AgentClient):
+    """GET /models and /props as given; GET /api/ps answers ``ps`` (an int: that error; a
+    string: that body)."""
+
+    def __init__(self, ps: object) -> None:
+        super().__init__("http://127.0.0.1:1", None)
+        self._ps = ps
+
+    def call(self, method: str, path: str, body: object = None) -> object:
+        if path == "/models":
+            return {"object": "list", "data": [_entry("m", "loaded"), _entry("n", "unloaded")]}
+        if path == "/props":
+            return {"role": "router", "max_instances": 4}
+        if path == "/ledger":
+            raise AgentError(404, "File Not Found")
+        assert path == "/api/ps", path
+        if isinstance(self._ps, int):
+            raise AgentError(self._ps, "no")
+        if isinstance(self._ps, str):
+            return json.loads(self._ps)  # as AgentClient.call reads a body
+        return self._ps
+
+
+@pytest.mark.parametrize("command", [cmd_models, cmd_status])
+@pytest.mark.parametrize("answer", [404, 401, 403, 500, 502, "<html>a proxy's page</html>"])
+def test_models_and_status_list_the_models_whatever_api_ps_answers(
+    command: Callable[..., int], answer: int | str
+) -> None:
+    """The process's memory is an extra of the table: an agent without /api/ps (llama.cpp's
+    router: 404, or 401 where only its GET /models is public, as in the pinned build), a proxy
+    in front of it that passes only some routes (403, 502, a page of its own), or an /api/ps
+    that failed (500) leave it '-'; they made the whole command fail (the page with a
+    traceback), where it had listed the models."""
+    out = io.StringIO()
+    assert command(_Agent(answer), argparse.Namespace(json=False), out) == 0
+    (row,) = [line for line in out.getvalue().splitlines() if line.startswith("m ")]
+    assert row.split()[:4] == ["m", "loaded", "-", "-"], row
+
+
+def test_models_give_a_running_models_process_memory_with_the_ledger_off() -> None:
+    ps = {"models": [{"name": "m", "corral": {"memory": 6 * 1024**2}}]}
+    out = io.StringIO()
+    assert cmd_models(_Agent(ps), argparse.Namespace(json=False), out) == 0
+    rows = {line.split()[0]: line for line in out.getvalue().splitlines()}
+    assert "  process 6.0 MiB  " in rows["m"], rows["m"]
+    assert "process" not in rows["n"], rows["n"]
