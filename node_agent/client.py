@@ -295,10 +295,10 @@ def process_memory(client: AgentClient, models: Sequence[ModelEntry]) -> dict[st
         return {}
     try:
         body = client.call("GET", "/api/ps")
-    except AgentError as err:
-        if err.status == 404:
-            return {}  # an agent without Ollama's API (llama.cpp's own router)
-        raise
+    except (AgentError, ValueError):
+        # A column of the table, not worth the listing: an agent without Ollama's API
+        # (llama.cpp's router), a proxy that passes only some routes, or an /api/ps that failed.
+        return {}
     listed = body.get("models", []) if isinstance(body, dict) else []
     return {
         str(m.get("name")): memory

@@ -55,7 +55,7 @@ def ledger_held(model: ModelEntry) -> Mapping[str, int]:
 
 
 def held_memory(model: ModelEntry, process: Mapping[str, int]) -> str:
-    """The ledger's figures; with it off, the process's own (``process``: GET /api/ps')."""
+    """The ledger's figures; with it off, the process's own (``process``: from GET /api/ps)."""
     held = ledger_held(model)
     if held:
         return ", ".join(f"{device} {size(n)}" for device, n in sorted(held.items()))
