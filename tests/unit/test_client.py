@@ -13,6 +13,7 @@ import pytest
 from node_agent.client import AgentClient, AgentError, cmd_models, cmd_status
 from node_agent.client_format import KNOWN_NAMES_SHOWN, unknown_model
 from node_agent.client_transport import BadUrl, agent_url
+from tests.unit.test_preset_clashes import entry
 
 
 @pytest.mark.parametrize(
@@ -93,21 +94,6 @@ def test_the_ledger_table_adds_up() -> None:
     ]
 
 
-def _entry(name: str, state: str) -> dict[str, object]:
-    return {
-        "id": name,
-        "aliases": [],
-        "tags": [],
-        "object": "model",
-        "owned_by": "llamacpp",
-        "created": 0,
-        "status": {"value": state, "args": []},
-        "architecture": {},
-        "source": "models_dir",
-        "can_remove": False,
-    }
-
-
 class _Agent(AgentClient):
     """GET /models and /props as given; GET /api/ps answers ``ps`` (an int: that error; a
     string: that body)."""
@@ -118,7 +104,10 @@ class _Agent(AgentClient):
 
     def call(self, method: str, path: str, body: object = None) -> object:
         if path == "/models":
-            return {"object": "list", "data": [_entry("m", "loaded"), _entry("n", "unloaded")]}
+            return {
+                "object": "list",
+                "data": [entry("m", "models_dir"), entry("n", "models_dir", "unloaded")],
+            }
         if path == "/props":
             return {"role": "router", "max_instances": 4}
         if path == "/ledger":

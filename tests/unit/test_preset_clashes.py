@@ -132,7 +132,8 @@ def test_the_administrators_presets_keep_llama_cpps_merge(node: Path) -> None:
         catalog(node, [clash], restricted=False)
 
 
-def entry(name: str, source: str) -> dict[str, object]:
+def entry(name: str, source: str, state: str = "loaded") -> dict[str, object]:
+    """A GET /models entry with what the schema requires."""
     return {
         "id": name,
         "aliases": [],
@@ -140,7 +141,7 @@ def entry(name: str, source: str) -> dict[str, object]:
         "object": "model",
         "owned_by": "llamacpp",
         "created": 0,
-        "status": {"value": "loaded", "args": []},
+        "status": {"value": state, "args": []},
         "architecture": {},
         "source": source,
         "can_remove": False,

@@ -490,17 +490,24 @@ async def test_the_listed_preset_hash_is_the_running_childs_until_a_changed_one_
         assert plan.spawned == ["m", "m"]  # the TTL took no restart
 
 
+async def request_on_its_way(agent: Agent, plan: Plan) -> asyncio.Task[aiohttp.ClientResponse]:
+    """A request for "m" whose load is granted while its child is not spawned yet (the plan
+    spawns 0.3 s after the grant): the window where a reload or a DELETE finds it."""
+    request = asyncio.create_task(
+        agent.client.post(f"{agent.url}/v1/chat/completions", json=chat("m"))
+    )
+    await asyncio.sleep(0.1)
+    assert plan.spawned == [] and len(plan.children) == 1
+    return request
+
+
 async def test_a_reload_while_a_changed_models_child_is_on_its_way_restarts_it() -> None:
     """The child spawned with the old arguments ran them until next stopped, and the reload
     (``corral reload``, the operator's PUT) waited for that child to end."""
     plan = Plan(spawn_after=0.3)
     v1 = spec("m", stop_timeout=5.0, preset_hash="v1")
     async with fake_agent(plan, [v1]) as agent:
-        request = asyncio.create_task(
-            agent.client.post(f"{agent.url}/v1/chat/completions", json=chat("m"))
-        )
-        await asyncio.sleep(0.1)  # its load is granted; the process does not exist yet
-        assert plan.spawned == [] and len(plan.children) == 1
+        request = await request_on_its_way(agent, plan)
         v2 = spec("m", stop_timeout=5.0, preset_hash="v2", options=(("ctx-size", "64"),))
         async with asyncio.timeout(5):
             await agent.registry.reload(Catalog({"m": v2}), {"m"})
@@ -557,11 +564,7 @@ async def test_a_model_gone_and_back_while_its_child_is_on_its_way_ends_the_firs
     plan = Plan(spawn_after=0.3)
     v1 = spec("m", stop_timeout=5.0, preset_hash="v1")
     async with fake_agent(plan, [v1]) as agent:
-        request = asyncio.create_task(
-            agent.client.post(f"{agent.url}/v1/chat/completions", json=chat("m"))
-        )
-        await asyncio.sleep(0.1)  # its load is granted; the process does not exist yet
-        assert plan.spawned == [] and len(plan.children) == 1
+        request = await request_on_its_way(agent, plan)
         dropped = asyncio.create_task(agent.registry.reload(Catalog({}), set()))
         await asyncio.sleep(0.01)
         v2 = spec("m", stop_timeout=5.0, preset_hash="v2", options=(("ctx-size", "64"),))
@@ -580,10 +583,7 @@ async def test_an_update_in_place_while_an_outdated_child_is_on_its_way_keeps_it
     plan = Plan(spawn_after=0.3)
     v1 = spec("m", stop_timeout=5.0, preset_hash="v1")
     async with fake_agent(plan, [v1]) as agent:
-        request = asyncio.create_task(
-            agent.client.post(f"{agent.url}/v1/chat/completions", json=chat("m"))
-        )
-        await asyncio.sleep(0.1)  # its load is granted; the process does not exist yet
+        request = await request_on_its_way(agent, plan)
         v2 = spec("m", stop_timeout=5.0, preset_hash="v2", options=(("ctx-size", "64"),))
         first = asyncio.create_task(agent.registry.reload(Catalog({"m": v2}), {"m"}))
         await asyncio.sleep(0.01)
@@ -604,11 +604,7 @@ async def test_a_delete_while_a_models_child_is_on_its_way_returns_once_it_exits
     until the child's TTL, or for ever."""
     plan = Plan(spawn_after=0.3)
     async with fake_agent(plan, [spec("m", stop_timeout=5.0)]) as agent:
-        request = asyncio.create_task(
-            agent.client.post(f"{agent.url}/v1/chat/completions", json=chat("m"))
-        )
-        await asyncio.sleep(0.1)  # its load is granted; the process does not exist yet
-        assert plan.spawned == [] and len(plan.children) == 1
+        request = await request_on_its_way(agent, plan)
         async with asyncio.timeout(5):
             await agent.registry.stop_and_wait("m")
         assert plan.spawned == ["m"] and "m" in plan.exited

@@ -6,6 +6,8 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
+import pytest
+
 from node_agent.core.model_state import ModelState, Transition
 from node_agent.core.scheduler import Scheduler
 from node_agent.core.scheduler_events import (
@@ -314,18 +316,28 @@ def test_a_model_that_leaves_the_catalog_while_its_load_was_granted_goes_once_it
         assert "c" not in sched and sched.statistics().queue == ()
 
 
-def test_a_model_changed_while_its_load_was_granted_reloads_once_it_reports() -> None:
-    """Its child ran the old arguments until next stopped, and a reload waited for that."""
+@pytest.mark.parametrize(
+    ("event", "reason"),
+    [
+        (Catalog({"a": ModelConfig(slots=2, stop_timeout=5.0)}, frozenset({"a"})), "reload"),
+        (Unload("a", "remove"), "remove"),
+    ],
+)
+def test_a_model_changed_or_removed_while_its_load_was_granted_stops_once_spawned(
+    event: Event, reason: str
+) -> None:
+    """Its child ran the old arguments until next stopped, and a reload waited for that;
+    ``DELETE /models`` (``Unload(remove)``) was ignored, and the route waited for that child
+    to end (until its TTL; review of 12ca46d)."""
     sched = make(2, a=ModelConfig(slots=1, stop_timeout=5.0))
     waiter, effects = request(sched, "a")
     assert Spawn("a") in effects
-    changed = Catalog({"a": ModelConfig(slots=2, stop_timeout=5.0)}, frozenset({"a"}))
-    assert handle(sched, changed, 0.1) == []  # nothing runs yet: nothing to stop
+    assert handle(sched, event, 0.1) == []  # nothing runs yet: nothing to stop
     assert handle(sched, Spawned("a", 7001), 0.2) == [
-        Drain("a", "reload", 5.2),
+        Drain("a", reason, 5.2),
         Stop("a", cut=False),
     ]
-    # The waiter loads it again, with the new arguments; a later spawn is not stopped.
+    # The waiter loads it again (with the new arguments); a later spawn is not stopped.
     assert handle(sched, Exited("a", 0), 0.3) == [Spawn("a")]
     assert handle(sched, Spawned("a", 7002), 0.4) == []
     assert grants(handle(sched, Ready("a"), 0.5)) == [waiter]
@@ -452,23 +464,6 @@ def test_a_model_gone_and_back_while_its_load_was_granted_reloads_once_spawned()
     ]
     assert handle(sched, Exited("a", 0), 0.4) == []
     assert "a" in sched and sched.view("a").state is ModelState.UNLOADED
-
-
-def test_a_model_removed_while_its_load_was_granted_stops_once_spawned() -> None:
-    """Review of 12ca46d: ``DELETE /models`` (``Unload(remove)``) of a model whose load was
-    granted was ignored, and the route waited for that child to end (until its TTL)."""
-    sched = make(2, a=ModelConfig(slots=1, stop_timeout=5.0))
-    waiter, effects = request(sched, "a")
-    assert Spawn("a") in effects
-    assert handle(sched, Unload("a", "remove"), 0.1) == []
-    assert handle(sched, Spawned("a", 7001), 0.2) == [
-        Drain("a", "remove", 5.2),
-        Stop("a", cut=False),
-    ]
-    # Its waiter loads it again, as one that waited for a running model removed.
-    assert handle(sched, Exited("a", 0), 0.3) == [Spawn("a")]
-    assert handle(sched, Spawned("a", 7002), 0.4) == []
-    assert grants(handle(sched, Ready("a"), 0.5)) == [waiter]
 
 
 def test_a_direct_load_while_a_changed_models_child_is_on_its_way_waits_for_the_next() -> None:
