@@ -47,6 +47,16 @@ def row(page: Any, model: str) -> Any:
     return page.locator(f'#models tr[data-model="{model}"]')
 
 
+def wait_for_recent(page: Any, text: str) -> None:
+    """Wait until the page's recent events show ``text``. The page reads ``GET /models`` and
+    ``GET /ui/recent`` together, and the agent adds an event to the latter a moment after the
+    model's state changed, so one read can show a row's new state without its event: the
+    event's own notice brings a second read 80 ms later."""
+    page.wait_for_function(
+        "text => document.querySelector('#recent').innerText.includes(text)", arg=text
+    )
+
+
 def test_status_page_shows_models_and_loads_one_live(
     start_agent: Any, demo_dir: Path, browser_page: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -65,7 +75,7 @@ def test_status_page_shows_models_and_loads_one_live(
         assert row(page, model).count() == 1
     assert row(page, SMALL).get_attribute("data-state") == "loaded"
     assert row(page, TINY).get_attribute("data-state") == "unloaded"
-    assert "loaded in" in page.locator("#recent").inner_text()
+    wait_for_recent(page, "loaded in")
     # The ledger is on: one bar for the host, and small holds memory in it.
     page.wait_for_selector('#memory .device[data-device="host"]')
     assert SMALL in page.locator("#memory").inner_text()
@@ -86,8 +96,7 @@ def test_status_page_shows_models_and_loads_one_live(
     page.wait_for_function(f"document.querySelector('#memory').innerText.includes('{TINY}')")
     assert page.evaluate("window.__sameDocument") is True
     assert agent.state(TINY) == "loaded"
-    recent = page.locator("#recent").inner_text()
-    assert "evicted" in recent, recent
+    wait_for_recent(page, "evicted")
     assert row(page, TINY).locator("button[data-action]").inner_text() == "Unload"
 
     ARTIFACTS.mkdir(exist_ok=True)
@@ -108,7 +117,7 @@ def test_status_page_unload_button(start_agent: Any, demo_dir: Path, browser_pag
     row(page, TINY).locator("button[data-action=unload]").click()
     page.wait_for_selector(f'#models tr[data-model="{TINY}"][data-state="unloaded"]')
     assert agent.state(TINY) == "unloaded"
-    assert "unloaded on request" in page.locator("#recent").inner_text()
+    wait_for_recent(page, "unloaded on request")
 
 
 def test_status_page_shows_time_until_unload_process_memory_and_a_models_log(
