@@ -8,6 +8,7 @@ admission while closing, and that no state is reported before it is true.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import logging
@@ -515,6 +516,24 @@ async def test_a_reload_while_a_changed_models_child_is_on_its_way_restarts_it()
         assert response.status == 200
         assert [child.spec.preset_hash for child in plan.children] == ["v1", "v2"]
         assert (await _listed(agent, "m"))["corral"]["preset_hash"] == "v2"
+
+
+async def test_a_changed_models_child_that_fails_to_spawn_loads_the_new_arguments() -> None:
+    """The old arguments' spawn failed after the reload (its port taken, its binary gone) and
+    the request that waited for the new ones was refused with that failure."""
+    plan = Plan(spawn_after=0.3)
+    v1 = spec("m", stop_timeout=5.0, preset_hash="v1")
+    async with fake_agent(plan, [v1]) as agent:
+        request = await request_on_its_way(agent, plan)
+        (old,) = plan.children
+        old.plan = dataclasses.replace(plan, spawn_fails="port 1234 taken")  # this child only
+        v2 = spec("m", stop_timeout=5.0, preset_hash="v2", options=(("ctx-size", "64"),))
+        async with asyncio.timeout(5):
+            await agent.registry.reload(Catalog({"m": v2}), {"m"})
+            response = await request
+        assert response.status == 200, await response.text()
+        assert [child.spec.preset_hash for child in plan.children] == ["v1", "v2"]
+        assert plan.spawned == ["m"]  # the second only
 
 
 async def test_a_load_on_startup_model_whose_arguments_changed_is_loaded_again() -> None:

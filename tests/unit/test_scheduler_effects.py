@@ -343,6 +343,25 @@ def test_a_model_changed_or_removed_while_its_load_was_granted_stops_once_spawne
     assert grants(handle(sched, Ready("a"), 0.5)) == [waiter]
 
 
+def test_a_failed_spawn_of_a_changed_models_child_loads_the_new_arguments() -> None:
+    """The spawn of the old arguments failed (count=True: a port, a download, the binary) and
+    its waiters were refused with that failure, the model shown failed and backed off, though
+    they had waited for the new arguments (stop 43's notes)."""
+    sched = make(2, a=ModelConfig(slots=1, stop_timeout=5.0))
+    waiter, effects = request(sched, "a")
+    assert Spawn("a") in effects
+    changed = Catalog({"a": ModelConfig(slots=2, stop_timeout=5.0)}, frozenset({"a"}))
+    assert handle(sched, changed, 0.1) == []
+    assert handle(sched, SpawnFailed("a", "old arguments failed"), 0.2) == [Spawn("a")]
+    view = sched.view("a")
+    assert (view.failed, view.failures, view.error) == (False, 0, None)
+    # The new arguments' own failure is theirs: the waiter is refused with it.
+    assert handle(sched, SpawnFailed("a", "new arguments failed"), 0.3) == [
+        Refuse(waiter, Refusal.FAILED, "new arguments failed")
+    ]
+    assert sched.view("a").failed
+
+
 def test_a_waiter_that_leaves_is_forgotten_and_its_load_goes_on() -> None:
     sched = make()
     waiter, effects = request(sched)
