@@ -370,8 +370,13 @@ class Scheduler:
                 elif stop is not None:  # changed or removed as it was spawned
                     self._drain(name, stop, now, out)
             case SpawnFailed(model=name, reason=reason, count=count):
-                self._models[name].stop_spawned = None  # the next spawn takes the new arguments
-                if count:
+                model = self._models[name]
+                outdated, model.stop_spawned = model.stop_spawned is not None, None
+                if count and outdated and not model.gone:
+                    # The arguments that failed are no longer the model's: as for a child
+                    # stopped on purpose, its waiters load it again (with the new ones).
+                    self._retry_load(name)
+                elif count:
                     self.on_spawn_failed(name, now, reason)
                 else:
                     self.claim_done(name, spawned=False, reason=reason)
@@ -905,6 +910,12 @@ class Scheduler:
                 self._drop_if_done(entry)
         elif entry is not None:
             self._fail_entry(entry, reason)
+
+    def _retry_load(self, name: str) -> None:
+        entry = self._queue.get(name)
+        if entry is not None:
+            entry.claimed = entry.spawned = False
+            self._drop_if_done(entry)
 
     def on_spawn_failed(self, name: str, now: float, reason: str) -> None:
         """The claimed load failed before any process existed (the binary cannot run, the
