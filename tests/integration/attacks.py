@@ -342,8 +342,9 @@ def shutdown_with_everything_open(
     port: int, proc: subprocess.Popen[bytes], model: str, wait: float = 120.0
 ) -> Shutdown:
     """A streamed chat, ``/models/sse``, a log follow and two tool calls (one streamed) that
-    run ``sleep 50``, all open; then SIGTERM."""
-    tool = {"tool": "exec_shell_command", "params": {"command": "sleep 50", "timeout": 60}}
+    run ``sleep 50.25``, all open; then SIGTERM."""
+    # Its own duration, to find it in the process list.
+    tool = {"tool": "exec_shell_command", "params": {"command": "sleep 50.25", "timeout": 60}}
     chat_body = {
         "model": model,
         "stream": True,
@@ -359,6 +360,7 @@ def shutdown_with_everything_open(
         "streamed tool": ("POST", "/tools", {**tool, "stream": True}),
     }
     out = Shutdown()
+    answering: set[str] = set()  # the requests whose answers have begun
 
     def one(name: str, method: str, path: str, body: Any) -> None:
         conn = HTTPConnection("127.0.0.1", port, timeout=wait)
@@ -366,6 +368,7 @@ def shutdown_with_everything_open(
             data = json.dumps(body).encode() if body is not None else None
             conn.request(method, path, data, {"Content-Type": "application/json"})
             response = conn.getresponse()
+            answering.add(name)
             text = response.read().decode(errors="replace")
             out.answers[name] = f"{response.status} {text[-80:]!r}"
         except (OSError, HTTPException) as exc:
@@ -379,7 +382,11 @@ def shutdown_with_everything_open(
     ]
     for thread in threads:
         thread.start()
-    time.sleep(3)  # all under way (the model loads, the tools' sleeps start)
+    # All under way: the streams answer (the model loaded), the tools' sleeps started.
+    deadline = time.monotonic() + 60
+    while not ({"stream", "sse", "log follow"} <= answering and len(sleeping()) == 2):
+        assert time.monotonic() < deadline, (answering, sleeping(), out.answers)
+        time.sleep(0.05)
     start = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     try:
@@ -390,6 +397,18 @@ def shutdown_with_everything_open(
     for thread in threads:
         thread.join(5)
     return out
+
+
+def sleeping() -> list[str]:
+    """The PIDs of the tools' ``sleep 50.25`` (shutdown_with_everything_open)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if (entry / "cmdline").read_bytes() == b"sleep\x0050.25\x00":
+                found.append(entry.name)
+        except OSError:
+            continue
+    return found
 
 
 def noisy_llama_server(folder: Path, real: Path, lines: int = 640) -> Path:

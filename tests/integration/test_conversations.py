@@ -55,11 +55,14 @@ def chat_request(model: str, conv: str, max_tokens: int = 24) -> bytes:
     ).encode() + data
 
 
-def send_and_drop(port: int, model: str, conv: str) -> None:
-    """Send a conversation request and hang up before any answer (a page reload)."""
+def send_and_drop(port: int, model: str, conv: str) -> Answer:
+    """Send a conversation request and hang up before any answer (a page reload), once the
+    router knows it; its first answer to ``GET /v1/stream`` then."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         sock.sendall(chat_request(model, conv))
-        time.sleep(0.3)  # the agent has read it and parked it behind the load
+        # Not before: a request the agent has not parked yet (or sent to its child) goes with
+        # its client, and it reads it a moment after the send, later on a busy machine.
+        return known(port, conv)
 
 
 def until(check: Any, what: str, timeout: float = 60) -> Any:
@@ -70,6 +73,19 @@ def until(check: Any, what: str, timeout: float = 60) -> Any:
             return value
         time.sleep(0.1)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def known(port: int, conv: str) -> Answer:
+    """The first answer of ``GET /v1/stream`` that knows the request sent for ``conv``: 503
+    while it is parked behind the load, 200 once its child has it (404 before)."""
+
+    def answer() -> Answer | None:
+        got = call(port, "GET", stream_path(conv, 0))
+        assert got.status in (200, 404, 503), got
+        return got if got.status != 404 else None
+
+    found: Answer = until(answer, f"the router to know {conv}", 10)
+    return found
 
 
 def content_of(sse: bytes) -> str:
@@ -93,9 +109,8 @@ def agent(real_model: Path, tmp_path: Path) -> Iterator[AgentProcess]:
 
 
 def test_a_client_that_drops_during_the_load_can_resume_from_0(agent: AgentProcess) -> None:
-    send_and_drop(agent.port, MODEL_NAME, CONV)
     # The model is still loading (2 s of fake timing at least): retry later.
-    during = call(agent.port, "GET", stream_path(CONV, 0))
+    during = send_and_drop(agent.port, MODEL_NAME, CONV)
     assert during.status == 503, during
     assert during.json()["error"] == {
         "code": 503,
@@ -199,8 +214,11 @@ def test_a_stop_during_the_load_and_a_resume_as_b11434s_router(pair: Pair) -> No
         # A parked request, stopped during the load: 400, the same message on both.
         with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
             sock.sendall(chat_request(TINY, "a/b", max_tokens=8))
-            time.sleep(0.3)
-            answers["503"].append(call(port, "GET", stream_path("a/b", 0)))
+            if port == pair.corral:
+                answers["503"].append(known(port, "a/b"))
+            else:
+                time.sleep(0.3)
+                answers["503"].append(call(port, "GET", stream_path("a/b", 0)))
             assert call(port, "DELETE", stream_path("a/b")).status == 204
             raw = sock.makefile("rb").read1(4096)
         head, _, body = raw.partition(b"\r\n\r\n")

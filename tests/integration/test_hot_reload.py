@@ -24,6 +24,23 @@ def listed_within(agent: AgentProcess, name: str, seconds: float) -> float | Non
     return None
 
 
+def watching(agent: AgentProcess, folder: Path) -> None:
+    """Wait until the agent watches ``folder``: its watch starts once it listens, a moment
+    after /health answers, and misses what came before. A file that is no model, written
+    again each second until then (a change each time), brings a reload."""
+    written = [0.0]
+
+    def reloaded() -> bool:
+        if "reloaded: " in agent.log():
+            return True
+        if time.monotonic() - written[0] >= 1:
+            (folder / "notes.txt").write_text(f"not a model ({time.monotonic()})\n")
+            written[0] = time.monotonic()
+        return False
+
+    wait_until(reloaded, f"a reload for a change in {folder}", timeout=20)
+
+
 def tiny_folder(demo_dir: Path, tmp_path: Path) -> Path:
     """A models folder holding demo-tiny."""
     folder = tmp_path / "models"
@@ -42,7 +59,7 @@ def test_a_file_dropped_into_the_models_folder_is_listed_within_2_s(
         "--models-dir", str(folder), "--models-preset", str(preset), "-c", "512"
     )
     assert SMALL not in agent.models()
-    time.sleep(0.5)  # past the start: the watch is set up once the agent listens
+    watching(agent, folder)
     shutil.copy(demo_dir / f"{SMALL}.gguf", folder)
     took = listed_within(agent, SMALL, 2.0)
     assert took is not None, agent.log()[-2000:]
@@ -81,7 +98,7 @@ def test_a_broken_file_dropped_in_is_a_warning(
     """As at start (item 1), a file that cannot load is said when it arrives."""
     folder = tiny_folder(demo_dir, tmp_path)
     agent: AgentProcess = start_agent("--models-dir", str(folder), "-c", "512")
-    time.sleep(0.5)
+    watching(agent, folder)
     whole = (demo_dir / f"{SMALL}.gguf").read_bytes()
     (folder / "cut.gguf").write_bytes(whole[: len(whole) // 2])
     assert listed_within(agent, "cut", 2.0) is not None

@@ -103,7 +103,8 @@ def test_row_7_a_client_that_does_not_read_is_queued_and_cut_off(
                 queued.append(agent.models()["demo-tiny"]["corral"]["queued"])
                 time.sleep(0.1)
 
-        time.sleep(1.0)  # both slots held by the non-readers
+        # Both slots held by the non-readers (leased a moment after their requests are sent).
+        wait_for(lambda: agent.models()["demo-tiny"]["corral"]["in_flight"] == 2, 30)
         watcher = threading.Thread(target=watch)
         watcher.start()
         started = time.monotonic()

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.harness import AgentProcess, alive, chat, http, open_stream
+from tests.integration.harness import AgentProcess, alive, chat, http, open_stream, wait_until
 
 MEDIUM, TINY = "demo-medium", "demo-tiny"
 
@@ -86,6 +86,8 @@ def test_sigterm_refuses_late_work_and_exits_within_the_bound(
     signalled = time.monotonic()
     agent.proc.send_signal(signal.SIGTERM)
     time.sleep(0.3)
+    # A busy loop may take longer to see the signal: the late request comes once it did.
+    wait_until(lambda: "shutting down: refusing" in agent.log(), "the shutdown's start", 10)
     try:
         status, body = http("POST", agent.url + "/v1/chat/completions", chat(TINY), timeout=10)
     except OSError as exc:  # the listener is closed: refused at once
