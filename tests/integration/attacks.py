@@ -380,11 +380,12 @@ def shutdown_with_everything_open(
         threading.Thread(target=one, args=(name, *request), daemon=True)
         for name, request in requests.items()
     ]
+    earlier = sleeping()  # a run just before may have left its own
     for thread in threads:
         thread.start()
     # All under way: the streams answer (the model loaded), the tools' sleeps started.
     deadline = time.monotonic() + 60
-    while not ({"stream", "sse", "log follow"} <= answering and len(sleeping()) == 2):
+    while not ({"stream", "sse", "log follow"} <= answering and len(sleeping() - earlier) == 2):
         assert time.monotonic() < deadline, (answering, sleeping(), out.answers)
         time.sleep(0.05)
     start = time.monotonic()
@@ -399,13 +400,13 @@ def shutdown_with_everything_open(
     return out
 
 
-def sleeping() -> list[str]:
+def sleeping() -> set[str]:
     """The PIDs of the tools' ``sleep 50.25`` (shutdown_with_everything_open)."""
-    found = []
+    found = set()
     for entry in Path("/proc").iterdir():
         try:
             if (entry / "cmdline").read_bytes() == b"sleep\x0050.25\x00":
-                found.append(entry.name)
+                found.add(entry.name)
         except OSError:
             continue
     return found
