@@ -912,6 +912,7 @@ class Scheduler:
             self._fail_entry(entry, reason)
 
     def _retry_load(self, name: str) -> None:
+        """The claimed load of ``name`` ended without a child: its waiters claim it again."""
         entry = self._queue.get(name)
         if entry is not None:
             entry.claimed = entry.spawned = False
