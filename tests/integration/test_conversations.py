@@ -251,3 +251,24 @@ def test_a_stop_during_the_load_and_a_resume_as_b11434s_router(pair: Pair) -> No
     assert [sorted(e) for e in peer.json()] == [sorted(e) for e in corral.json()]
     same(*pair.both("DELETE", stream_path("c/d")))
     same(*pair.both("GET", stream_path("c/d", 0)))
+
+
+def test_a_request_dropped_as_soon_as_sent_reaches_a_loaded_child_as_b11434s(pair: Pair) -> None:
+    """A page reload right after a send: b11434's router sends the request on to the child
+    from its own thread, whose session then keeps the generation; Corral cancelled the
+    request with its client's connection before the child had it (a replay 404 for good)."""
+    for port in (pair.peer, pair.corral):
+        warm = call(
+            port, "POST", "/v1/chat/completions",
+            {"model": TINY, "max_tokens": 4, "messages": QUESTION},
+        )  # fmt: skip
+        assert warm.status == 200, warm  # loaded: the request is not parked behind a load
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(chat_request(TINY, "e/f", max_tokens=8))
+        replay = until(
+            lambda p=port: (a := call(p, "GET", stream_path("e/f", 0))).status == 200 and a,
+            f"the replay on port {port} ({'b11434' if port == pair.peer else 'Corral'})",
+            30,
+        )
+        assert replay.body.rstrip().endswith(b"data: [DONE]"), replay.body[-200:]
+    assert "Traceback" not in pair.agent.log(), pair.agent.log()[-3000:]
