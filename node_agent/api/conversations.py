@@ -7,7 +7,8 @@ conversation (:class:`~node_agent.core.conversations.ConversationBook` decides) 
 
 * proxies a conversation request that had to wait for its model's load *detached*: the client
   that drops meanwhile (a page reload) does not cancel it; it still reaches the child once the
-  model is ready and the generation goes on into the session buffer;
+  model is ready and the generation goes on into the session buffer; any conversation
+  request reaches its child, even from a client that drops as soon as it has sent it;
 * answers ``GET /v1/stream`` from the owning child (503 while its request waits for the load,
   404 when nothing is known), ``POST /v1/streams/lookup`` from the children that own the ids,
   and ``DELETE /v1/stream`` (204) by evicting the child's session, or cancelling the request
@@ -93,13 +94,18 @@ class Conversations:
         # Ready: it takes the request now (a model draining for an unload must load again).
         ready = name in self._registry.specs() and self._registry.scheduler.view(name).usable
         exchange = begin_exchange(request, name)
-        serve = self._serve(request, name, conv_id, ticket, exchange, autoload=autoload, send=send)
-        if not detaches(ticket, ready):
-            return await serve
-        # Shielded: the handler's cancellation (its client went away) leaves this task going.
-        task = self._tasks.spawn(_answer(serve), f"detached:{name}")
-        outcome: web.StreamResponse | ApiError = await asyncio.shield(task)
-        if isinstance(outcome, ApiError):
+        detached = detaches(ticket, ready)
+        serve = self._serve(
+            request, name, conv_id, ticket, exchange,
+            autoload=autoload, send=send, detached=detached,
+        )  # fmt: skip
+        # Shielded: the handler's cancellation (its client went away) leaves this task going,
+        # so the request reaches the child, whose session keeps the generation, even from a
+        # client that dropped as soon as it sent it (b11434's router sends it on from its own
+        # thread). Only a detached one reads the answer on without its client.
+        task = self._tasks.spawn(_answer(serve), f"{'detached' if detached else 'sent'}:{name}")
+        outcome: web.StreamResponse | ApiError | ConnectionResetError = await asyncio.shield(task)
+        if isinstance(outcome, Exception):
             raise outcome
         return outcome
 
@@ -113,6 +119,7 @@ class Conversations:
         *,
         autoload: bool,
         send: Send,
+        detached: bool,
     ) -> web.StreamResponse:
         lease = await self._acquire(name, conv_id, ticket, autoload=autoload)
         exchange.leased()
@@ -123,7 +130,7 @@ class Conversations:
             raise ApiError(400, CANCELLED)
         self.book.sending(ticket, True)
         try:
-            return await send(lease, exchange, True)
+            return await send(lease, exchange, detached)
         finally:
             self.book.sending(ticket, False)
 
@@ -137,7 +144,7 @@ class Conversations:
         try:
             await asyncio.wait({acquire, stopped}, return_when=asyncio.FIRST_COMPLETED)
         except BaseException:
-            self._abandon(acquire)  # the client went away (not detached): leave the queue
+            self._abandon(acquire)  # cancelled (the agent closing): leave the queue
             raise
         finally:
             self.book.unpark(ticket)
@@ -294,12 +301,15 @@ class Conversations:
         await self._tasks.close()
 
 
-async def _answer(serve: Awaitable[web.StreamResponse]) -> web.StreamResponse | ApiError:
-    """A detached request's outcome; an ApiError is returned (its client may be gone, and
-    nobody else would read it), anything else is the task set's to log."""
+async def _answer(
+    serve: Awaitable[web.StreamResponse],
+) -> web.StreamResponse | ApiError | ConnectionResetError:
+    """A shielded request's outcome. An ApiError, or the reset of a client that went away
+    before its answer began, is returned (the client may be gone, and nobody else would read
+    it); anything else is the task set's to log."""
     try:
         return await serve
-    except ApiError as exc:
+    except (ApiError, ConnectionResetError) as exc:
         return exc
 
 

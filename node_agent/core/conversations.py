@@ -159,5 +159,6 @@ def detaches(ticket: int, ready_on_arrival: bool) -> bool:
     """Whether a request is proxied detached from its client: it carries a conversation and
     had to wait for its model's load. Its client may drop meanwhile (a page reload), and the
     child's session buffer must still receive the generation for a later resume; a request
-    whose model was ready keeps llama.cpp's plain behaviour (its client's disconnect ends it)."""
+    whose model was ready keeps llama.cpp's plain behaviour (its client's disconnect ends the
+    relay of its answer, once the child has the request)."""
     return ticket != 0 and not ready_on_arrival
