@@ -54,6 +54,7 @@ class Plan:
     spawned: list[str] = field(default_factory=list)  # model names, in spawn order
     exited: dict[str, float] = field(default_factory=dict)  # model -> monotonic exit time
     children: list[FakeChild] = field(default_factory=list)
+    conversations: list[str] = field(default_factory=list)  # X-Conversation-Id of each chat
 
     def factory(self, spec: ModelSpec, events: Callable[[ChildEvent], None]) -> FakeChild:
         child = FakeChild(spec, events, self)
@@ -104,7 +105,7 @@ class FakeChild:
         if self.plan.spawn_fails is not None:
             self._exited.set_result(127)
             raise RuntimeError(self.plan.spawn_fails)
-        app = web.Application()
+        app = web.Application(client_max_size=64 * 1024 * 1024)  # llama-server's bodies: large
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/realtime", self._realtime)
@@ -154,6 +155,8 @@ class FakeChild:
             error = {"code": 401, "message": "Invalid API Key", "type": "authentication_error"}
             return web.json_response({"error": error}, status=401)
         body = await request.json()
+        if "X-Conversation-Id" in request.headers:
+            self.plan.conversations.append(request.headers["X-Conversation-Id"])
         if self.plan.stall:
             await asyncio.Event().wait()  # a wedged child: alive, healthy, silent
         if self.plan.status is not None:
