@@ -35,7 +35,12 @@ from node_agent.api.bodies import (
 from node_agent.api.bodies import parse_json_body as parse_json_body  # routes elsewhere use it
 from node_agent.api.browser_guard import cors_headers, guard_middleware
 from node_agent.api.chat_ui import serve_chat_ui, setup_chat_ui
-from node_agent.api.conversations import CONVERSATIONS, conversation_id, setup_conversations
+from node_agent.api.conversations import (
+    CONVERSATIONS,
+    HEADER,
+    conversation_id,
+    setup_conversations,
+)
 from node_agent.api.form_fields import MULTIPART, multipart_fields
 from node_agent.api.long_lived import setup_long_lived
 from node_agent.api.metrics import setup_metrics
@@ -157,6 +162,16 @@ async def post_body(
 ) -> web.StreamResponse:
     """A model endpoint's POST with its ``body`` read; ``buffered``: the answer in one piece,
     never streamed (for an answer that goes inside another, as Vertex's predictions)."""
+    if request.headers.get(HEADER):
+        # A conversation request reaches its child even from a client that drops as soon as
+        # it has sent it (Conversations.proxy): shielded from here on, as a large body (a chat
+        # with an image) is parsed off the loop first, and a drop meanwhile cancelled it.
+        conversations = request.app[CONVERSATIONS]
+        return await conversations.shielded(_post_body(request, body, buffered), "parse")
+    return await _post_body(request, body, buffered)
+
+
+async def _post_body(request: web.Request, body: bytes, buffered: bool) -> web.StreamResponse:
     state = request.app[STATE]
     if request.content_type == MULTIPART:  # an audio upload: the model is a form field
         data: Any = multipart_fields(request.headers.get("Content-Type", ""), body)

@@ -103,7 +103,12 @@ class Conversations:
         # so the request reaches the child, whose session keeps the generation, even from a
         # client that dropped as soon as it sent it (b11434's router sends it on from its own
         # thread). Only a detached one reads the answer on without its client.
-        task = self._tasks.spawn(_answer(serve), f"{'detached' if detached else 'sent'}:{name}")
+        return await self.shielded(serve, f"{'detached' if detached else 'sent'}:{name}")
+
+    async def shielded(self, serve: Awaitable[web.StreamResponse], name: str) -> web.StreamResponse:
+        """``serve`` in a task of its own, which the handler's cancellation (its client went
+        away) leaves going; its outcome, an ApiError or a gone client's reset raised here."""
+        task = self._tasks.spawn(_answer(serve), name)
         outcome: web.StreamResponse | ApiError | ConnectionResetError = await asyncio.shield(task)
         if isinstance(outcome, Exception):
             raise outcome
