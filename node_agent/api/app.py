@@ -163,11 +163,10 @@ async def post_body(
     """A model endpoint's POST with its ``body`` read; ``buffered``: the answer in one piece,
     never streamed (for an answer that goes inside another, as Vertex's predictions)."""
     if request.headers.get(HEADER):
-        # A conversation request reaches its child even from a client that drops as soon as
-        # it has sent it (Conversations.proxy): shielded from here on, as a large body (a chat
-        # with an image) is parsed off the loop first, and a drop meanwhile cancelled it.
+        # Shielded from its client's drop from here on: a large body (a chat with an image)
+        # is parsed off the loop, and a drop meanwhile would cancel it (Conversations.shielded).
         conversations = request.app[CONVERSATIONS]
-        return await conversations.shielded(_post_body(request, body, buffered), "parse")
+        return await conversations.shielded(_post_body(request, body, buffered), "conversation")
     return await _post_body(request, body, buffered)
 
 

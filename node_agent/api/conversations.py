@@ -94,20 +94,19 @@ class Conversations:
         # Ready: it takes the request now (a model draining for an unload must load again).
         ready = name in self._registry.specs() and self._registry.scheduler.view(name).usable
         exchange = begin_exchange(request, name)
-        detached = detaches(ticket, ready)
-        serve = self._serve(
+        # Run shielded (``shielded``, from its body's parse on): the request reaches the child
+        # even from a client that is gone. Only a detached one reads the answer on without it.
+        return await self._serve(
             request, name, conv_id, ticket, exchange,
-            autoload=autoload, send=send, detached=detached,
+            autoload=autoload, send=send, detached=detaches(ticket, ready),
         )  # fmt: skip
-        # Shielded: the handler's cancellation (its client went away) leaves this task going,
-        # so the request reaches the child, whose session keeps the generation, even from a
-        # client that dropped as soon as it sent it (b11434's router sends it on from its own
-        # thread). Only a detached one reads the answer on without its client.
-        return await self.shielded(serve, f"{'detached' if detached else 'sent'}:{name}")
 
     async def shielded(self, serve: Awaitable[web.StreamResponse], name: str) -> web.StreamResponse:
-        """``serve`` in a task of its own, which the handler's cancellation (its client went
-        away) leaves going; its outcome, an ApiError or a gone client's reset raised here."""
+        """``serve`` (a conversation request, from its body's parse on) in a task of its own,
+        which the handler's cancellation (its client went away) leaves going: the request
+        reaches the child, whose session keeps the generation, even from a client that dropped
+        as soon as it had sent it (b11434's router sends it on from its own thread). Its
+        outcome, an ApiError or a gone client's reset, is raised here."""
         task = self._tasks.spawn(_answer(serve), name)
         outcome: web.StreamResponse | ApiError | ConnectionResetError = await asyncio.shield(task)
         if isinstance(outcome, Exception):
