@@ -29,6 +29,7 @@ from node_agent.api.bodies import (
     CLIENT_TIMEOUT,
     MODEL_MISSING,
     body_model,
+    end_worker,
     json_document,
     read_body,
 )
@@ -347,4 +348,9 @@ def build_app(state: AgentState) -> web.Application:
     setup_ui(app)
     setup_chat_ui(app, state.binary)
     setup_tools(app, state.mcp_servers, state.settings.cors_proxy, state.builtin_tools)
+    app.on_cleanup.append(_end_body_worker)
     return app
+
+
+async def _end_body_worker(app: web.Application) -> None:
+    end_worker()

@@ -131,6 +131,15 @@ def _worker() -> concurrent.futures.ProcessPoolExecutor:
     )
 
 
+def end_worker() -> None:
+    """End the large bodies' parser process, if one was started (the app's cleanup): left to
+    the interpreter's exit, 3.11's executor finalizer fails noisily in a process that ran
+    apps one after another (the tests)."""
+    if _worker.cache_info().currsize:
+        _worker().shutdown(wait=False)
+        _worker.cache_clear()
+
+
 def parse_json_body(body: bytes) -> Any:
     """The request's JSON document; a body that is not one is the client's mistake (400).
 
