@@ -27,6 +27,13 @@ ECHO = (
 )
 
 
+def _open_fds() -> set[str]:
+    """The process's open descriptors. Tests compare them as "none opened since", never as
+    equal: the process may close one of its own meanwhile (a collected leftover of an earlier
+    test closed fd 31 during one CI run)."""
+    return set(os.listdir("/proc/self/fd"))
+
+
 def _start(code: str) -> tuple[Launched, int]:
     read_end, write_end = os.pipe()
     try:
@@ -132,7 +139,7 @@ async def test_a_child_that_cannot_be_watched_is_not_left_running(
 
     monkeypatch.setattr(launched.subprocess, "Popen", Recorded)
     monkeypatch.setattr(launched, "threading", SimpleNamespace(Thread=NoThread))
-    before = sorted(os.listdir("/proc/self/fd"))
+    before = _open_fds()
     read_end, write_end = os.pipe()
     try:
         with pytest.raises(RuntimeError, match="can't start new thread"):
@@ -145,7 +152,7 @@ async def test_a_child_that_cannot_be_watched_is_not_left_running(
         assert popen.returncode == -signal.SIGKILL  # ended and reaped
         assert popen.stdin is not None and popen.stdin.closed
         assert popen.stdout is not None and popen.stdout.closed
-        assert sorted(os.listdir("/proc/self/fd")) == before
+        assert _open_fds() - before == set()
     finally:  # before the fix: end it here, so that it leaks nothing into later tests
         if popen.returncode is None:
             popen.kill()
@@ -157,10 +164,10 @@ def test_a_child_that_outlives_its_loop_is_reaped_and_its_stdin_closed() -> None
     """The loop closes before the child exits (a test's loop; an agent's forced shutdown): the
     child is still reaped, not left a zombie, and its stdin pipe is not left open (a
     ResourceWarning when it is collected, an error under pytest)."""
-    before = set(os.listdir("/proc/self/fd"))
+    before = _open_fds()
 
     def left_open() -> list[str]:
-        return sorted(set(os.listdir("/proc/self/fd")) - before)
+        return sorted(_open_fds() - before)
 
     async def start() -> Launched:
         child, err = _start("import time; time.sleep(0.5)")
