@@ -788,9 +788,10 @@ def test_a_command_in_flight_does_not_hold_the_shutdown_up(tmp_path: Path, b1143
         for caller in callers:
             caller.start()
         deadline = time.monotonic() + 20
-        while len(sleepers()) < 2 and time.monotonic() < deadline:
+        while len(sleepers(agent.proc.pid)) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert len(sleepers()) == 2
+        ours = sleepers(agent.proc.pid)
+        assert len(ours) == 2
         started = time.monotonic()
         agent.proc.send_signal(signal.SIGTERM)
         for caller in callers:
@@ -799,21 +800,42 @@ def test_a_command_in_flight_does_not_hold_the_shutdown_up(tmp_path: Path, b1143
         assert time.monotonic() - started < 15  # not the command's 47 s
         bodies = sorted(a.body for a in answers)
         assert bodies == [b'data: {"done":true,"error":"cancelled"}\n\n', b'{"error":"cancelled"}']
-        assert not sleepers()  # the programs were killed, not left behind
+        # The programs were killed, not left behind (a zombie has no command line).
+        assert not [pid for pid in ours if _command_line(pid) == SLEEP], ours
     finally:
         agent.stop()
 
 
-def sleepers() -> list[str]:
-    found = []
+SLEEP = b"sleep\x0047.25\x00"  # the command's own duration: its line in the process list
+
+
+def sleepers(agent: int) -> set[int]:
+    """The ``sleep 47.25`` processes that ``agent`` started (its descendants). Not every one on
+    the machine: a run of this test just before, or beside this one, may have left its own."""
+    found = set()
     for entry in Path("/proc").iterdir():
-        try:
-            argv = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if argv == b"sleep\x0047.25\x00":
-            found.append(entry.name)
+        if entry.name.isdigit() and _command_line(int(entry.name)) == SLEEP:
+            pid = int(entry.name)
+            while pid > 1 and pid != agent:
+                pid = _parent(pid)
+            if pid == agent:
+                found.add(int(entry.name))
     return found
+
+
+def _command_line(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _parent(pid: int) -> int:
+    """``pid``'s parent (0 once it is gone)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def test_a_git_folder_is_listed_by_git_like_llama_cpp(all_tools: tuple[Pair, Path]) -> None:
