@@ -27,6 +27,10 @@ from tests.integration.harness import AgentProcess
 from tests.integration.test_compat import call
 
 HEALTH_BOUND = 0.25  # seconds: issue 26's bound for another client's /health
+# The sleeps the commands start are found by their command line, machine-wide: this run's
+# own durations (777.<pid><n>), so that a run beside this one, or one just before that left
+# its own, is neither counted nor killed.
+RUN = os.getpid()
 
 
 @pytest.fixture
@@ -141,17 +145,21 @@ def test_a_commands_processes_die_with_it_setsid_ones_too(
 ) -> None:
     """Row 13: ``setsid sleep 777 &`` left its own session and outlived the tool's timeout
     (and the agent): the process group kill does not reach it."""
-    holding = b"sleep\x00777.1\x00"  # keeps the output pipe open: the tool runs to its timeout
-    detached = b"sleep\x00777.2\x00"  # all its descriptors closed: the shell ends at once
+    # The first keeps the output pipe open: the tool runs to its timeout. The second has all
+    # its descriptors closed: the shell ends at once.
+    holding = f"sleep\x00777.{RUN}1\x00".encode()
+    detached = f"sleep\x00777.{RUN}2\x00".encode()
     leftovers.extend([holding, detached])
     started = time.monotonic()
     answer = tool(
-        agent, "exec_shell_command", {"command": "setsid sleep 777.1 & echo started", "timeout": 2}
+        agent,
+        "exec_shell_command",
+        {"command": f"setsid sleep 777.{RUN}1 & echo started", "timeout": 2},
     )
     assert answer["plain_text_response"].startswith("started\n"), answer
     assert time.monotonic() - started < 10
     assert wait_gone(holding) == []
-    command = "setsid sleep 777.2 </dev/null >/dev/null 2>&1 & echo started"
+    command = f"setsid sleep 777.{RUN}2 </dev/null >/dev/null 2>&1 & echo started"
     answer = tool(agent, "exec_shell_command", {"command": command})
     assert answer["plain_text_response"] == "started\n\n[exit code: 0]", answer
     assert wait_gone(detached) == []
@@ -164,9 +172,9 @@ def test_a_commands_processes_die_with_the_agent(
     """At the shutdown the call is cancelled; when the agent is killed, the reaper hears it
     (``PR_SET_PDEATHSIG``). Either way it kills everything below it."""
     agent = AgentProcess(["--llama-server", llama_server, "--tools", "exec_shell_command"])
-    argv = f"sleep\x00777.{sig.value}\x00".encode()
+    argv = f"sleep\x00777.{RUN}{sig.value}\x00".encode()
     leftovers.append(argv)
-    command = f"setsid sleep 777.{sig.value} </dev/null >/dev/null 2>&1 & sleep 60"
+    command = f"setsid sleep 777.{RUN}{sig.value} </dev/null >/dev/null 2>&1 & sleep 60"
     body = {"tool": "exec_shell_command", "params": {"command": command, "timeout": 60}}
 
     def run() -> None:
