@@ -120,7 +120,9 @@ def test_a_second_signal_forces_the_shutdown(start_agent: Any, demo_dir: Path) -
     conn, _ = open_stream(agent, MEDIUM)
     pid = agent.models()[MEDIUM]["corral"]["pid"]
     agent.proc.send_signal(signal.SIGTERM)
-    time.sleep(0.3)
+    # The second once the agent took the first: two SIGTERMs that reach it before it runs are
+    # one (the kernel keeps one pending signal of a kind), and it would drain for 50 s.
+    wait_until(lambda: "shutting down: refusing" in agent.log(), "the shutdown's start", 10)
     signalled = time.monotonic()
     agent.proc.send_signal(signal.SIGTERM)
     agent.proc.wait(timeout=20)
