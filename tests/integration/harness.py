@@ -44,6 +44,12 @@ def b11434_path() -> Path:
     return found[0].binary if found else root / f"b{LLAMA_CPP_BUILD}-cpu" / SERVER_TARGET
 
 
+# What the agent says when its --port was taken (startup.bind_failure), and how many ports an
+# AgentProcess tries when it chose them.
+PORT_TAKEN = "the port is in use"
+PORT_TRIES = 3
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -99,7 +105,23 @@ class AgentProcess:
         wait: bool = True,
     ) -> None:
         # ``port``: restart an agent where an earlier one listened (its children's tag).
-        self.port = port or free_port()
+        # A port of our choosing was free a moment ago: another process (a child of another
+        # agent, which picks its ports the same way) may bind it before the agent does. The
+        # agent then exits saying so, and starts again on another.
+        for attempt in range(1, PORT_TRIES + 1):
+            self._start(args, env, port or free_port())
+            if not wait:  # not over TLS: the wait speaks plain HTTP
+                return
+            try:
+                self._wait_listening()
+                return
+            except AssertionError:
+                if port is not None or attempt == PORT_TRIES or PORT_TAKEN not in self.log():
+                    raise
+            self.stop()
+
+    def _start(self, args: Sequence[str], env: dict[str, str] | None, port: int) -> None:
+        self.port = port
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"corral-agent-{self.port}.log"
         self._log = self.log_path.open("wb")
@@ -124,11 +146,20 @@ class AgentProcess:
             env=full_env,
             cwd=REPO,
         )
-        if wait:  # not over TLS: the wait speaks plain HTTP
-            self.wait_healthy()
 
     def wait_healthy(self, timeout: float = 30, path: str = "/health") -> None:
         wait_healthy(self.proc, self.port, self.log, "the agent", timeout, path)
+
+    def _wait_listening(self) -> None:
+        """Healthy, and listening on its port: the answer was its own, not that of a server
+        that took the port first (the agent exits then, saying so)."""
+        self.wait_healthy()
+        wait_until(
+            lambda: f"listening on {self.url} " in self.log() or self.proc.poll() is not None,
+            "the agent's 'listening on' line",
+        )
+        if self.proc.poll() is not None:
+            raise AssertionError(f"the agent exited with {self.proc.returncode}:\n{self.log()}")
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
