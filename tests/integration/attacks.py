@@ -35,7 +35,7 @@ def helpers_kib(pid: int) -> int:
     """RSS of the agent's own helper processes (its JSON worker and forkserver; not its
     llama-server children), in KiB."""
     total = 0
-    for child in _descendants(pid):
+    for child in descendants(pid):
         try:
             cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
             if b"llama-server" not in cmdline:
@@ -45,7 +45,8 @@ def helpers_kib(pid: int) -> int:
     return total
 
 
-def _descendants(pid: int) -> list[int]:
+def descendants(pid: int) -> list[int]:
+    """The processes below ``pid``: its children, theirs, and so on."""
     out: list[int] = []
     try:
         tasks = list(Path(f"/proc/{pid}/task").iterdir())
@@ -57,7 +58,7 @@ def _descendants(pid: int) -> list[int]:
         except OSError:
             continue
         for child in children:
-            out += [child, *_descendants(child)]
+            out += [child, *descendants(child)]
     return out
 
 
@@ -400,16 +401,9 @@ def shutdown_with_everything_open(
     return out
 
 
-def sleeping() -> set[str]:
+def sleeping() -> set[int]:
     """The PIDs of the tools' ``sleep 50.25`` (shutdown_with_everything_open)."""
-    found = set()
-    for entry in Path("/proc").iterdir():
-        try:
-            if (entry / "cmdline").read_bytes() == b"sleep\x0050.25\x00":
-                found.add(entry.name)
-        except OSError:
-            continue
-    return found
+    return set(processes_with(b"sleep\x0050.25\x00"))
 
 
 def noisy_llama_server(folder: Path, real: Path, lines: int = 640) -> Path:

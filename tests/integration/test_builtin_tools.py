@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 
+from tests.integration.attacks import descendants, processes_with
 from tests.integration.harness import AgentProcess, alive
 from tests.integration.test_compat import (
     TINY,
@@ -801,7 +802,7 @@ def test_a_command_in_flight_does_not_hold_the_shutdown_up(tmp_path: Path, b1143
         bodies = sorted(a.body for a in answers)
         assert bodies == [b'data: {"done":true,"error":"cancelled"}\n\n', b'{"error":"cancelled"}']
         # The programs were killed, not left behind (a zombie has no command line).
-        assert not [pid for pid in ours if _command_line(pid) == SLEEP], ours
+        assert not ours & set(processes_with(SLEEP)), ours
     finally:
         agent.stop()
 
@@ -812,30 +813,7 @@ SLEEP = b"sleep\x0047.25\x00"  # the command's own duration: its line in the pro
 def sleepers(agent: int) -> set[int]:
     """The ``sleep 47.25`` processes that ``agent`` started (its descendants). Not every one on
     the machine: a run of this test just before, or beside this one, may have left its own."""
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and _command_line(int(entry.name)) == SLEEP:
-            pid = int(entry.name)
-            while pid > 1 and pid != agent:
-                pid = _parent(pid)
-            if pid == agent:
-                found.add(int(entry.name))
-    return found
-
-
-def _command_line(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
-
-
-def _parent(pid: int) -> int:
-    """``pid``'s parent (0 once it is gone)."""
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
-    except (OSError, ValueError, IndexError):
-        return 0
+    return set(processes_with(SLEEP)) & set(descendants(agent))
 
 
 def test_a_git_folder_is_listed_by_git_like_llama_cpp(all_tools: tuple[Pair, Path]) -> None:
