@@ -149,6 +149,7 @@ class Agent:
             queue_timeout=options.queue_timeout,
             max_queue=options.max_queue,
             child_errors=options.max_child_errors,
+            probe_timeout=options.timeout,
             release_port=self.proxy.release_port,
             shutdown_timeout=options.shutdown_timeout,
             downloads=download_settings(options, self.env),
