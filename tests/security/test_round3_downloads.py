@@ -10,12 +10,15 @@ model endpoint's answer is not JSON".
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
+from node_agent.sources.download import DownloadError, Limits, transfer
 from tests.integration.harness import AgentProcess, wait_until
 from tests.integration.hf_server import HubServer, start_hub
 from tests.integration.model_events import EventLog
@@ -64,7 +67,7 @@ def test_a_length_over_the_declared_size_is_refused_and_nothing_kept(
     hub.claim_length = 10**12
     agent = start_agent("-c", "512", env=env)
     error = pull(agent)
-    assert "larger than declared (1000 bytes)" in error or "1000 bytes" in error, error
+    assert "sends 1000000000000 bytes of a file declared at 1000 bytes" in error, error
     assert blobs(env) == []  # no partial file to resume
     assert MODEL not in agent.models()
 
@@ -75,7 +78,7 @@ def test_a_file_of_no_known_size_is_not_taken_as_the_model(
     hub.unsized = True
     agent = start_agent("-c", "512", env=env)
     error = pull(agent)
-    assert "no size" in error and "--max-download-size" in error, error
+    assert "no size" in error and "cannot be told complete" in error, error
     assert blobs(env) == []
     assert MODEL not in agent.models()
 
@@ -90,3 +93,17 @@ def test_a_listing_that_arrives_in_two_reads_is_read_whole(
     agent = start_agent("-c", "512", env=env)
     assert pull(agent) == ""
     assert MODEL in agent.models()
+
+
+async def test_a_download_never_fills_the_disk(hub: HubServer, tmp_path: Path) -> None:
+    """Row 3: nothing bounded a download by default; now it leaves the disk a reserve (1 GiB
+    by default: here one larger than the disk's free space, which the file cannot fit in)."""
+    stats = os.statvfs(tmp_path)
+    free = stats.f_bavail * stats.f_frsize
+    final = tmp_path / "cache" / FILE
+    url = f"{hub.url}/{REPO}/resolve/main/{FILE}"
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(DownloadError, match=r"stopped: the disk of .* MiB free, and a downl"):
+            await transfer(session, url, final, limits=Limits(reserve_bytes=free))
+    assert not list(final.parent.glob("*"))  # nothing left behind
+    assert Limits().reserve_bytes == 1 << 30
