@@ -205,9 +205,11 @@ class Agent:
         watched = watched_paths(options.models_dir, preset, hub_dir(self.env))
         self.source_watch = SourceWatch(watched, self.reload)
 
-    def _read_catalog(self, known: Collection[Refusal] = ()) -> Catalog:
+    def _read_catalog(self, known: Collection[Refusal] | None = None) -> Catalog:
         """Read every source; each refusal not ``known`` (the running catalog's) is logged
-        once, not at every re-read of the sources (a poll re-reads them twice a second)."""
+        once, not at every re-read of the sources (a poll re-reads them twice a second).
+        ``known`` is None at start, where a clash of the administrator's presets stops the
+        agent (llama.cpp's router does); on a reload it refuses that preset alone."""
         hub = hub_dir(self.env)
         catalog = load_catalog(
             hub=hub,
@@ -217,9 +219,10 @@ class Agent:
             restricted=preset_policy(
                 self.options.models_preset, [self.options.models_dir, hub, cache_dir(self.env)]
             ),
+            refuse_clashes=known is not None,
         )
         for refusal in catalog.refused:
-            if refusal not in known:
+            if known is None or refusal not in known:
                 log.error(
                     "%s refused (it cannot be applied; the others stay): %s: %s",
                     refusal.kind,

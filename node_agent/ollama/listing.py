@@ -47,13 +47,34 @@ SHOWN_FILES: Final = 64
 # How far in the future Ollama's clients read as "never" (a model kept forever).
 FOREVER: Final = "9999-12-31T23:59:59Z"
 RUNNING: Final = (ModelState.LOADING, ModelState.LOADED, ModelState.SLEEPING)
+# What Ollama's clients put before a Hugging Face repository's name.
+HF_PREFIXES: Final = ("hf.co/", "huggingface.co/", "https://huggingface.co/")
+
+
+def find(registry: Registry, given: str) -> str | None:
+    """The canonical name for what an Ollama client names, or None. Its clients add
+    ``:latest`` to a bare name and keep what they pulled (``hf.co/org/repo``, a tag in any
+    case): a Hugging Face repository's name finds its cached model, untagged when it has one
+    model only (the file ``/api/pull`` chose), its tag in any case (issue 50, row 8: a pull
+    of ``org/repo`` made ``org/repo:Q8_0`` and answered "the download made no model")."""
+    for name in (given, given.removesuffix(":latest")):
+        for prefix in HF_PREFIXES:
+            name = name.removeprefix(prefix)
+        if (found := registry.resolve(name)) is not None:
+            return found
+    repo, _, tag = name.partition(":")
+    if "/" not in repo:
+        return None
+    wanted = f"{repo}:".lower()
+    same = [n for n in registry.specs() if n.lower().startswith(wanted)]
+    if tag:
+        same = [n for n in same if n.partition(":")[2].upper() == tag.upper()]
+    return same[0] if len(same) == 1 else None
 
 
 def resolve(registry: Registry, given: str) -> str:
-    """The canonical name for ``given``; Ollama's clients add ``:latest`` to a bare name."""
-    name = registry.resolve(given)
-    if name is None and given.endswith(":latest"):
-        name = registry.resolve(given.removesuffix(":latest"))
+    """The canonical name for ``given`` (:func:`find`); 404 when there is none."""
+    name = find(registry, given)
     if name is None:
         raise ApiError(404, f"model '{given[:200]}' not found (GET /api/tags lists the models)")
     return name

@@ -107,6 +107,7 @@ def load_catalog(
     preset_files: Sequence[str | Path | PresetFile] = (),
     cli_options: Sequence[tuple[str, OptionValue]] = (),
     restricted: Restricted | None = None,
+    refuse_clashes: bool = False,
 ) -> Catalog:
     """Read every source and merge them (ConfigError on any unusable input).
 
@@ -115,7 +116,10 @@ def load_catalog(
     agent's own llama-server options (``AgentOptions.child_options``). With ``restricted``
     the preset files did not come from the administrator (the operator's ConfigMap): they
     are held to that policy, and a file that breaks it or any other rule is refused alone
-    (``Catalog.refused``) instead of failing the whole catalog.
+    (``Catalog.refused``) instead of failing the whole catalog. ``refuse_clashes``: so is an
+    administrator's preset whose alias clashes (a reload: one such preset made every later
+    reload of any source fail until it was fixed, issue 50 row 8); at start it stops the agent
+    with llama.cpp's message, as llama.cpp's router does.
     """
     cached = scan_hf_cache(hub)
     scanned = scan_models_dir(models_dir) if models_dir is not None else ModelsDir()
@@ -186,14 +190,15 @@ def load_catalog(
         for name, spec in sorted(merged.items())
     }
     final = _dedup(final, hub)
-    if restricted is not None:
+    if restricted is None:
+        # Only the administrator's own presets hide a folder model: one from elsewhere never
+        # changes the node's own models (as it never merges into them).
+        final = _hide_folder_twins(final)
+    if restricted is not None or refuse_clashes:
         # One preset whose alias clashes is refused alone (it raised for the whole catalog:
         # the agent did not start, every later update failed; issue 26, row 9).
-        final, aliases, clashes = _restricted_alias_map(final, sections)
+        final, aliases, clashes = _alias_map_refusing(final, sections)
         return Catalog(models=final, aliases=aliases, refused=(*refused, *clashes))
-    # Only the administrator's own presets hide a folder model: one from elsewhere never
-    # changes the node's own models (as it never merges into them).
-    final = _hide_folder_twins(final)
     return Catalog(models=final, aliases=_alias_map(final), refused=tuple(refused))
 
 
@@ -331,10 +336,10 @@ def _own_download(layer: PresetLayer, node_model: ModelSpec, hub: Path | None) -
     return found is not None and found == node_model.cache_file
 
 
-def _restricted_alias_map(
+def _alias_map_refusing(
     models: Mapping[str, ModelSpec], sections: Mapping[str, PresetLayer]
 ) -> tuple[dict[str, ModelSpec], dict[str, str], list[Refusal]]:
-    """:func:`_alias_map` for the operator's presets: the node's own models first, then the
+    """:func:`_alias_map` that refuses presets alone: the node's own models first, then the
     presets by name; a preset whose alias is a name or an alias already taken is refused
     alone, with its reason, instead of failing the whole catalog."""
     kept: dict[str, ModelSpec] = {}

@@ -381,8 +381,7 @@ async def _open(
                         "download of %s: refused a redirect to %s", redact(url), redact(target)
                     )
                     raise DownloadError(
-                        f"download of {redact(url)} refused: it redirects to another host "
-                        f"({urlsplit(target).hostname}), which is not allowed"
+                        f"download of {redact(url)} refused: {_redirect_refusal(url, target)}"
                     )
                 current = target
                 continue
@@ -402,6 +401,16 @@ async def _open(
         finally:
             response.release()
     raise DownloadError(f"download of {redact(url)} failed: too many redirects")
+
+
+def _redirect_refusal(origin: str, target: str) -> str:
+    """Why a redirect was not followed, in words (a ``file://`` one has no host to name)."""
+    scheme = urlsplit(target).scheme
+    if scheme not in ("http", "https"):
+        return f"it redirects to a {scheme or 'schemeless'}:// URL, which is not allowed"
+    if urlsplit(origin).scheme == "https" and scheme != "https":
+        return "it redirects from https to http, which is not allowed"
+    return f"it redirects to another host ({urlsplit(target).hostname}), which is not allowed"
 
 
 def discard_partial(final: Path) -> None:
