@@ -5,7 +5,9 @@ with the agent's default limits (``--client-timeout 30``, ``--max-connections`` 
 
 Usage: ``hack/attack-figures.py [--models DIR] [ATTACK ...]`` (default: generate the demo models
 in a temporary folder; run every attack). Prints one line per attack; issue 26's rows end with
-the worst /health time and the RSS growth during the attack (the goal: under 250 ms and 64 MiB).
+the worst /health time and the RSS growth during the attack (the goal: under 250 ms and 64 MiB);
+issue 50's row 7 (10,000 model files dropped in, listed by four clients at once, then deleted)
+gives the worst and p99 /health time and the RSS at the start, with them, and after them.
 The attacks are ``tests/integration/attacks.py`` (the integration tests run them with short
 limits and assert the outcome).
 """
@@ -297,6 +299,7 @@ def main() -> int:
             *issue_26_rows(models),
             issue26_model_files,
             *TOOL_ATTACKS,
+            row50_7_many_models,
         ]
         for attack in attacks:
             if not args.attacks or attack.__name__ in args.attacks:
@@ -621,6 +624,61 @@ TOOL_ATTACKS = (
     tool_setsid_children,
     tool_edits_and_glob,
 )
+
+
+# -- issue 50, row 7: 10,000 model files ------------------------------------------------------
+
+MANY_MODELS = 10_000
+
+
+def row50_7_many_models(models: Path) -> None:
+    """Drop 10,000 model files (links of demo-tiny) into a watched folder, list them from four
+    clients at once (GET /models, /v1/models, /api/tags, three times each), delete them."""
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        a = agent(folder, "-c", "512")
+        try:
+            time.sleep(1.0)  # its start-up work settles
+            start = status_kib(a.proc.pid, "VmRSS") / 1024
+            probe = Probe(a.port, a.proc.pid, interval=0.02)
+            with probe.running():
+                for i in range(MANY_MODELS):
+                    os.link(models / "demo-tiny.gguf", folder / f"m{i:05d}.gguf")
+                while f"{MANY_MODELS} added" not in a.log():
+                    time.sleep(0.1)
+                reloading = list(probe.latencies)
+
+                def lists() -> None:
+                    for _ in range(3):
+                        for path in ("/models", "/v1/models", "/api/tags"):
+                            a.get(path, timeout=120)
+
+                listers = [threading.Thread(target=lists) for _ in range(4)]
+                for lister in listers:
+                    lister.start()
+                for lister in listers:
+                    lister.join()
+            peak = status_kib(a.proc.pid, "VmRSS") / 1024
+            for file in folder.iterdir():
+                file.unlink()
+            while f"{MANY_MODELS} removed" not in a.log():
+                time.sleep(0.1)
+            time.sleep(1.0)
+            after = status_kib(a.proc.pid, "VmRSS") / 1024
+            listing = sorted(probe.latencies[len(reloading) :])
+            print(
+                f"  (the reload's worst /health {max(reloading, default=0) * 1000:.0f} ms, "
+                f"the listings' {max(listing, default=0) * 1000:.0f} ms)"
+            )
+            latencies = sorted(probe.latencies)
+            p99 = latencies[int(len(latencies) * 0.99)] if latencies else float("nan")
+            print(
+                f"row 50.7 ({MANY_MODELS} model files, 4 listing clients): /health worst "
+                f"{latencies[-1] * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms ({len(latencies)} "
+                f"probes); RSS {start:.0f} -> {peak:.0f} MiB with them -> {after:.0f} MiB after"
+            )
+        finally:
+            _end(a)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ writes them (plain text, one line each), like ``tail -f``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from typing import Any
@@ -46,7 +47,7 @@ from node_agent.api.bodies import (
 )
 from node_agent.api.conversations import CONVERSATIONS
 from node_agent.api.long_lived import until_shutdown
-from node_agent.api.replies import json_reply
+from node_agent.api.replies import json_bytes, json_reply
 from node_agent.api.state import STATE, AgentState, LogsFor
 from node_agent.api.views import model_entry
 from node_agent.child.ports import CHILD_HOST
@@ -62,12 +63,57 @@ from node_agent.sources.trust import option_refusal
 # bounded, off the loop).
 LIST_HEADER_WAIT = 1.0
 LIST_SLICE = 100  # models listed between two turns of the loop (2 ms here)
+LIST_REUSE_SECONDS = 0.5  # how long one listing's body serves others (the runtime unchanged)
 
 
 async def list_models(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     if request.query.get("reload", "").lower() in ("1", "true", "yes", "on"):
         await state.reload()
+    streams = request.app[CONVERSATIONS].supported
+    body = await request.app[LISTING].body(state, streams)
+    return web.Response(body=body, content_type="application/json", charset="utf-8")
+
+
+class _SharedListing:
+    """The last ``GET /models`` body, shared by the listings of one state of the runtime
+    within :data:`LIST_REUSE_SECONDS`: four clients listing 10,000 models at once made four
+    listings of 230 ms each, and /health waited behind their slices (issue 50, row 7). A
+    listing that arrives while one is being made waits for it; a change of the runtime
+    (``Registry.stamp``) or the time makes the next one anew."""
+
+    def __init__(self) -> None:
+        self._key: tuple[tuple[int, int], int, bool | None] | None = None
+        self._body: asyncio.Future[bytes] | None = None
+
+    async def body(self, state: AgentState, streams: bool | None) -> bytes:
+        key = (state.registry.stamp(), int(time.monotonic() / LIST_REUSE_SECONDS), streams)
+        shared = self._body
+        if key == self._key and shared is not None:
+            with contextlib.suppress(_Unshared):
+                return await asyncio.shield(shared)
+        made: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self._key, self._body = key, made
+        try:
+            body = json_bytes(await _listing(state, streams))
+        except BaseException:
+            made.set_exception(_Unshared())  # those who wait for it make their own
+            made.exception()  # (retrieved: nobody need wait for it)
+            if self._body is made:
+                self._key = self._body = None
+            raise
+        made.set_result(body)
+        return body
+
+
+class _Unshared(Exception):
+    """The listing being made for others did not finish (its client went away)."""
+
+
+LISTING: web.AppKey[_SharedListing] = web.AppKey("corral_listing", _SharedListing)
+
+
+async def _listing(state: AgentState, streams: bool | None) -> dict[str, Any]:
     registry = state.registry
     if registry.memory is not None:
         # The memory figures: each model's GGUF header read and its estimate made off the
@@ -75,7 +121,6 @@ async def list_models(request: web.Request) -> web.StreamResponse:
         # GET /models: issue 26, row 6).
         await registry.memory.prepare_off_loop(registry.listed().values(), wait=LIST_HEADER_WAIT)
     now = int(time.time())
-    streams = request.app[CONVERSATIONS].supported
     data = []
     for count, name in enumerate(list(registry.listed())):
         if count and count % LIST_SLICE == 0:
@@ -91,7 +136,7 @@ async def list_models(request: web.Request) -> web.StreamResponse:
         from node_agent.models_schema import dump  # lazily, as views does (start-up time)
 
         body["refused"] = [dump(r) for r in refused]
-    return json_reply(body)
+    return body
 
 
 async def load_model(request: web.Request) -> web.StreamResponse:
@@ -270,6 +315,7 @@ async def model_logs(request: web.Request) -> web.StreamResponse:
 
 
 def setup_models_routes(app: web.Application, logs_for: LogsFor | None) -> None:
+    app[LISTING] = _SharedListing()
     app.add_routes(
         [
             web.get("/models", list_models),

@@ -258,6 +258,11 @@ class Registry:
         """The registry's clock (monotonic seconds), for views of scheduler times."""
         return self._clock()
 
+    def stamp(self) -> tuple[int, int]:
+        """Changes whenever what a view of the runtime shows may have: the batches of events
+        the scheduler handled, and the events published (downloads' among them)."""
+        return self.version, self._hub.statistics().published
+
     def warm_owns(self, name: str) -> bool:
         """Whether ``name``'s slot files are the agent's (warm swaps apply to it)."""
         return self.warm is not None and self.warm.applies(self._specs[name])

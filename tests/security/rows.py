@@ -1,3 +1,4 @@
+# ruff: noqa: E501  (a table: one row a line reads best)
 """Every row of the three security rounds, and the test that holds it (the list an attacker
 checks next: tests/security/README.md shows it as a table, test_rows.py checks it is whole
 and that each test exists).
