@@ -218,7 +218,7 @@ class Conversations:
                 501,
                 f"the llama-server of model '{owner}' ({self._state.binary}) has no "
                 "conversation streams (X-Conversation-Id, /v1/stream): use a llama-server "
-                "that has them (b10434 and b11434 do, see README)",
+                "that has them (b10434 and b11434 do, see docs/conversations.md)",
             )
 
     async def _probe(self, request: web.Request, owner: str, port: int) -> None:

@@ -13,7 +13,7 @@ llama.cpp's router's: ``GET /models`` (and ``/v1/models``), ``POST /models/load`
   ``model_remove`` on ``/models/sse``;
 * while a download is on its way, ``GET /models`` lists the model as ``downloading``.
 
-Deliberate differences (README, "Models API"; each has a test): ``/models/load`` for an unknown
+Deliberate differences (docs/downloads.md; each has a test): ``/models/load`` for an unknown
 or missing model says which (llama.cpp's 404 body is only "File Not Found"); a name the Hub has
 no model file for is refused with 400 (llama.cpp starts a download that "finishes" with
 nothing); a download sharing files with one on its way is refused with 400 (llama.cpp lets
