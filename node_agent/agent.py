@@ -15,7 +15,7 @@ import gc
 import importlib
 import importlib.util
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -50,7 +50,13 @@ from node_agent.runtime.model_downloads import DownloadSettings
 from node_agent.runtime.registry import Registry
 from node_agent.runtime.warm_swaps import WarmSwaps
 from node_agent.source_watch import SourceWatch, watched_paths
-from node_agent.sources.catalog import Catalog, diff_catalogs, keep_refused, load_catalog
+from node_agent.sources.catalog import (
+    Catalog,
+    Refusal,
+    diff_catalogs,
+    keep_refused,
+    load_catalog,
+)
 from node_agent.sources.download import Limits, cache_dir
 from node_agent.sources.hf_cache import hub_dir
 from node_agent.sources.preset_dir import directory_version, preset_files, preset_policy
@@ -149,6 +155,7 @@ class Agent:
             queue_timeout=options.queue_timeout,
             max_queue=options.max_queue,
             child_errors=options.max_child_errors,
+            probe_timeout=options.timeout,
             release_port=self.proxy.release_port,
             shutdown_timeout=options.shutdown_timeout,
             downloads=download_settings(options, self.env),
@@ -193,7 +200,9 @@ class Agent:
         watched = watched_paths(options.models_dir, preset, hub_dir(self.env))
         self.source_watch = SourceWatch(watched, self.reload)
 
-    def _read_catalog(self) -> Catalog:
+    def _read_catalog(self, known: Collection[Refusal] = ()) -> Catalog:
+        """Read every source; each refusal not ``known`` (the running catalog's) is logged
+        once, not at every re-read of the sources (a poll re-reads them twice a second)."""
         hub = hub_dir(self.env)
         catalog = load_catalog(
             hub=hub,
@@ -205,11 +214,13 @@ class Agent:
             ),
         )
         for refusal in catalog.refused:
-            log.error(
-                "preset refused (it cannot be applied; the others stay): %s: %s",
-                refusal.origin,
-                refusal.reason,
-            )
+            if refusal not in known:
+                log.error(
+                    "%s refused (it cannot be applied; the others stay): %s: %s",
+                    refusal.kind,
+                    refusal.origin,
+                    refusal.reason,
+                )
         return catalog
 
     def _peer_discovery(self) -> PeerDiscovery | None:
@@ -310,7 +321,8 @@ class Agent:
         Sources that cannot be read change nothing: the running catalog stays as it was.
         """
         try:
-            new = keep_refused(self.catalog, await asyncio.to_thread(self._read_catalog))
+            read = await asyncio.to_thread(self._read_catalog, self.catalog.refused)
+            new = keep_refused(self.catalog, read)
         except ConfigError as exc:
             raise ApiError(500, f"reload failed, nothing was changed: {exc}") from exc
         diff = diff_catalogs(self.catalog, new)

@@ -60,8 +60,9 @@ Corral's own:
                               503 and says why (a pod that would serve on the CPU is not
                               ready; /livez answers 200 while the agent runs)
   --max-child-errors N        a child that fails N requests in a row with its own 5xx, or
-                              stalls one for --timeout, is killed as wedged and loads again
-                              when asked (default 5; 0: only stalls)
+                              stalls one for --timeout, is probed (GET /slots, a one-token
+                              completion); one that fails the probe too is killed as wedged
+                              and loads again when asked (default 5; 0: only stalls)
   --cpu-turns DURATION        where the children compute on the CPU alone (llama-server
                               --list-devices lists no GPU), models take turns: two children
                               computing at once each run a thread per core, and both slow

@@ -89,6 +89,8 @@ from node_agent.core.scheduler_events import (
     Lease,
     Leave,
     ModelConfig,
+    Probe,
+    Probed,
     Queued,
     Ready,
     Refusal,
@@ -178,6 +180,7 @@ class _Model:
     swapped_in: bool = False  # its load evicted another model (anti-thrash, core.victims)
     uses: int = 0  # inference requests since it was last ready
     errors: int = 0  # requests in a row its child failed with a 5xx of its own
+    suspicion: str | None = None  # why its child is being probed (Scheduler._judge)
     wedged: str | None = None  # why its child is being killed as wedged
     turn_at: float = -math.inf  # when its child last began to compute (a slot lease from none)
     # When it last stopped computing (its slot leases went to none): who computed least
@@ -401,6 +404,8 @@ class Scheduler:
                     self._models[name].keep_alive = ttl
             case Catalog():
                 self._apply_catalog(event, now, out)
+            case Probed():
+                self._probed(event, now, out)
             case Close(drain_until=until):
                 self._close(until, now, out)
             case Tick():
@@ -462,11 +467,14 @@ class Scheduler:
         return False
 
     def _judge(self, lease: Lease, fault: ChildFault | None, now: float, out: list[Effect]) -> None:
-        """A request's end, as evidence about its child: one it stalled, or ``child_errors``
-        answered in a row with its own 5xx, and the child is wedged (its ``/health`` may
-        still say ok): it takes no new request, is killed at once (its requests in flight
-        end with an error event) and loads again on the next request, with the backoff of
-        a crash. A lease of an earlier child of the model says nothing of this one."""
+        """A request's end, as evidence about its child. One it stalled, or ``child_errors``
+        answered in a row with its own 5xx, make the child a suspect, nothing more: b11434
+        answers 500 to some requests that are only their client's mistake (an image for a
+        text model, an unknown token to detokenize), and a long answer that is not streamed
+        sends no byte for as long as it computes. So the owner probes the child with what any
+        healthy child answers (:class:`Probe`), and only a child that fails the probe too is
+        wedged (:meth:`_probed`): a client's own requests never cost another client its
+        request. A lease of an earlier child of the model says nothing of this one."""
         model = self._models.get(lease.model)
         if model is None or model.port is None or model.port != lease.port:
             return
@@ -480,14 +488,29 @@ class Scheduler:
             if self.child_errors <= 0 or model.errors < self.child_errors:
                 return
             why = f"{model.errors} requests in a row failed with its own 5xx"
-        if model.wedged is not None:
+        if model.wedged is not None or model.suspicion is not None:
+            return  # one probe at a time: the faults meanwhile are the same evidence
+        model.suspicion = why
+        out.append(Probe(lease.model, lease.port, why))
+
+    def _probed(self, probed: Probed, now: float, out: list[Effect]) -> None:
+        """The probe's verdict on a suspect child: healthy, and its requests' failures were
+        their own (the count starts again); broken, and it is wedged: it takes no new
+        request, is killed at once (its requests in flight end with an error event) and
+        loads again on the next request, with the backoff of a crash."""
+        model = self._models.get(probed.model)
+        if model is None or model.port != probed.port or model.suspicion is None:
+            return  # a probe of a child that has gone meanwhile
+        suspicion, model.suspicion = model.suspicion, None
+        if probed.broken is None:
+            model.errors = 0
             return
-        model.wedged = why
-        if not self.request_stop(lease.model):
-            self.begin_drain(lease.model, now)  # stopping already: cut it now
+        model.wedged = f"{suspicion}, and {probed.broken}"
+        if not self.request_stop(probed.model):
+            self.begin_drain(probed.model, now)  # stopping already: cut it now
             return
-        self.begin_drain(lease.model, now)
-        out.append(Drain(lease.model, "wedged", now))
+        self.begin_drain(probed.model, now)
+        out.append(Drain(probed.model, "wedged", now))
 
     def _apply_catalog(self, catalog: Catalog, now: float, out: list[Effect]) -> None:
         for name, config in catalog.models.items():
@@ -989,6 +1012,7 @@ class Scheduler:
         if model.busy:
             model.done_at = now  # it computed until it died
         model.in_flight = model.busy = model.errors = 0
+        model.suspicion = None
         model.port = None
         for lease_id in [i for i, lease in self._leases.items() if lease.model == name]:
             del self._leases[lease_id]

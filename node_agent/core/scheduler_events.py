@@ -160,6 +160,16 @@ class Catalog:
 
 
 @dataclass(frozen=True)
+class Probed:
+    """The owner's probe of ``model``'s child on ``port`` ended: ``broken`` says how the child
+    failed it (None: it answered as a healthy child does)."""
+
+    model: str
+    port: int
+    broken: str | None
+
+
+@dataclass(frozen=True)
 class Tick:
     """Time passed: a deadline, a TTL or a minimum residency may be due."""
 
@@ -184,6 +194,7 @@ Event = (
     | Unload
     | KeepAlive
     | Catalog
+    | Probed
     | Tick
     | Close
 )
@@ -263,10 +274,20 @@ class Stop:
 
 
 @dataclass(frozen=True)
+class Probe:
+    """Ask ``model``'s child on ``port`` what any healthy child answers (``suspicion``: why,
+    for the log), and report a :class:`Probed`: its requests' failures may be their own."""
+
+    model: str
+    port: int
+    suspicion: str
+
+
+@dataclass(frozen=True)
 class Removed:
     """A model that left the catalog is gone from the scheduler too."""
 
     model: str
 
 
-Effect = Transition | Grant | Started | Refuse | Queued | Spawn | Drain | Stop | Removed
+Effect = Transition | Grant | Started | Refuse | Queued | Spawn | Drain | Stop | Probe | Removed

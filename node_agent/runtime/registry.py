@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from node_agent.aio import Changed, TaskSet
+from node_agent.child.probe import probe_child
 from node_agent.core.model_state import ModelState, Transition
 from node_agent.core.scheduler import Scheduler
 from node_agent.core.scheduler_events import (
@@ -43,6 +44,8 @@ from node_agent.core.scheduler_events import (
     Lease,
     Leave,
     ModelConfig,
+    Probe,
+    Probed,
     Queued,
     Ready,
     Refusal,
@@ -98,6 +101,9 @@ WARM_REASONS = frozenset({"manual", "ttl", "count", "memory"})
 # A child that answers this many requests in a row with a 5xx of its own is restarted as
 # wedged (the agent's --max-child-errors; 0: never).
 DEFAULT_CHILD_ERRORS = 5
+# The bound of each step of a suspect child's probe (the agent's --timeout: the patience a
+# request gets before its child is suspected of stalling).
+DEFAULT_PROBE_TIMEOUT = 600.0
 
 
 @dataclass(frozen=True)
@@ -141,6 +147,7 @@ class Registry:
         residency_factor: float = RESIDENCY_FACTOR,
         downloads: DownloadSettings | None = None,
         child_errors: int = DEFAULT_CHILD_ERRORS,
+        probe_timeout: float = DEFAULT_PROBE_TIMEOUT,
         warm: WarmSwaps | None = None,
         cpu_turn: float = 0.0,
     ) -> None:
@@ -153,6 +160,7 @@ class Registry:
             turn=cpu_turn,
         )
         self.memory = memory
+        self.probe_timeout = probe_timeout  # each step of a suspect child's probe
         self.ttl = ttl  # seconds idle before unload, for models without their own ``ttl``
         self.queue_timeout = queue_timeout
         self.max_queue = max_queue
@@ -546,6 +554,8 @@ class Registry:
                 run = self._runs.get(name)
                 if run is not None:
                     self._tasks.spawn(self._stop(run, cut), f"stop:{name}")
+            case Probe():
+                self._tasks.spawn(self._probe(effect), f"probe:{effect.model}")
             case Removed(model=name):
                 self._specs.pop(name, None)
 
@@ -701,6 +711,18 @@ class Registry:
             log.warning("model=%s is wedged (%s): killing it; it loads again when asked", name, why)
             self._publish(name, "model_wedged", {"reason": why})
         log.info("stopping model=%s (%s)", name, drain.reason)
+
+    async def _probe(self, probe: Probe) -> None:
+        """Probe a suspect child (``child.probe``) and tell the scheduler what it showed."""
+        log.info("model=%s: probing its child (%s)", probe.model, probe.suspicion)
+        broken = await probe_child(probe.port, self.probe_timeout)
+        if broken is None:
+            log.info(
+                "model=%s: its child answered the probe: not wedged (%s: the requests' own)",
+                probe.model,
+                probe.suspicion,
+            )
+        self._submit(Probed(probe.model, probe.port, broken))
 
     async def _restore(self, name: str, key: str, slots: int, child: Child) -> None:
         assert self.warm is not None

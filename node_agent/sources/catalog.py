@@ -23,7 +23,7 @@ from pathlib import Path
 from node_agent.errors import ConfigError
 from node_agent.sources.hf_cache import scan_hf_cache
 from node_agent.sources.hf_hub import resolve_cached
-from node_agent.sources.models_dir import scan_models_dir
+from node_agent.sources.models_dir import ModelsDir, scan_models_dir
 from node_agent.sources.options import llama_options
 from node_agent.sources.preset_ini import PresetFile, load_preset_file
 from node_agent.sources.spec import (
@@ -55,6 +55,8 @@ class Refusal:
     reason: str
     models: tuple[str, ...] = ()
     """The model names its sections claimed, where the file could be parsed that far."""
+    kind: str = "preset"
+    """What was refused: a ``preset``, or a ``models-dir entry`` (a link that loops…)."""
 
 
 @dataclass(frozen=True)
@@ -116,8 +118,14 @@ def load_catalog(
     (``Catalog.refused``) instead of failing the whole catalog.
     """
     cached = scan_hf_cache(hub)
-    local = scan_models_dir(models_dir) if models_dir is not None else []
-    refused: list[Refusal] = []
+    scanned = scan_models_dir(models_dir) if models_dir is not None else ModelsDir()
+    local = scanned.specs
+    # An entry of the folder that cannot be a model is skipped alone (a link that loops, one
+    # to a file that is not GGUF): shown with the refused presets, the others still listed.
+    refused = [
+        Refusal(origin=path, reason=reason, kind="models-dir entry")
+        for path, reason in scanned.skipped
+    ]
     presets: list[PresetFile] = []
     for p in preset_files:
         if isinstance(p, PresetFile):

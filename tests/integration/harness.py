@@ -273,12 +273,17 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
-def open_stream(agent: AgentProcess, model: str) -> tuple[HTTPConnection, Any]:
+def open_stream(
+    agent: AgentProcess, model: str, headers: dict[str, str] | None = None
+) -> tuple[HTTPConnection, Any]:
     """A long streamed chat (3,000 tokens) that has started flowing: a model kept busy."""
     conn = HTTPConnection("127.0.0.1", agent.port, timeout=120)
     body = chat(model, max_tokens=3000, stream=True, ignore_eos=True)
     conn.request(
-        "POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"}
+        "POST",
+        "/v1/chat/completions",
+        json.dumps(body),
+        {"Content-Type": "application/json", **(headers or {})},
     )
     stream = conn.getresponse()
     assert stream.status == 200

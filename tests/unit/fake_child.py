@@ -108,6 +108,8 @@ class FakeChild:
         app = web.Application(client_max_size=64 * 1024 * 1024)  # llama-server's bodies: large
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/health", self._health)
+        app.router.add_get("/slots", self._slots)
+        app.router.add_post("/completion", self._completion)
         app.router.add_get("/v1/realtime", self._realtime)
         self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.05)
         await self._runner.setup()
@@ -130,6 +132,19 @@ class FakeChild:
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
+
+    async def _slots(self, request: web.Request) -> web.Response:
+        """The agent's probe of its main loop: stuck in a stalled child, as llama-server's."""
+        if self.plan.stall:
+            await asyncio.Event().wait()
+        return web.json_response([{"id": 0, "is_processing": bool(self._streams)}])
+
+    async def _completion(self, request: web.Request) -> web.Response:
+        """The agent's one-token probe: a child that fails every request fails it too."""
+        if self.plan.status is not None:
+            error = {"code": self.plan.status, "message": "it broke", "type": "server_error"}
+            return web.json_response({"error": error}, status=self.plan.status)
+        return web.json_response({"content": "x"})
 
     async def _realtime(self, request: web.Request) -> web.StreamResponse:
         """A WebSocket that echoes (b11434 has none: a stub of what a child may serve)."""
@@ -252,6 +267,9 @@ async def fake_agent(
 ) -> AsyncIterator[Agent]:
     catalog = Catalog({s.name: s for s in specs})
     registry_args.setdefault("models_max", 4)
+    registry_args.setdefault(
+        "probe_timeout", proxy_timeout
+    )  # the agent's --timeout, as in agent.py
     proxy = Proxy(timeout=proxy_timeout)
     registry = Registry(
         catalog,

@@ -23,6 +23,8 @@ from node_agent.core.scheduler_events import (
     Lease,
     Leave,
     ModelConfig,
+    Probe,
+    Probed,
     Queued,
     Ready,
     Refusal,
@@ -383,7 +385,8 @@ def test_each_state_change_is_an_effect_ahead_of_what_it_causes() -> None:
 
 
 def test_a_stalled_request_kills_its_child_as_wedged_and_the_model_loads_again() -> None:
-    """Issue 28: a child whose /health is fine but that stalls a request is replaced."""
+    """Issue 28: a child whose /health is fine but that stalls a request, and fails the
+    agent's probe too, is replaced."""
     sched = make(slots=2)
     loaded(sched)
     _, effects = request(sched, now=1.0)
@@ -391,20 +394,22 @@ def test_a_stalled_request_kills_its_child_as_wedged_and_the_model_loads_again()
     _, effects = request(sched, now=1.0)
     (other,) = [e.lease for e in effects if isinstance(e, Grant)]  # in flight: it is cut
     effects = handle(sched, Release(stalled, ChildFault.STALLED), 5.0)
-    assert effects == [Drain("a", "wedged", 5.0), Stop("a", cut=True)]
-    waiter, effects = request(sched, now=5.1)  # takes no new request meanwhile
+    why = "a request it accepted got no byte from it within --timeout"
+    assert effects == [Probe("a", 7001, why)]
+    broken = "its main loop answered no GET /slots within 600s"
+    effects = handle(sched, Probed("a", 7001, broken), 6.0)
+    assert effects == [Drain("a", "wedged", 6.0), Stop("a", cut=True)]
+    waiter, effects = request(sched, now=6.1)  # takes no new request meanwhile
     assert not grants(effects)
-    assert handle(sched, Exited("a", -9), 5.2) == [Spawn("a")]
+    assert handle(sched, Exited("a", -9), 6.2) == [Spawn("a")]
     view = sched.view("a")
-    assert view.failed and view.error == (
-        "killed as wedged: a request it accepted got no byte from it within --timeout"
-    )
-    handle(sched, Spawned("a", 7002), 5.3)
-    assert grants(handle(sched, Ready("a", 7002), 5.4)) == [waiter]
-    assert handle(sched, Release(other, ChildFault.STALLED), 5.5) == []  # the old child's
+    assert view.failed and view.error == f"killed as wedged: {why}, and {broken}"
+    handle(sched, Spawned("a", 7002), 6.3)
+    assert grants(handle(sched, Ready("a", 7002), 6.4)) == [waiter]
+    assert handle(sched, Release(other, ChildFault.STALLED), 6.5) == []  # the old child's
 
 
-def test_errors_in_a_row_wedge_a_child_and_a_success_resets_the_count() -> None:
+def test_errors_in_a_row_make_a_suspect_and_a_success_resets_the_count() -> None:
     sched = Scheduler(2, child_errors=3)
     sched.handle(Catalog({"a": ModelConfig(slots=1, stop_timeout=5.0)}), 0.0)
     loaded(sched)
@@ -416,14 +421,62 @@ def test_errors_in_a_row_wedge_a_child_and_a_success_resets_the_count() -> None:
 
     assert answered(ChildFault.SERVER_ERROR, 1.0) == []
     assert answered(ChildFault.SERVER_ERROR, 1.1) == []
-    assert answered(None, 1.2) == []  # one good answer: not wedged
+    assert answered(None, 1.2) == []  # one good answer: not suspect
     assert answered(ChildFault.SERVER_ERROR, 1.3) == []
     assert answered(ChildFault.SERVER_ERROR, 1.4) == []
-    assert answered(ChildFault.SERVER_ERROR, 1.5) == [
-        Drain("a", "wedged", 1.5),
+    why = "3 requests in a row failed with its own 5xx"
+    assert answered(ChildFault.SERVER_ERROR, 1.5) == [Probe("a", 7001, why)]
+    assert handle(sched, Probed("a", 7001, "a one-token completion answered 500"), 1.6) == [
+        Drain("a", "wedged", 1.6),
         Stop("a", cut=False),
     ]
-    assert sched.wedged_why("a") == "3 requests in a row failed with its own 5xx"
+    assert sched.wedged_why("a") == f"{why}, and a one-token completion answered 500"
+
+
+def test_a_clients_own_failures_never_cut_another_clients_request() -> None:
+    """Issue 50 row 1: b11434 answers 500 to requests that are only their client's mistake
+    (an image for a text model, an unknown token to detokenize). However many such requests
+    come, and stalls of its own long answers, a child that answers the agent's probe is not
+    wedged: the other client's request in flight runs on, and the child takes new ones."""
+    sched = Scheduler(2, child_errors=3)
+    sched.handle(Catalog({"a": ModelConfig(slots=4, stop_timeout=5.0)}), 0.0)
+    loaded(sched)
+    _, effects = request(sched, now=1.0)
+    (victim,) = [e.lease for e in effects if isinstance(e, Grant)]
+    probes = []
+    for i in range(30):
+        now = 1.0 + i / 10
+        _, effects = request(sched, now=now)
+        (lease,) = [e.lease for e in effects if isinstance(e, Grant)]
+        fault = ChildFault.STALLED if i % 10 == 9 else ChildFault.SERVER_ERROR
+        effects = handle(sched, Release(lease, fault), now)
+        assert not [e for e in effects if isinstance(e, Drain | Stop)], effects
+        probes += [e for e in effects if isinstance(e, Probe)]
+        if probes and i % 4 == 3:  # the probe answers a while later: healthy
+            assert handle(sched, Probed("a", 7001, None), now) == []
+            probes.clear()
+    view = sched.view("a")
+    assert view.state is ModelState.LOADED and not view.stopping and view.in_flight == 1
+    assert handle(sched, Release(victim), 5.0) == []  # the victim's request ended as it would
+    assert sched.wedged_why("a") == ""
+
+
+def test_one_probe_at_a_time_and_a_verdict_on_a_gone_child_says_nothing() -> None:
+    sched = Scheduler(2, child_errors=1)
+    sched.handle(Catalog({"a": ModelConfig(slots=4, stop_timeout=5.0)}), 0.0)
+    loaded(sched)
+    leases = []
+    for _ in range(3):
+        _, effects = request(sched, now=1.0)
+        leases += [e.lease for e in effects if isinstance(e, Grant)]
+    assert len(handle(sched, Release(leases[0], ChildFault.SERVER_ERROR), 1.1)) == 1  # a Probe
+    assert handle(sched, Release(leases[1], ChildFault.STALLED), 1.2) == []  # probed already
+    assert handle(sched, Probed("a", 9999, "broken"), 1.3) == []  # another child's
+    handle(sched, Unload("a", "manual"), 1.4)
+    handle(sched, Release(leases[2]), 1.5)
+    handle(sched, Exited("a", 0), 1.6)
+    assert handle(sched, Probed("a", 7001, "broken"), 1.7) == []  # that child has gone
+    assert not sched.view("a").failed
 
 
 class HeldRoom:

@@ -20,9 +20,13 @@ from node_agent.core.scheduler import Scheduler
 from node_agent.core.scheduler_events import (
     Catalog,
     ChildFault,
+    Drain,
     Effect,
+    Event,
     KeepAlive,
     ModelConfig,
+    Probe,
+    Probed,
     Release,
     Sleeping,
     Spawn,
@@ -68,13 +72,33 @@ class WideMachine(base.SchedulerMachine):
         self.version = dict.fromkeys(base.MODELS, 0)
         self.spawned_version: dict[str, int] = {}
         self.listed = set(base.MODELS)
+        self.probes: list[tuple[str, int]] = []  # suspect children the owner probes
+        self.event: Event | None = None
         configs = {m: ModelConfig(slots=self.slots[m], stop_timeout=3.0) for m in base.MODELS}
         self.send(Catalog(configs))
+
+    def send(self, event: Event, reference: Event | None = None) -> None:
+        self.event = event
+        super().send(event, reference)
 
     def carry_out(self, effect: Effect) -> None:
         super().carry_out(effect)
         if isinstance(effect, Spawn):
             self.spawned_version[effect.model] = self.version[effect.model]
+        elif isinstance(effect, Probe):
+            assert (effect.model, effect.port) not in self.probes, "one probe at a time"
+            self.probes.append((effect.model, effect.port))
+        elif isinstance(effect, Drain) and effect.reason == "wedged":
+            # Issue 50 row 1: requests' failures alone never kill a child under the requests
+            # of others; only a child that failed the agent's own probe is wedged.
+            assert isinstance(self.event, Probed) and self.event.broken is not None, self.event
+
+    @precondition(lambda self: self.probes)
+    @rule(data=st.data(), broken=st.booleans())
+    def probed(self, data: st.DataObject, broken: bool) -> None:
+        model, port = data.draw(st.sampled_from(self.probes))
+        self.probes.remove((model, port))
+        self.send(Probed(model, port, "its probe failed" if broken else None))
 
     @precondition(lambda self: self.spawning)
     @rule(data=st.data(), count=st.booleans())
