@@ -28,6 +28,7 @@ from aiohttp import web
 from node_agent.api.state import STATE, AgentState
 from node_agent.child.keys import child_key
 from node_agent.child.ports import CHILD_HOST
+from node_agent.core.scheduler_events import Keep, KeepAliveValue
 from node_agent.errors import ApiError
 from node_agent.ollama.listing import resolve
 from node_agent.ollama.translate import (
@@ -38,6 +39,7 @@ from node_agent.ollama.translate import (
     finish_of,
     now_text,
 )
+from node_agent.runtime.ttl import parse_keep_alive
 
 CHILD_SESSION: web.AppKey[aiohttp.ClientSession] = web.AppKey(
     "corral_ollama_child_session", aiohttp.ClientSession
@@ -85,12 +87,17 @@ async def serve(
     wanted = translate(body)
     registry = state.registry
     name = resolve(registry, wanted.model)
-    if wanted.keep_alive is not None:
-        registry.keep_alive(name, wanted.keep_alive)
+    # Ollama's keep_alive: how long the model stays once idle after this request (absent or
+    # null: the model's own idle time).
+    keep_alive: KeepAliveValue = (
+        Keep.DEFAULT if wanted.keep_alive is None else parse_keep_alive(wanted.keep_alive)
+    )
     if _nothing_to_say(wanted):
-        return await _load_or_unload(state, wanted, name)
+        return await _load_or_unload(state, wanted, name, keep_alive)
     started = time.monotonic_ns()
-    lease = await registry.acquire(name, autoload=state.settings.models_autoload)
+    lease = await registry.acquire(
+        name, autoload=state.settings.models_autoload, keep_alive=keep_alive
+    )
     try:
         load_ns = time.monotonic_ns() - started
         port = lease.port
@@ -127,15 +134,19 @@ def _nothing_to_say(wanted: Translated) -> bool:
     return not messages or (wanted.kind == "generate" and all(not m["content"] for m in messages))
 
 
-async def _load_or_unload(state: AgentState, wanted: Translated, name: str) -> web.Response:
+async def _load_or_unload(
+    state: AgentState, wanted: Translated, name: str, keep_alive: KeepAliveValue
+) -> web.Response:
     registry = state.registry
     reason = "load"
-    if wanted.keep_alive is not None and registry.scheduler.view(name).ttl == 0:
+    if keep_alive == 0:  # Ollama's unload: the model goes (once idle), if it runs at all
         if registry.state(name).running:
             registry.unload(name)
         reason = "unload"
     else:
-        lease = await registry.acquire(name, autoload=state.settings.models_autoload)
+        lease = await registry.acquire(
+            name, autoload=state.settings.models_autoload, keep_alive=keep_alive
+        )
         registry.release(lease)
     said: dict[str, Any] = (
         {"message": {"role": "assistant", "content": ""}}

@@ -19,7 +19,6 @@ from node_agent.core.scheduler_events import (
     Event,
     Exited,
     Grant,
-    KeepAlive,
     Lease,
     Leave,
     ModelConfig,
@@ -190,16 +189,6 @@ def test_a_direct_load_that_only_busy_models_could_make_room_for_is_refused() ->
     assert effects == [Refuse(waiter, Refusal.LIMIT)]
 
 
-def test_keep_alive_sets_when_an_idle_model_is_unloaded() -> None:
-    sched = make(slots=1)
-    loaded(sched)  # last used at 0.0
-    assert sched.next_wakeup(0.0) is None
-    assert handle(sched, KeepAlive("a", 30.0), 0.0) == []
-    assert sched.next_wakeup(0.0) == 30.0
-    assert handle(sched, Tick(), 29.0) == []
-    assert handle(sched, Tick(), 30.0) == [Drain("a", "ttl", 35.0), Stop("a", cut=False)]
-
-
 def granted(sched: Scheduler, now: float, **how: object) -> Lease:
     """The lease of a request for the loaded model "a"."""
     _, effects = request(sched, "a", now, **how)
@@ -216,6 +205,7 @@ def test_a_requests_keep_alive_governs_the_idle_time_after_that_request_only() -
     assert handle(sched, Release(lease), 2.0) == []
     assert sched.view("a").ttl == 30.0
     assert sched.next_wakeup(2.0) == 32.0
+    assert handle(sched, Tick(), 31.0) == []
     # The next request gives none: the model's own (never) again, once it ends.
     lease = granted(sched, 3.0)
     assert handle(sched, Release(lease), 4.0) == []
