@@ -86,6 +86,27 @@ async def list_models(request: web.Request) -> web.StreamResponse:
     return json_reply(body)
 
 
+async def retrieve_model(request: web.Request) -> web.StreamResponse:
+    """``GET /v1/models/{id}`` (OpenAI's ``models.retrieve``): the entry ``GET /v1/models``
+    lists for the model, found by its name or an alias (ids hold slashes: ``org/repo:Q4``).
+    llama.cpp's router has no such route (404 ``File Not Found``); only OpenAI defines it."""
+    state = request.app[STATE]
+    registry = state.registry
+    given = request.match_info["model"]
+    name = registry.resolve(given)
+    now = int(time.time())
+    if name is not None and name in registry.specs():  # listed, or hidden but usable by name
+        if registry.memory is not None:
+            spec = registry.spec(name)
+            await registry.memory.prepare_off_loop([spec], wait=LIST_HEADER_WAIT)
+        streams = request.app[CONVERSATIONS].supported
+        return json_reply(model_entry(registry, name, state.binary, now, streams))
+    for entry in download_entries(state, now):
+        if entry["id"] == given:
+            return json_reply(entry)
+    raise ApiError(404, f"model '{clip(given)}' not found")
+
+
 async def load_model(request: web.Request) -> web.StreamResponse:
     """llama.cpp answers 404 for a missing or unknown model here; we keep the status and say
     which (a listed difference: its body is only "File Not Found")."""
@@ -266,6 +287,7 @@ def setup_models_routes(app: web.Application, logs_for: LogsFor | None) -> None:
         [
             web.get("/models", list_models),
             web.get("/v1/models", list_models),
+            web.get("/v1/models/{model:.+}", retrieve_model),
             web.post("/models/load", load_model),
             web.post("/models/unload", unload_model),
             web.get("/models/sse", models_sse),

@@ -25,6 +25,7 @@ from typing import Any, Final
 import aiohttp
 from aiohttp import web
 
+from node_agent.api.replies import with_preset_fix
 from node_agent.api.state import STATE, AgentState
 from node_agent.child.keys import child_key
 from node_agent.child.ports import CHILD_HOST
@@ -61,8 +62,9 @@ async def child_session(app: web.Application) -> AsyncIterator[None]:
         yield
 
 
-def _child_error(status: int, text: str) -> ApiError:
-    """The child's error answer, its message kept (Ollama's clients show ``error``)."""
+def _child_error(status: int, text: str, model: str) -> ApiError:
+    """The child's error answer, its message kept (Ollama's clients show ``error``), with
+    what a Corral user does about a feature the child lacks (``with_preset_fix``)."""
     message = text[:2000]
     try:
         document = json.loads(text)
@@ -74,6 +76,7 @@ def _child_error(status: int, text: str) -> ApiError:
             message = error["message"]
         elif isinstance(error, str):
             message = error
+    message = with_preset_fix(message, model)
     return ApiError(status, f"the model's server answered {status}: {message}")
 
 
@@ -111,7 +114,7 @@ async def serve(
                 url, json={**wanted.body, "model": name}, headers=headers
             ) as up:
                 if up.status != 200:
-                    raise _child_error(up.status, await up.text(errors="replace"))
+                    raise _child_error(up.status, await up.text(errors="replace"), name)
                 if wanted.stream:
                     return await _stream(request, state, wanted, up, started, load_ns)
                 answer = await up.json(content_type=None)
@@ -231,7 +234,8 @@ async def _stream(
             if not isinstance(chunk, dict):
                 continue
             if "error" in chunk:
-                await write({"error": str(_child_error(500, payload.decode(errors="replace")))})
+                failed = _child_error(500, payload.decode(errors="replace"), wanted.model)
+                await write({"error": str(failed)})
                 await response.write_eof()
                 return response
             for key in ("usage", "timings"):

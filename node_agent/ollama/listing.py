@@ -161,8 +161,12 @@ def running_entry(model: Running, wall: float) -> dict[str, Any]:
     the ledger is off."""
     size = sum(model.held.values()) if model.held else _process_bytes(model.pid)
     until = model.unload_in
+    facts = model_facts(model.name, model.path)
+    # Its family and quantization as /api/show gives them (Ollama's /api/ps has them too):
+    # a header read per running model, few of them.
+    facts["details"] = _header_details(model.path, _metadata(model.path))
     return {
-        **model_facts(model.name, model.path),
+        **facts,
         "expires_at": _iso(wall + until) if until is not None else FOREVER,
         "size": size,
         "size_vram": sum(b for d, b in model.held.items() if d != "host"),
@@ -224,6 +228,17 @@ def _file_type(value: object) -> str:
         return ""
 
 
+def _header_details(path: str | None, meta: dict[str, Any]) -> dict[str, Any]:
+    """Ollama's ``details`` from the GGUF's metadata: its family, size and quantization (the
+    file type's name, else the file name's tag)."""
+    family = str(meta.get("general.architecture", ""))
+    details = _details(path, family, str(meta.get("general.size_label", "")))
+    details["quantization_level"] = (
+        _file_type(meta.get("general.file_type")) or details["quantization_level"]
+    )
+    return details
+
+
 async def show(request: web.Request, body: dict[str, Any]) -> dict[str, Any]:
     """``POST /api/show``: the model's details, template and metadata."""
     registry = request.app[STATE].registry
@@ -232,12 +247,7 @@ async def show(request: web.Request, body: dict[str, Any]) -> dict[str, Any]:
     path = spec.model_path
     meta = await asyncio.to_thread(_metadata, path)
     template = meta.pop("tokenizer.chat_template", "")
-    family = str(meta.get("general.architecture", ""))
-    size_label = str(meta.get("general.size_label", ""))
-    details = _details(path, family, size_label)
-    details["quantization_level"] = (
-        _file_type(meta.get("general.file_type")) or details["quantization_level"]
-    )
+    details = _header_details(path, meta)
     capabilities = ["completion"]
     if spec.mmproj:
         capabilities.append("vision")

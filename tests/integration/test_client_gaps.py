@@ -40,8 +40,8 @@ def test_embeddings_without_the_option_say_the_preset_key_and_are_not_retried(
     agent: AgentProcess,
 ) -> None:
     sent: list[str] = []
-    with pytest.raises(openai.APIStatusError) as raised:
-        sdk(agent, sent).embeddings.create(model=TINY, input="hello")
+    with sdk(agent, sent) as client, pytest.raises(openai.APIStatusError) as raised:
+        client.embeddings.create(model=TINY, input="hello")
     error = raised.value
     assert error.status_code == 501  # llama.cpp's own code for it
     assert sent == ["POST /v1/embeddings"], sent  # once: the SDK retries a 5xx otherwise
@@ -52,21 +52,23 @@ def test_embeddings_without_the_option_say_the_preset_key_and_are_not_retried(
 
 
 def test_ollama_embed_without_the_option_says_the_preset_key(agent: AgentProcess) -> None:
-    client = ollama.Client(host=agent.url, timeout=60)
-    with pytest.raises(ollama.ResponseError) as raised:
+    with (
+        ollama.Client(host=agent.url, timeout=60) as client,
+        pytest.raises(ollama.ResponseError) as raised,
+    ):
         client.embed(model=TINY, input="hello")
     assert "`embeddings = true`" in raised.value.error, raised.value.error
 
 
 def test_models_retrieve(agent: AgentProcess) -> None:
     sent: list[str] = []
-    client = sdk(agent, sent)
-    model = client.models.retrieve(TINY)
-    assert (model.id, model.object) == (TINY, "model")
-    listed = {m.id: m for m in client.models.list().data}
-    assert model.model_dump() == listed[TINY].model_dump()
-    with pytest.raises(openai.NotFoundError) as raised:
-        client.models.retrieve("nope")
+    with sdk(agent, sent) as client:
+        model = client.models.retrieve(TINY)
+        assert (model.id, model.object) == (TINY, "model")
+        listed = {m.id: m for m in client.models.list().data}
+        assert model.model_dump() == listed[TINY].model_dump()
+        with pytest.raises(openai.NotFoundError) as raised:
+            client.models.retrieve("nope")
     assert "model 'nope' not found" in str(raised.value)
 
 
@@ -76,16 +78,15 @@ def test_models_retrieve_takes_a_name_with_slashes(
     ini = tmp_path / "presets.ini"
     ini.write_text(f"[org/tiny:Q8_0]\nmodel = {demo_dir / 'demo-tiny.gguf'}\n")
     agent = start_agent("--models-preset", str(ini), "-c", "512")
-    model = openai.OpenAI(base_url=agent.url + "/v1", api_key="none").models.retrieve(
-        "org/tiny:Q8_0"
-    )
+    with openai.OpenAI(base_url=agent.url + "/v1", api_key="none") as client:
+        model = client.models.retrieve("org/tiny:Q8_0")
     assert model.id == "org/tiny:Q8_0"
 
 
 def test_api_ps_gives_family_and_quantization(agent: AgentProcess) -> None:
-    client = ollama.Client(host=agent.url, timeout=60)
-    client.generate(model=TINY, prompt="")  # loads it
-    shown = client.show(TINY).details
-    (running,) = [m for m in client.ps().models if m.model == TINY]
+    with ollama.Client(host=agent.url, timeout=60) as client:
+        client.generate(model=TINY, prompt="")  # loads it
+        shown = client.show(TINY).details
+        (running,) = [m for m in client.ps().models if m.model == TINY]
     assert running.details.family == shown.family == "llama"
     assert running.details.quantization_level == shown.quantization_level != ""
