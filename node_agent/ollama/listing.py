@@ -162,16 +162,16 @@ def _process_bytes(pid: int | None) -> int:
     return HostProbe().process_usage([pid]).get("host", 0)
 
 
-def running_entry(model: Running, wall: float) -> dict[str, Any]:
+def running_entry(model: Running, wall: float, meta: dict[str, Any]) -> dict[str, Any]:
     """One model as ``/api/ps`` lists it, with Corral's own figures under ``corral`` (what
     ``corral ps`` shows). Blocking: it stats the file, and reads the child's ``smaps`` when
     the ledger is off."""
     size = sum(model.held.values()) if model.held else _process_bytes(model.pid)
     until = model.unload_in
     facts = model_facts(model.name, model.path)
-    # Its family and quantization as /api/show gives them (Ollama's /api/ps has them too):
-    # a header read per running model, few of them.
-    facts["details"] = _header_details(model.path, _metadata(model.path))
+    # Its family and quantization as /api/show gives them (Ollama's /api/ps has them too),
+    # from the GGUF's metadata (``meta``: SHOWN's, read once per file version).
+    facts["details"] = _header_details(model.path, meta)
     return {
         **facts,
         "expires_at": _iso(wall + until) if until is not None else FOREVER,
@@ -196,7 +196,10 @@ async def ps(request: web.Request) -> web.StreamResponse:
     registry = request.app[STATE].registry
     now, wall = registry.now(), time.time()
     models = [running(registry, n, now) for n in registry.specs() if registry.state(n) in RUNNING]
-    entries = await asyncio.to_thread(lambda: [running_entry(m, wall) for m in models])
+    metas = [await SHOWN.metadata(m.path) for m in models]
+    entries = await asyncio.to_thread(
+        lambda: [running_entry(m, wall, meta) for m, meta in zip(models, metas, strict=True)]
+    )
     return web.json_response({"models": entries})
 
 
