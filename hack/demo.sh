@@ -9,20 +9,17 @@ port=${PORT:-8080}
 hack/setup.sh demo
 # shellcheck disable=SC1091
 . .venv/bin/activate
-corral demo-models demo-models
+# The presets too: the real model loads at start and stays, the generated ones (random weights:
+# they babble) unload once idle, so llama.cpp's chat UI, which opens on the first loaded model
+# it lists, opens on the real one (node_agent/demo_models.py, demo_presets).
+corral demo-models demo-models --presets demo-models/demo-presets.ini
 model=smollm2-135m-instruct
 [ -f "demo-models/$model.gguf" ] || model=demo-tiny
-# The real model loads at start: llama.cpp's chat UI picks a loaded model, else the first
-# listed (demo-medium, whose random weights babble).
-cat > demo-models/demo-presets.ini <<INI
-[$model]
-load-on-startup = true
-INI
 cat <<MSG
 
 The agent starts on port $port; stop it with Ctrl-C. Then:
 
-  The chat:        http://localhost:$port/     ($model, loaded at start, is picked)
+  The chat:        http://localhost:$port/     (it opens on $model)
   The status page: http://localhost:$port/ui
   The corral command: $(pwd)/.venv/bin/corral   (corral ps, corral logs $model)
 

@@ -3,7 +3,7 @@
 # sdist, then check what the memory ledger and the placement rely on; one table.
 #
 #   hack/gpu-carry.sh              # here, first: .gpu-carry/ (the sdist, the agent's wheels)
-#   hack/gpu-check.sh              # there; the device tool call (README, "GPU readiness"):
+#   hack/gpu-check.sh              # there; the device tool call (docs/gpu.md, "GPU readiness"):
 #                                  #   command "hack/gpu-check.sh", carry [".gpu-carry"]
 #   hack/gpu-check.sh --rehearse   # here: every step but the GPU's (the CPU build, host buffers)
 #

@@ -191,23 +191,28 @@ class Progress:
         self._verb = verb
         self._last: str | None = None
 
-    def show(self, value: float | None) -> None:
+    def show(self, value: float | None, detail: str = "") -> None:
+        """The bar at ``value`` (0-1; None: not known yet), ``detail`` after it (a download's
+        bytes, speed and time left)."""
         if self._quiet:
             return
+        tail = f" {detail}" if detail else ""
         if self._tty:
-            self._out.write("\r" + fmt.progress_line(self._name, value, verb=self._verb))
+            line = fmt.progress_line(self._name, value, verb=self._verb) + tail
+            self._out.write("\r" + line + "\x1b[K")  # what a longer line left goes too
             self._out.flush()
             return
         # A log or pipe gets a line per tenth, not a line per report.
         shown = None if value is None else round(value, 1)
         text = fmt.progress_line(self._name, shown, 10, verb=self._verb)
         if text != self._last:
-            print(text, file=self._out, flush=True)
+            print(text + tail, file=self._out, flush=True)
             self._last = text
 
     def clear(self) -> None:
         if self._tty and not self._quiet:
             self._out.write("\r\x1b[K")
+            self._out.flush()
 
 
 class Outcome:

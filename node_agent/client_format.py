@@ -110,7 +110,9 @@ def status_text(
     ledger: Mapping[str, Any] | None,
     process: Mapping[str, int] | None = None,
 ) -> str:
-    running = [m for m in models if m.status.value != "unloaded"]
+    # What holds an instance, as llama.cpp's router counts them against --models-max: a
+    # download on its way holds none.
+    running = [m for m in models if m.status.value in ("loading", "loaded", "sleeping")]
     limit = props.get("max_instances")
     unlimited = not isinstance(limit, int) or limit <= 0
     queued = sum(m.corral.queued for m in models if m.corral)

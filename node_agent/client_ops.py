@@ -14,6 +14,7 @@ import json
 import sys
 import time
 import urllib.parse
+from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, TextIO
 
@@ -25,6 +26,7 @@ from node_agent.client import (
     Command,
     EventFeed,
     Outcome,
+    Unreachable,
 )
 from node_agent.client import (
     main as client_main,
@@ -33,6 +35,9 @@ from node_agent.client import (
 # How long `corral pull` follows a download that says nothing (no progress event) before it
 # looks at the model list itself: the events stream may have broken.
 QUIET_SECONDS: Final = 5.0
+# The window a download's speed is measured over: long enough to smooth a network's bursts,
+# short enough to follow a change of pace.
+RATE_SECONDS: Final = 5.0
 
 
 def duration(seconds: float | None) -> str:
@@ -84,9 +89,19 @@ def cmd_logs(client: AgentClient, args: argparse.Namespace, out: TextIO) -> int:
     query = {"model": args.name, "lines": str(args.lines)}
     if args.follow:
         query["follow"] = "1"
+    printed = False
     for raw in client.lines("/models/logs?" + urllib.parse.urlencode(query)):
         out.write(raw.decode(errors="replace"))
         out.flush()
+        printed = True
+    if not printed and not args.follow:
+        # An empty answer is a model whose child never ran (the agent keeps each child's
+        # output from its start): say so, rather than print nothing and succeed.
+        raise AgentError(
+            404,
+            f"{args.name} has not started since the agent did, so it has no log yet "
+            f"(corral load {args.name} starts it; corral logs {args.name} -f follows it)",
+        )
     return 0
 
 
@@ -107,17 +122,41 @@ def cmd_reload(client: AgentClient, args: argparse.Namespace, out: TextIO) -> in
     return 1 if refused else 0
 
 
-def _fraction(data: Mapping[str, Any]) -> float | None:
+def _bytes(data: Mapping[str, Any]) -> tuple[int, int]:
+    """Bytes done and in all of a ``download_progress`` event's files."""
     progress = data.get("progress")
     if not isinstance(progress, dict):
-        return None
-    done = sum(int(p.get("done", 0)) for p in progress.values() if isinstance(p, dict))
-    total = sum(int(p.get("total", 0)) for p in progress.values() if isinstance(p, dict))
-    return done / total if total else None
+        return 0, 0
+    files = [p for p in progress.values() if isinstance(p, dict)]
+    return sum(int(p.get("done", 0)) for p in files), sum(int(p.get("total", 0)) for p in files)
+
+
+class Rate:
+    """A download's speed over its last :data:`RATE_SECONDS` (what a bar shows as it goes)."""
+
+    def __init__(self) -> None:
+        self._seen: deque[tuple[float, int]] = deque()
+
+    def add(self, now: float, done: int) -> float | None:
+        """Bytes per second as of ``done`` bytes at ``now``; None until two reports apart."""
+        self._seen.append((now, done))
+        while len(self._seen) > 2 and now - self._seen[1][0] >= RATE_SECONDS:
+            self._seen.popleft()
+        (first, was), (last, now_done) = self._seen[0], self._seen[-1]
+        return (now_done - was) / (last - first) if last > first else None
+
+
+def download_detail(done: int, total: int, rate: float | None) -> str:
+    """``2.0 MiB of 5.3 MiB, 1.1 MiB/s, 3s left`` (speed and time once known)."""
+    text = f"{fmt.size(done)} of {fmt.size(total)}"
+    if rate and done < total:
+        text += f", {fmt.size(rate)}/s, {duration((total - done) / rate)} left"
+    return text
 
 
 def cmd_pull(client: AgentClient, args: argparse.Namespace, out: TextIO) -> int:
-    """``POST /models`` and its download followed to the end, with a progress bar."""
+    """``POST /models`` and its download followed to the end, with a progress bar; a download
+    of that name already on its way (one a restart resumed) is followed the same way."""
     name = args.name
     outcome = Outcome(out, name, as_json=args.json, verb="downloading")
     feed = EventFeed(client)
@@ -125,11 +164,26 @@ def cmd_pull(client: AgentClient, args: argparse.Namespace, out: TextIO) -> int:
     try:
         client.call("POST", "/models", {"model": name})
     except AgentError as err:
-        if err.status == 400 and err.message == f"model '{name}' already exists":
+        if not (err.status == 400 and err.message == f"model '{name}' already exists"):
+            raise
+        listed = {m.id: m for m in client.models()}.get(name)
+        if listed is None or listed.status.value != "downloading":
             return outcome.already("downloaded")
-        raise
+    try:
+        return _follow_download(client, feed, name, outcome)
+    except Unreachable as exc:
+        outcome.progress.clear()  # the message goes on a line of its own, not the bar's
+        raise Unreachable(
+            f"{exc}. The download is not cancelled: an agent that still runs goes on with it, "
+            f"and one that stopped resumes it when it starts again (corral pull {name} then "
+            "follows it)"
+        ) from exc
+
+
+def _follow_download(client: AgentClient, feed: EventFeed, name: str, outcome: Outcome) -> int:
     started = last_heard = time.monotonic()
     progress = outcome.progress
+    rate = Rate()
     progress.show(0.0)
     while True:
         message = feed.next(timeout=POLL_SECONDS)
@@ -137,7 +191,10 @@ def cmd_pull(client: AgentClient, args: argparse.Namespace, out: TextIO) -> int:
             last_heard = time.monotonic()
             event, data = message.get("event"), message.get("data") or {}
             if event == "download_progress":
-                progress.show(_fraction(data))
+                done, total = _bytes(data)
+                if total:
+                    speed = rate.add(last_heard, done)
+                    progress.show(done / total, download_detail(done, total, speed))
             elif event == "download_finished":
                 return outcome.done("downloaded", time.monotonic() - started)
             elif event == "download_failed":

@@ -316,8 +316,33 @@ def write_demo_models(dest: Path, *, large: bool = False) -> list[Path]:
     return [write_model(dest / m.file_name, m) for m in DEMO_MODELS if large or not m.large_only]
 
 
+# How long a generated model stays once idle in the demo: they load in milliseconds, and one
+# left loaded is the first loaded model llama.cpp's chat UI lists (demo-* sorts before
+# smollm2-…), which it opens on: word salad.
+DEMO_TTL = "1s"
+
+
+def demo_presets(models: list[str], real: str | None) -> str:
+    """The presets ``make demo`` runs (hack/demo.sh): the real model loaded at start and never
+    evicted, so the chat UI at ``/`` opens on it; the generated ``models`` unload right after
+    use (:data:`DEMO_TTL`), still there to pick. Without the real model, the first generated
+    one takes its place."""
+    first = real or models[0]
+    lines = [
+        "; The presets of `make demo` (corral demo-models DIR --presets FILE).",
+        f"[{first}]",
+        "load-on-startup = true",
+        "; never evicted: llama.cpp's chat UI opens on the first loaded model it lists",
+        "pin = true",
+    ]
+    for name in models:
+        if name != first:
+            lines += [f"[{name}]", f"ttl = {DEMO_TTL}  ; random weights: gone once idle"]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``corral demo-models DIR [--large]``."""
+    """``corral demo-models DIR [--large] [--presets FILE]``."""
     parser = argparse.ArgumentParser(
         prog="corral demo-models",
         description=(
@@ -327,12 +352,23 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("dir", type=Path, help="folder to write the .gguf files into")
     parser.add_argument("--large", action="store_true", help="also write the ~300 MB model")
+    parser.add_argument(
+        "--presets",
+        type=Path,
+        metavar="FILE",
+        help="also write the presets `make demo` runs: the real model loaded and kept, the "
+        "generated ones unloaded once idle",
+    )
     args = parser.parse_args(argv)
     start = time.monotonic()
     paths = write_demo_models(args.dir, large=args.large)
     real = place_real_model(args.dir)
     for path in [*paths, *([real] if real else [])]:
         print(f"{path}  {path.stat().st_size / 1e6:.1f} MB")
+    if args.presets is not None:
+        names = [path.stem for path in paths]
+        args.presets.write_text(demo_presets(names, MODEL_NAME if real else None))
+        print(args.presets)
     print(f"{len(paths)} generated models in {time.monotonic() - start:.1f} s", file=sys.stderr)
     print(
         "The generated demo-* models have random weights: they answer in word salad.",

@@ -2,7 +2,7 @@
 dependency on the platforms it has wheels for), else asyncio's own.
 
 uvloop's transports and loop are libuv's, in C: measured side by side on this project's bench
-(issue 30, README "Performance"), the agent's CPU per streamed chunk fell by about a fifth
+(issue 30, docs/benchmarks.md), the agent's CPU per streamed chunk fell by about a fifth
 with it, and a little per request; each child it spawns costs about 3 ms more (libuv's spawn
 of a large process). Nothing in the agent depends on which loop runs it; asyncio's stays one
 flag away.

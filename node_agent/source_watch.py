@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Final
 
 from node_agent.errors import ApiError
+from node_agent.sources.download import PARTIAL
 
 log = logging.getLogger("corral.agent")
 
@@ -60,8 +61,15 @@ def signature(paths: Iterable[Path]) -> tuple[tuple[str, int, int], ...]:
     return tuple(seen)
 
 
+def growing(path: str) -> bool:
+    """A download's partial file (``*.downloadInProgress``): it grows for as long as the download
+    runs, and is no source until it is renamed into place (that rename is a change). A poll
+    that saw it re-read every source twice a second during a download (issue 49)."""
+    return path.endswith(PARTIAL)
+
+
 def _walk(path: Path, depth: int, seen: list[tuple[str, int, int]]) -> None:
-    if len(seen) >= MAX_ENTRIES:
+    if len(seen) >= MAX_ENTRIES or growing(path.name):
         return
     try:
         st = path.stat()  # follows the hub's snapshot symlinks to their blobs
@@ -106,6 +114,9 @@ async def notify(paths: Sequence[Path], changed: Callable[[], None]) -> None:
     def one_of_the_files(change: watchfiles.Change, path: str) -> bool:
         return str(Path(path).resolve()) in files
 
+    def not_growing(change: watchfiles.Change, path: str) -> bool:
+        return not growing(path)
+
     async def follow(
         where: list[str],
         recursive: bool,
@@ -125,7 +136,7 @@ async def notify(paths: Sequence[Path], changed: Callable[[], None]) -> None:
 
     async with asyncio.TaskGroup() as group:
         if folders:
-            group.create_task(follow(folders, True, None))
+            group.create_task(follow(folders, True, not_growing))
         if files:
             parents = sorted({str(Path(f).parent) for f in files})
             group.create_task(follow(parents, False, one_of_the_files))

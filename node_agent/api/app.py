@@ -56,10 +56,11 @@ from node_agent.api.ui import setup_ui
 from node_agent.api.vertex import setup_vertex
 from node_agent.api.views import router_props
 from node_agent.clip import clip
-from node_agent.core.scheduler_events import Lease
+from node_agent.core.scheduler_events import Keep, KeepAliveValue, Lease
 from node_agent.errors import ApiError
 from node_agent.runtime.model_run import FAKE_TIMING_SECONDS
 from node_agent.runtime.registry import Registry
+from node_agent.runtime.ttl import parse_keep_alive
 
 log = logging.getLogger("corral.http")
 
@@ -182,9 +183,10 @@ async def _post_body(request: web.Request, body: bytes, buffered: bool) -> web.S
         # The slot files are the agent's own (warm swaps): a client may not write, read or
         # erase them; it sees what a child without --slot-save-path answers.
         raise ApiError(501, SLOT_ACTIONS_OFF)
+    keep_alive: KeepAliveValue = Keep.DEFAULT
     if isinstance(data, dict) and "keep_alive" in data:
-        # Ollama's per-request keep_alive: how long the model stays once idle.
-        state.registry.keep_alive(name, data["keep_alive"])
+        # Ollama's per-request keep_alive: how long the model stays once idle after it.
+        keep_alive = parse_keep_alive(data["keep_alive"])
     if state.peers is not None and not buffered:  # (a Vertex prediction is answered here)
         choice = state.peers.choose(name, request)
         if choice.peer is not None:  # one hop to where the model is (api/peers.py)
@@ -195,8 +197,12 @@ async def _post_body(request: web.Request, body: bytes, buffered: bool) -> web.S
         send = partial(_send, request, state, name, body, buffered=buffered)
         autoload = _autoload(request, state.settings)
         conversations = request.app[CONVERSATIONS]
-        return await conversations.proxy(request, name, conv_id, autoload=autoload, send=send)
-    return await _proxy(request, state, name, body, inference=True, buffered=buffered)
+        return await conversations.proxy(
+            request, name, conv_id, autoload=autoload, send=send, keep_alive=keep_alive
+        )
+    return await _proxy(
+        request, state, name, body, inference=True, buffered=buffered, keep_alive=keep_alive
+    )
 
 
 async def proxy_get(request: web.Request) -> web.StreamResponse:
@@ -228,10 +234,14 @@ async def _proxy(
     *,
     inference: bool,
     buffered: bool = False,
+    keep_alive: KeepAliveValue = Keep.DEFAULT,
 ) -> web.StreamResponse:
     exchange = begin_exchange(request, name)
     lease = await state.registry.acquire(
-        name, autoload=_autoload(request, state.settings), inference=inference
+        name,
+        autoload=_autoload(request, state.settings),
+        inference=inference,
+        keep_alive=keep_alive,
     )
     exchange.leased()
     return await _send(request, state, name, body, lease, exchange, False, buffered=buffered)

@@ -1,5 +1,5 @@
 """What a web browser may do with the agent: CORS as llama.cpp's router answers it, and two
-guards llama.cpp does not have (README, "Browsers").
+guards llama.cpp does not have (docs/compatibility.md).
 
 * **CORS** (``--cors-origins``, ``--cors-methods``, ``--cors-headers``, ``--cors-credentials``):
   the ``Access-Control-*`` headers of b11434's router (server-http.cpp, its pre-routing
@@ -146,7 +146,7 @@ def allow_origin(policy: BrowserPolicy, origin: str) -> str | None:
         return None
     if "," in policy.origins:
         # llama.cpp sends the list as it is, which no browser accepts (the header holds one
-        # origin): reflect the one that is listed (a deliberate difference, README).
+        # origin): reflect the one that is listed (a deliberate difference, docs/compatibility.md).
         listed = {o.strip() for o in policy.origins.split(",")}
         return origin if origin in listed else None
     return policy.origins

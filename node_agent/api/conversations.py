@@ -39,7 +39,7 @@ from node_agent.api.request_record import Exchange, begin_exchange
 from node_agent.api.state import STATE, AgentState
 from node_agent.core.conversations import MAX_ID_CHARS, ConversationBook, StreamRoute, detaches
 from node_agent.core.model_state import ModelState
-from node_agent.core.scheduler_events import Lease
+from node_agent.core.scheduler_events import Keep, KeepAliveValue, Lease
 from node_agent.errors import ApiError
 
 log = logging.getLogger("corral.conversations")
@@ -86,6 +86,7 @@ class Conversations:
         *,
         autoload: bool,
         send: Send,
+        keep_alive: KeepAliveValue = Keep.DEFAULT,
     ) -> web.StreamResponse:
         """A POST for model ``name`` that carries conversation ``conv_id``."""
         remembered = self.book.remember(conv_id, name)
@@ -98,7 +99,8 @@ class Conversations:
         # even from a client that is gone. Only a detached one reads the answer on without it.
         return await self._serve(
             request, name, conv_id, ticket, exchange,
-            autoload=autoload, send=send, detached=detaches(ticket, ready),
+            autoload=autoload, keep_alive=keep_alive, send=send,
+            detached=detaches(ticket, ready),
         )  # fmt: skip
 
     async def shielded(self, serve: Awaitable[web.StreamResponse], name: str) -> web.StreamResponse:
@@ -122,10 +124,11 @@ class Conversations:
         exchange: Exchange,
         *,
         autoload: bool,
+        keep_alive: KeepAliveValue,
         send: Send,
         detached: bool,
     ) -> web.StreamResponse:
-        lease = await self._acquire(name, conv_id, ticket, autoload=autoload)
+        lease = await self._acquire(name, conv_id, ticket, autoload=autoload, keep_alive=keep_alive)
         exchange.leased()
         if not self.book.alive(conv_id, ticket):
             # Replaced by a newer request of the conversation, or stopped, as the lease came.
@@ -138,12 +141,16 @@ class Conversations:
         finally:
             self.book.sending(ticket, False)
 
-    async def _acquire(self, name: str, conv_id: str, ticket: int, *, autoload: bool) -> Lease:
+    async def _acquire(
+        self, name: str, conv_id: str, ticket: int, *, autoload: bool, keep_alive: KeepAliveValue
+    ) -> Lease:
         """The lease, unless a stop for the conversation comes first (then 400, cancelled)."""
         if not self.book.park(conv_id, ticket):
             raise ApiError(400, CANCELLED)
         stop = self._stops[ticket] = asyncio.Event()
-        acquire = asyncio.ensure_future(self._registry.acquire(name, autoload=autoload))
+        acquire = asyncio.ensure_future(
+            self._registry.acquire(name, autoload=autoload, keep_alive=keep_alive)
+        )
         stopped = asyncio.ensure_future(stop.wait())
         try:
             await asyncio.wait({acquire, stopped}, return_when=asyncio.FIRST_COMPLETED)
@@ -218,7 +225,7 @@ class Conversations:
                 501,
                 f"the llama-server of model '{owner}' ({self._state.binary}) has no "
                 "conversation streams (X-Conversation-Id, /v1/stream): use a llama-server "
-                "that has them (b10434 and b11434 do, see README)",
+                "that has them (b10434 and b11434 do, see docs/conversations.md)",
             )
 
     async def _probe(self, request: web.Request, owner: str, port: int) -> None:

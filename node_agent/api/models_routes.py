@@ -13,7 +13,7 @@ llama.cpp's router's: ``GET /models`` (and ``/v1/models``), ``POST /models/load`
   ``model_remove`` on ``/models/sse``;
 * while a download is on its way, ``GET /models`` lists the model as ``downloading``.
 
-Deliberate differences (README, "Models API"; each has a test): ``/models/load`` for an unknown
+Deliberate differences (docs/downloads.md; each has a test): ``/models/load`` for an unknown
 or missing model says which (llama.cpp's 404 body is only "File Not Found"); a name the Hub has
 no model file for is refused with 400 (llama.cpp starts a download that "finishes" with
 nothing); a download sharing files with one on its way is refused with 400 (llama.cpp lets
@@ -137,6 +137,27 @@ async def _listing(state: AgentState, streams: bool | None) -> dict[str, Any]:
 
         body["refused"] = [dump(r) for r in refused]
     return body
+
+
+async def retrieve_model(request: web.Request) -> web.StreamResponse:
+    """``GET /v1/models/{id}`` (OpenAI's ``models.retrieve``): the entry ``GET /v1/models``
+    lists for the model, found by its name or an alias (ids hold slashes: ``org/repo:Q4``).
+    llama.cpp's router has no such route (404 ``File Not Found``); only OpenAI defines it."""
+    state = request.app[STATE]
+    registry = state.registry
+    given = request.match_info["model"]
+    name = registry.resolve(given)
+    now = int(time.time())
+    if name is not None and name in registry.specs():  # listed, or hidden but usable by name
+        if registry.memory is not None:
+            spec = registry.spec(name)
+            await registry.memory.prepare_off_loop([spec], wait=LIST_HEADER_WAIT)
+        streams = request.app[CONVERSATIONS].supported
+        return json_reply(model_entry(registry, name, state.binary, now, streams))
+    for entry in download_entries(state, now):
+        if entry["id"] == given:
+            return json_reply(entry)
+    raise ApiError(404, f"model '{clip(given)}' not found")
 
 
 async def load_model(request: web.Request) -> web.StreamResponse:
@@ -320,6 +341,7 @@ def setup_models_routes(app: web.Application, logs_for: LogsFor | None) -> None:
         [
             web.get("/models", list_models),
             web.get("/v1/models", list_models),
+            web.get("/v1/models/{model:.+}", retrieve_model),
             web.post("/models/load", load_model),
             web.post("/models/unload", unload_model),
             web.get("/models/sse", models_sse),

@@ -24,6 +24,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from node_agent.api.connections import DEFAULT_CLIENT_TIMEOUT
+from node_agent.api.replies import NO_RETRY, child_error_with_fix
 from node_agent.api.request_record import Exchange
 from node_agent.api.wire import (
     CONNECT_TIMEOUT,
@@ -274,6 +275,9 @@ class Proxy:
                     raise ApiError(502, f"the model's server stopped mid-response: {exc}") from exc
                 if exchange is not None:
                     exchange.body(payload)
+                if answer.status == 501:  # a feature the child was not started with
+                    payload = child_error_with_fix(payload, exchange.model if exchange else None)
+                    out_headers.add(*NO_RETRY)
                 return web.Response(status=answer.status, headers=out_headers, body=payload)
             return await self._stream(conn, request, answer, out_headers, exchange, detached, where)
         finally:

@@ -9,11 +9,12 @@ camelCase alias (``chatCompletions``), and carries that endpoint's body (its ``m
 up as for any request; ``stream`` is forced off). An instance that fails gets its error object
 in its place; the others still run.
 
-Deliberate differences (README): b11434's router answers every instance that reaches a model
-with "predict route does not support streaming responses" (its proxy is a stream), and its
-children inherit ``AIP_MODE`` and try to listen on the router's port, so no model loads; Corral
-answers the model's response. Only the model endpoints (POST) are dispatched; where two paths
-share an alias, the ``/v1`` one wins (llama.cpp's pick is its hash map's order).
+Deliberate differences (docs/compatibility.md): b11434's router answers every instance that
+reaches a model with "predict route does not support streaming responses" (its proxy is a
+stream), and its children inherit ``AIP_MODE`` and try to listen on the router's port, so no
+model loads; Corral answers the model's response. Only the model endpoints (POST) are
+dispatched; where two paths share an alias, the ``/v1`` one wins (llama.cpp's pick is its hash
+map's order).
 """
 
 from __future__ import annotations

@@ -85,7 +85,8 @@ from node_agent.core.scheduler_events import (
     Event,
     Exited,
     Grant,
-    KeepAlive,
+    Keep,
+    KeepAliveValue,
     Lease,
     Leave,
     ModelConfig,
@@ -148,9 +149,6 @@ class RoomCheck(Protocol):
     def pick_victim(self, model: str, candidates: Sequence[str]) -> str | None: ...
 
 
-_UNSET: Final = object()  # no keep_alive was given for the model
-
-
 @dataclass
 class _Model:
     name: str
@@ -167,7 +165,7 @@ class _Model:
     busy: int = 0  # leases in flight that take one of its child's slots
     port: int | None = None  # where its child listens (from the spawn on)
     last_used: float = 0.0
-    keep_alive: float | object | None = _UNSET  # the last request's keep_alive (seconds)
+    keep_alive: KeepAliveValue = Keep.DEFAULT  # that of the last use of its run to end
     failed: bool = False
     exit_code: int | None = None
     error: str | None = None  # why the last child failed (the child's own error line)
@@ -199,9 +197,7 @@ class _Model:
         return self.config.slots <= 0 or self.busy < self.config.slots
 
     def ttl(self) -> float | None:
-        if self.keep_alive is not _UNSET:
-            return self.keep_alive  # type: ignore[return-value]
-        return self.config.ttl
+        return self.config.ttl if self.keep_alive is Keep.DEFAULT else self.keep_alive
 
 
 # Crash-loop backoff: the first failure may be retried at once (a crash of a model that ran
@@ -229,6 +225,7 @@ class _Waiter:
     may_load: bool = True
     direct: bool = False
     deadline: float | None = None
+    keep_alive: KeepAliveValue = Keep.DEFAULT
 
     @property
     def kind(self) -> int:
@@ -399,9 +396,6 @@ class Scheduler:
                     out.append(Removed(name))
             case Unload(model=name, reason=reason):
                 self._drain(name, reason, now, out)
-            case KeepAlive(model=name, ttl=ttl):
-                if name in self._models:
-                    self._models[name].keep_alive = ttl
             case Catalog():
                 self._apply_catalog(event, now, out)
             case Probed():
@@ -435,7 +429,13 @@ class Scheduler:
                 return True
         elif entry is None or not entry.waiters:
             # Nobody waits ahead of it: a usable model with a free slot takes it now.
-            lease = self.try_lease(name, now, inference=request.inference, slot=request.slot)
+            lease = self.try_lease(
+                name,
+                now,
+                inference=request.inference,
+                slot=request.slot,
+                keep_alive=request.keep_alive,
+            )
             if lease is not None:
                 out.append(Grant(waiter, lease))
                 return True
@@ -458,6 +458,7 @@ class Scheduler:
                 request.may_load,
                 request.direct,
                 request.deadline,
+                request.keep_alive,
             ),
         )
         self._settle(now, out)
@@ -733,7 +734,13 @@ class Scheduler:
     # -- requests ----------------------------------------------------------------------------
 
     def try_lease(
-        self, name: str, now: float, *, inference: bool = True, slot: bool = True
+        self,
+        name: str,
+        now: float,
+        *,
+        inference: bool = True,
+        slot: bool = True,
+        keep_alive: KeepAliveValue = Keep.DEFAULT,
     ) -> Lease | None:
         """Take a lease when the model is usable right now (loaded or sleeping, not stopping)
         and, for a request that takes a slot, its child has one free.
@@ -754,7 +761,7 @@ class Scheduler:
         if inference:
             model.last_used = now
             model.uses += 1
-        lease = Lease(name, next(self._ids), inference, slot, model.port)
+        lease = Lease(name, next(self._ids), inference, slot, model.port, keep_alive)
         self._leases[lease.id] = lease
         return lease
 
@@ -773,6 +780,8 @@ class Scheduler:
         if lease.inference:
             # Counting use from the end of a request keeps a long stream's model young.
             model.last_used = now
+            # Its keep_alive governs what follows it (KeepAliveValue): none, the default.
+            model.keep_alive = lease.keep_alive
 
     def join(self, name: str, *, waiter: int | None = None, info: _Waiter | None = None) -> int:
         """A request waits for ``name``; returns its waiter id (one entry per model)."""
@@ -841,7 +850,13 @@ class Scheduler:
         if model is None or model.gone:
             return Decision(DecisionKind.GONE)
         if not info.direct:
-            lease = self.try_lease(entry.model, now, inference=info.inference, slot=info.slot)
+            lease = self.try_lease(
+                entry.model,
+                now,
+                inference=info.inference,
+                slot=info.slot,
+                keep_alive=info.keep_alive,
+            )
             if lease is not None:
                 return Decision(DecisionKind.LEASED, lease=lease)
         needs = self._needs_load(entry)
@@ -1008,6 +1023,7 @@ class Scheduler:
             None,
         )
         model.swapped_in = False
+        model.keep_alive = Keep.DEFAULT  # the next run starts from its own idle time
         model.exit_code = exit_code
         if model.busy:
             model.done_at = now  # it computed until it died
@@ -1182,7 +1198,7 @@ class Scheduler:
 
     def expired(self, now: float, ttls: Mapping[str, float] | None = None) -> list[str]:
         """Models idle for longer than their TTL (``ttls``: seconds by model, absent = none;
-        by default each model's own: its last keep_alive, else its preset's).
+        by default each model's own: its last use's keep_alive, else its preset's).
 
         Idle is counted from the end of the last inference request; a model with a request in
         flight, a queue entry, a pin or already stopping never expires.

@@ -18,6 +18,20 @@ from node_agent.core.model_state import Transition
 # -- the scheduler's view of a model and a lease ----------------------------------------------
 
 
+class Keep(enum.Enum):
+    """A request that gave no ``keep_alive``: after it, its model keeps its own idle time (its
+    preset's ``ttl``, else ``--models-ttl``)."""
+
+    DEFAULT = "default"
+
+
+# A request's keep_alive (Ollama's): how long its model stays once idle after that request, in
+# seconds (None: forever). It governs that request's aftermath only, as Ollama's API says
+# ("how long the model will stay loaded into memory following the request"): the next request
+# that gives none brings the model's own back, and a run that ends forgets it.
+KeepAliveValue = float | None | Keep
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """What the scheduler needs of one model's preset."""
@@ -46,6 +60,7 @@ class Lease:
     inference: bool
     slot: bool = True
     port: int | None = None
+    keep_alive: KeepAliveValue = Keep.DEFAULT  # its request's, applied when it is released
 
 
 # -- events -------------------------------------------------------------------------------------
@@ -56,7 +71,8 @@ class Request:
     """A request wants ``model``. ``waiter`` is the owner's id for it (answered by a Grant,
     Started or Refuse effect). ``may_load`` False: autoload is off. ``direct``: a
     ``POST /models/load``, answered once the model's child exists. ``deadline``: when it gives
-    up (``--queue-timeout``, counted from its arrival, downloads included)."""
+    up (``--queue-timeout``, counted from its arrival, downloads included). ``keep_alive``:
+    see :data:`KeepAliveValue`."""
 
     waiter: int
     model: str
@@ -65,6 +81,7 @@ class Request:
     may_load: bool = True
     direct: bool = False
     deadline: float | None = None
+    keep_alive: KeepAliveValue = Keep.DEFAULT
 
 
 @dataclass(frozen=True)
@@ -143,14 +160,6 @@ class Unload:
 
 
 @dataclass(frozen=True)
-class KeepAlive:
-    """A request's ``keep_alive``: ``model`` stays this long once idle (None: forever)."""
-
-    model: str
-    ttl: float | None
-
-
-@dataclass(frozen=True)
 class Catalog:
     """The catalog now: models added or updated; those absent leave once stopped; those in
     ``changed`` (new arguments) are stopped and load again on their next request."""
@@ -192,7 +201,6 @@ Event = (
     | Woke
     | Exited
     | Unload
-    | KeepAlive
     | Catalog
     | Probed
     | Tick

@@ -25,9 +25,11 @@ from typing import Any, Final
 import aiohttp
 from aiohttp import web
 
+from node_agent.api.replies import with_preset_fix
 from node_agent.api.state import STATE, AgentState
 from node_agent.child.keys import child_key
 from node_agent.child.ports import CHILD_HOST
+from node_agent.core.scheduler_events import Keep, KeepAliveValue
 from node_agent.errors import ApiError
 from node_agent.ollama.listing import resolve
 from node_agent.ollama.translate import (
@@ -38,6 +40,7 @@ from node_agent.ollama.translate import (
     finish_of,
     now_text,
 )
+from node_agent.runtime.ttl import parse_keep_alive
 
 CHILD_SESSION: web.AppKey[aiohttp.ClientSession] = web.AppKey(
     "corral_ollama_child_session", aiohttp.ClientSession
@@ -59,8 +62,9 @@ async def child_session(app: web.Application) -> AsyncIterator[None]:
         yield
 
 
-def _child_error(status: int, text: str) -> ApiError:
-    """The child's error answer, its message kept (Ollama's clients show ``error``)."""
+def _child_error(status: int, text: str, model: str) -> ApiError:
+    """The child's error answer, its message kept (Ollama's clients show ``error``), with
+    what a Corral user does about a feature the child lacks (``with_preset_fix``)."""
     message = text[:2000]
     try:
         document = json.loads(text)
@@ -72,6 +76,7 @@ def _child_error(status: int, text: str) -> ApiError:
             message = error["message"]
         elif isinstance(error, str):
             message = error
+    message = with_preset_fix(message, model)
     return ApiError(status, f"the model's server answered {status}: {message}")
 
 
@@ -85,12 +90,17 @@ async def serve(
     wanted = translate(body)
     registry = state.registry
     name = resolve(registry, wanted.model)
-    if wanted.keep_alive is not None:
-        registry.keep_alive(name, wanted.keep_alive)
+    # Ollama's keep_alive: how long the model stays once idle after this request (absent or
+    # null: the model's own idle time).
+    keep_alive: KeepAliveValue = (
+        Keep.DEFAULT if wanted.keep_alive is None else parse_keep_alive(wanted.keep_alive)
+    )
     if _nothing_to_say(wanted):
-        return await _load_or_unload(state, wanted, name)
+        return await _load_or_unload(state, wanted, name, keep_alive)
     started = time.monotonic_ns()
-    lease = await registry.acquire(name, autoload=state.settings.models_autoload)
+    lease = await registry.acquire(
+        name, autoload=state.settings.models_autoload, keep_alive=keep_alive
+    )
     try:
         load_ns = time.monotonic_ns() - started
         port = lease.port
@@ -104,7 +114,7 @@ async def serve(
                 url, json={**wanted.body, "model": name}, headers=headers
             ) as up:
                 if up.status != 200:
-                    raise _child_error(up.status, await up.text(errors="replace"))
+                    raise _child_error(up.status, await up.text(errors="replace"), name)
                 if wanted.stream:
                     return await _stream(request, state, wanted, up, started, load_ns)
                 answer = await up.json(content_type=None)
@@ -127,15 +137,19 @@ def _nothing_to_say(wanted: Translated) -> bool:
     return not messages or (wanted.kind == "generate" and all(not m["content"] for m in messages))
 
 
-async def _load_or_unload(state: AgentState, wanted: Translated, name: str) -> web.Response:
+async def _load_or_unload(
+    state: AgentState, wanted: Translated, name: str, keep_alive: KeepAliveValue
+) -> web.Response:
     registry = state.registry
     reason = "load"
-    if wanted.keep_alive is not None and registry.scheduler.view(name).ttl == 0:
+    if keep_alive == 0:  # Ollama's unload: the model goes (once idle), if it runs at all
         if registry.state(name).running:
             registry.unload(name)
         reason = "unload"
     else:
-        lease = await registry.acquire(name, autoload=state.settings.models_autoload)
+        lease = await registry.acquire(
+            name, autoload=state.settings.models_autoload, keep_alive=keep_alive
+        )
         registry.release(lease)
     said: dict[str, Any] = (
         {"message": {"role": "assistant", "content": ""}}
@@ -220,7 +234,8 @@ async def _stream(
             if not isinstance(chunk, dict):
                 continue
             if "error" in chunk:
-                await write({"error": str(_child_error(500, payload.decode(errors="replace")))})
+                failed = _child_error(500, payload.decode(errors="replace"), wanted.model)
+                await write({"error": str(failed)})
                 await response.write_eof()
                 return response
             for key in ("usage", "timings"):

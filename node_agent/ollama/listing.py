@@ -183,14 +183,18 @@ def _process_bytes(pid: int | None) -> int:
     return HostProbe().process_usage([pid]).get("host", 0)
 
 
-def running_entry(model: Running, wall: float) -> dict[str, Any]:
+def running_entry(model: Running, wall: float, meta: dict[str, Any]) -> dict[str, Any]:
     """One model as ``/api/ps`` lists it, with Corral's own figures under ``corral`` (what
     ``corral ps`` shows). Blocking: it stats the file, and reads the child's ``smaps`` when
     the ledger is off."""
     size = sum(model.held.values()) if model.held else _process_bytes(model.pid)
     until = model.unload_in
+    facts = model_facts(model.name, model.path)
+    # Its family and quantization as /api/show gives them (Ollama's /api/ps has them too),
+    # from the GGUF's metadata (``meta``: SHOWN's, read once per file version).
+    facts["details"] = _header_details(model.path, meta)
     return {
-        **model_facts(model.name, model.path),
+        **facts,
         "expires_at": _iso(wall + until) if until is not None else FOREVER,
         "size": size,
         "size_vram": sum(b for d, b in model.held.items() if d != "host"),
@@ -213,7 +217,10 @@ async def ps(request: web.Request) -> web.StreamResponse:
     registry = request.app[STATE].registry
     now, wall = registry.now(), time.time()
     models = [running(registry, n, now) for n in registry.specs() if registry.state(n) in RUNNING]
-    entries = await asyncio.to_thread(lambda: [running_entry(m, wall) for m in models])
+    metas = [await SHOWN.metadata(m.path) for m in models]
+    entries = await asyncio.to_thread(
+        lambda: [running_entry(m, wall, meta) for m, meta in zip(models, metas, strict=True)]
+    )
     return web.json_response({"models": entries})
 
 
@@ -286,6 +293,17 @@ def _file_type(value: object) -> str:
         return ""
 
 
+def _header_details(path: str | None, meta: dict[str, Any]) -> dict[str, Any]:
+    """Ollama's ``details`` from the GGUF's metadata: its family, size and quantization (the
+    file type's name, else the file name's tag)."""
+    family = str(meta.get("general.architecture", ""))
+    details = _details(path, family, str(meta.get("general.size_label", "")))
+    details["quantization_level"] = (
+        _file_type(meta.get("general.file_type")) or details["quantization_level"]
+    )
+    return details
+
+
 async def show(request: web.Request, body: dict[str, Any]) -> dict[str, Any]:
     """``POST /api/show``: the model's details, template and metadata."""
     registry = request.app[STATE].registry
@@ -294,12 +312,7 @@ async def show(request: web.Request, body: dict[str, Any]) -> dict[str, Any]:
     path = spec.model_path
     meta = await SHOWN.metadata(path)
     template = meta.pop("tokenizer.chat_template", "")
-    family = str(meta.get("general.architecture", ""))
-    size_label = str(meta.get("general.size_label", ""))
-    details = _details(path, family, size_label)
-    details["quantization_level"] = (
-        _file_type(meta.get("general.file_type")) or details["quantization_level"]
-    )
+    details = _header_details(path, meta)
     capabilities = ["completion"]
     if spec.mmproj:
         capabilities.append("vision")

@@ -255,11 +255,18 @@ class Downloads:
             # An unload discards the partial files (llama.cpp's rule); a shutdown keeps them,
             # and the next download resumes them.
             self._errors[name] = "the download was cancelled"
-            log.info("model=%s: download cancelled", name)
             if name in self._discard:
+                log.info("model=%s: download cancelled (its partial files are removed)", name)
                 for path in self._book.files(name):
                     discard_partial(Path(path))
                 self._cross_out(name)  # an unload: the user is done with it
+            else:  # the shutdown (close), the one other canceller: nothing is lost
+                later = (
+                    "it resumes when the agent starts again"
+                    if becomes_model  # a POST /models download, recorded (download_records)
+                    else "the model's next load resumes it"
+                )
+                log.info("model=%s: download stopped by the shutdown; %s", name, later)
             self._over(name, ok=False)
             raise
         except (DownloadError, OSError) as exc:

@@ -40,7 +40,8 @@ from node_agent.core.scheduler_events import (
     Event,
     Exited,
     Grant,
-    KeepAlive,
+    Keep,
+    KeepAliveValue,
     Lease,
     Leave,
     ModelConfig,
@@ -76,7 +77,6 @@ from node_agent.runtime.refusals import (
     queue_full_error,
     queue_timeout_error,
 )
-from node_agent.runtime.ttl import parse_keep_alive
 from node_agent.runtime.warm_swaps import WarmSwaps
 from node_agent.sources.catalog import Catalog
 from node_agent.sources.download import DownloadPlan, needs_download
@@ -338,7 +338,13 @@ class Registry:
     # -- requests ----------------------------------------------------------------------------
 
     async def acquire(
-        self, name: str, *, autoload: bool, inference: bool = True, slot: bool = True
+        self,
+        name: str,
+        *,
+        autoload: bool,
+        inference: bool = True,
+        slot: bool = True,
+        keep_alive: KeepAliveValue = Keep.DEFAULT,
     ) -> Lease:
         """Wait until ``name`` can take a request and lease it; load it when allowed.
 
@@ -346,7 +352,8 @@ class Registry:
         same queue). Cancelling (the client went away) leaves the queue; a load it started
         goes on. ``--queue-timeout`` bounds the whole wait, from arrival (a download, a load's
         turn, a slot), and ``--max-queue`` the waiters per model: beyond either, 503 with
-        Retry-After; so does every request once the agent is closing.
+        Retry-After; so does every request once the agent is closing. ``keep_alive``: the
+        request's (Ollama's), how long the model stays once idle after it (parse_keep_alive).
         """
         self._refuse_if_closing()
         deadline = None if self.queue_timeout is None else self._clock() + self.queue_timeout
@@ -371,7 +378,9 @@ class Registry:
         if self.memory is not None and self._sched.view(name).state is ModelState.UNLOADED:
             await self._prepare(name)
         waiter = next(self._ids)
-        request = Request(waiter, name, inference, slot, autoload, deadline=deadline)
+        request = Request(
+            waiter, name, inference, slot, autoload, deadline=deadline, keep_alive=keep_alive
+        )
         lease = await self._wait(request)
         assert lease is not None
         return lease
@@ -457,15 +466,6 @@ class Registry:
         if not self._sched.view(name).state.running:
             raise ApiError(400, "model is not running")
         self._submit(Unload(name, "manual"))
-
-    def keep_alive(self, name: str, value: object) -> None:
-        """A request's ``keep_alive`` (Ollama's): how long ``name`` stays after it is idle.
-
-        0 unloads it as soon as it is idle, a negative number keeps it forever, a duration
-        (``"5m"``, ``"30s"``, seconds as a number) sets its idle time; the last request's
-        value holds until another request says otherwise. Raises ApiError on a bad value.
-        """
-        self._submit(KeepAlive(name, parse_keep_alive(value)))
 
     # -- the inbox and the effects -------------------------------------------------------------
 

@@ -20,6 +20,7 @@ find the result. The endpoint is ``$MODEL_ENDPOINT``, else ``$HF_ENDPOINT``, els
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import os
@@ -397,7 +398,22 @@ def remove_cached(hub: Path, name: str) -> bool:
         p.unlink(missing_ok=True)
     for blob in blobs - kept:
         blob.unlink(missing_ok=True)
+    _prune(folder)
     return True
+
+
+def _prune(folder: Path) -> None:
+    """The repository's folder once ``remove_cached`` took its last file: no empty snapshot
+    folder, and no ``models--org--repo`` of nothing but ``refs`` and empty folders (llama.cpp
+    leaves them; a user's ``corral rm`` then still saw the repository in the cache). A file
+    of any other kind (another tag, a download's partial file) keeps it."""
+    snapshots = folder / "snapshots"
+    for snapshot in sorted(snapshots.glob("*"), reverse=True):
+        with contextlib.suppress(OSError):  # not empty: another tag's files
+            snapshot.rmdir()
+    kept = [p for p in folder.rglob("*") if not p.is_dir() and p.parent.name != "refs"]
+    if not kept:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _target(link: Path) -> Path:

@@ -108,3 +108,49 @@ def test_chat_in_llamas_ui_and_resume_after_a_reload(
     with capsys.disabled():  # shown in CI's log, not captured
         print(f"\nchat UI screenshots: {ARTIFACTS / 'chat-ui.png'}, {shot}")
     assert not errors, errors
+
+
+@pytest.mark.timeout(300)
+def test_the_demos_chat_opens_on_the_real_model_after_a_generated_one_answered(
+    start_agent: Any,
+    models_dir: Path,
+    browser_page: Any,  # noqa: F811
+) -> None:
+    """hack/demo.sh's presets (``corral demo-models DIR --presets FILE``): llama.cpp's UI opens
+    on the first *loaded* model it lists, and demo-tiny sorts before smollm2: once demo-tiny
+    had answered, ``/`` opened on it (word salad)."""
+    import subprocess
+    import sys
+
+    presets = models_dir / "demo-presets.ini"
+    subprocess.run(
+        [sys.executable, "-m", "node_agent.cli", "demo-models", str(models_dir), "--presets",
+         str(presets)],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    agent = start_agent(
+        "--models-dir", str(models_dir), "--models-preset", str(presets), "--models-max", "2",
+        "-c", "2048",
+    )  # fmt: skip
+    agent.wait_state(MODEL_NAME, "loaded", timeout=60)
+    status, body = agent.post(
+        "/v1/chat/completions",
+        {"model": "demo-tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
+    )
+    assert status == 200, body
+    # The generated model goes once it has answered (it loads again in milliseconds); the
+    # real one stays (pinned).
+    agent.wait_state("demo-tiny", "unloaded", timeout=15)
+    assert agent.state(MODEL_NAME) == "loaded"
+    page = browser_page
+    page.set_default_timeout(UI_TIMEOUT)
+    page.goto(agent.url + "/")
+    picker = page.get_by_role("button", name=re.compile("demo-tiny|smollm2|Select model")).first
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('button')].some(b => /smollm2|demo-tiny/i"
+        ".test(b.innerText))"
+    )
+    assert "smollm2" in picker.inner_text().lower(), picker.inner_text()
+    # demo-tiny is still there to pick.
+    picker.click()
+    assert page.get_by_role("option").filter(has_text="demo-tiny").count() == 1

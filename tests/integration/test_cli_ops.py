@@ -83,7 +83,9 @@ def test_pull_with_progress_then_rm(agent: AgentProcess) -> None:
     lines = pulled.stdout.splitlines()
     # Not a TTY: a line per tenth of the download, then the outcome.
     assert lines[0] == f"downloading {REPO}:Q8_0 [..........]   0%", lines
-    assert f"downloading {REPO}:Q8_0 [##########] 100%" in lines, lines
+    # Then its bytes, speed and time left (test_downloads_seen.py holds them to a pattern).
+    full = [line for line in lines if line.startswith(f"downloading {REPO}:Q8_0 [##########] 100%")]
+    assert full == [f"downloading {REPO}:Q8_0 [##########] 100% 946.8 KiB of 946.8 KiB"], lines
     assert lines[-1].startswith(f"{REPO}:Q8_0 downloaded in "), lines
     assert f"{REPO}:Q8_0" in agent.models()
     again = corral("pull", f"{REPO}:Q8_0", url=agent.url)

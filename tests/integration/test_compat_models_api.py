@@ -5,7 +5,7 @@ Both routers download from one local Hugging Face hub (``hf_server``, ``MODEL_EN
 into its own ``HF_HOME``; both run b11434 as the binary (Corral's children too). The same
 scripted requests go to each: status, error body, JSON shape and the SSE events' shapes must
 agree. The differences kept on purpose are asserted as differences, each in its own test (and
-listed in the README, "Models API").
+listed in docs/downloads.md).
 """
 
 from __future__ import annotations
@@ -204,7 +204,7 @@ def test_dedup_cache_models_hides_and_brings_back(pair: Pair) -> None:
         assert DEDUP in listing(side.port)
 
 
-# -- the differences we keep (README, "Models API") -------------------------------------------
+# -- the differences we keep (docs/downloads.md) -------------------------------------------
 
 
 def test_difference_a_request_for_a_downloading_model_waits(pair: Pair) -> None:

@@ -274,3 +274,37 @@ def test_status_page_runs_under_its_content_security_policy(
     )
     assert page.evaluate("window.__injected === undefined")
     assert any("script" in v for v in violations), violations
+
+
+def test_status_page_shows_a_download_as_one_and_cancels_it(
+    start_agent: Any, demo_dir: Path, tmp_path: Path, browser_page: Any
+) -> None:
+    from tests.integration.hf_server import start_hub
+
+    hub = start_hub()
+    try:
+        hub.add(
+            "corral-test/small", {"small-Q8_0.gguf": (demo_dir / "demo-small.gguf").read_bytes()}
+        )
+        hub.hold(1 << 20)  # 1 MiB of 5.6, then it waits
+        env = {"HF_HOME": str(tmp_path / "hf"), "MODEL_ENDPOINT": hub.url + "/", "LLAMA_CACHE": ""}
+        agent = start_agent("--models-dir", str(demo_dir), "-c", "512", env=env)
+        name = "corral-test/small:Q8_0"
+        assert agent.post("/models", {"model": name})[0] == 200
+        page = browser_page
+        page.goto(agent.url + "/ui")
+        page.wait_for_selector(f'#models tr[data-model="{name}"][data-state="downloading"]')
+        pill = row(page, name).locator(".pill")
+        assert pill.inner_text() == "downloading"
+        # Readable: a colour of its own behind the white text, as every other state has.
+        background = pill.evaluate("e => getComputedStyle(e).backgroundColor")
+        assert background not in ("rgba(0, 0, 0, 0)", "transparent"), background
+        # A download is no running instance; what it offers is to cancel it.
+        assert page.locator("#summary").inner_text().startswith("4 models · 0 of 4 instances")
+        button = row(page, name).locator("button[data-action]")
+        assert (button.get_attribute("data-action"), button.inner_text()) == ("cancel", "Cancel")
+        button.click()
+        page.wait_for_selector(f'#models tr[data-model="{name}"]', state="detached")
+        assert name not in agent.models()
+    finally:
+        hub.close()

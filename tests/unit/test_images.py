@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 from pathlib import Path
+
+from tests import readme
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -39,6 +42,20 @@ def test_builds_and_pushes_both_images(tmp_path: Path) -> None:
         "push registry.example.com/team/corral-operator:9.9",
     ]
     assert "agent.image.repository=registry.example.com/team/corral-agent" in run.stdout
+
+
+def test_the_readmes_images_line_builds_and_pushes_what_its_helm_line_names(
+    tmp_path: Path,
+) -> None:
+    line = readme.shown("make images ")
+    variables = dict(word.split("=", 1) for word in shlex.split(line)[2:])
+    run, calls = make_images(tmp_path, **variables)
+    assert run.returncode == 0, run.stderr
+    helm = readme.shown("helm install corral ")
+    for image in ("corral-agent", "corral-operator"):
+        repository = f"{variables['REGISTRY']}/{image}"
+        assert f"push {repository}:{variables['TAG']}" in calls
+        assert f"image.repository={repository} " in helm + " "
 
 
 def test_tag_defaults_to_the_charts_app_version_and_push_is_opt_in(tmp_path: Path) -> None:

@@ -19,7 +19,6 @@ from node_agent.core.scheduler_events import (
     Event,
     Exited,
     Grant,
-    KeepAlive,
     Lease,
     Leave,
     ModelConfig,
@@ -190,14 +189,64 @@ def test_a_direct_load_that_only_busy_models_could_make_room_for_is_refused() ->
     assert effects == [Refuse(waiter, Refusal.LIMIT)]
 
 
-def test_keep_alive_sets_when_an_idle_model_is_unloaded() -> None:
+def granted(sched: Scheduler, now: float, **how: object) -> Lease:
+    """The lease of a request for the loaded model "a"."""
+    _, effects = request(sched, "a", now, **how)
+    (grant,) = effects
+    assert isinstance(grant, Grant), effects
+    return grant.lease
+
+
+def test_a_requests_keep_alive_governs_the_idle_time_after_that_request_only() -> None:
+    sched = make(slots=1)  # the model's own idle time: never
+    loaded(sched)
+    lease = granted(sched, 1.0, keep_alive=30.0)
+    assert lease.keep_alive == 30.0
+    assert handle(sched, Release(lease), 2.0) == []
+    assert sched.view("a").ttl == 30.0
+    assert sched.next_wakeup(2.0) == 32.0
+    assert handle(sched, Tick(), 31.0) == []
+    # The next request gives none: the model's own (never) again, once it ends.
+    lease = granted(sched, 3.0)
+    assert handle(sched, Release(lease), 4.0) == []
+    assert sched.view("a").ttl is None
+    assert sched.next_wakeup(4.0) is None
+
+
+def test_keep_alive_0_unloads_the_model_once_its_request_ends() -> None:
     sched = make(slots=1)
-    loaded(sched)  # last used at 0.0
-    assert sched.next_wakeup(0.0) is None
-    assert handle(sched, KeepAlive("a", 30.0), 0.0) == []
-    assert sched.next_wakeup(0.0) == 30.0
-    assert handle(sched, Tick(), 29.0) == []
-    assert handle(sched, Tick(), 30.0) == [Drain("a", "ttl", 35.0), Stop("a", cut=False)]
+    loaded(sched)
+    lease = granted(sched, 1.0, keep_alive=0.0)
+    assert handle(sched, Release(lease), 2.0) == [Drain("a", "ttl", 7.0), Stop("a", cut=False)]
+    assert handle(sched, Exited("a", 0), 2.5) == []
+    # Loaded again by a request that gives none: it stays (the model's own idle time).
+    waiter, effects = request(sched, "a", 3.0)
+    assert Spawn("a") in effects
+    handle(sched, Spawned("a", 7002), 3.1)
+    (grant,) = handle(sched, Ready("a"), 3.2)
+    assert isinstance(grant, Grant) and grant.waiter == waiter
+    assert handle(sched, Release(grant.lease), 3.3) == []
+    assert sched.view("a").ttl is None
+    assert sched.next_wakeup(3.3) is None
+
+
+def test_a_run_that_ends_takes_its_last_keep_alive_with_it() -> None:
+    sched = make(a=ModelConfig(slots=1, ttl=60.0, stop_timeout=5.0))
+    loaded(sched)
+    assert handle(sched, Release(granted(sched, 1.0, keep_alive=None)), 2.0) == []
+    assert sched.view("a").ttl is None  # forever, as its request said
+    handle(sched, Unload("a", "manual"), 3.0)
+    assert handle(sched, Exited("a", 0), 3.5) == []
+    assert sched.view("a").ttl == 60.0  # its preset's, for whatever loads it next
+
+
+def test_a_lease_that_is_no_use_leaves_the_keep_alive_as_it_was() -> None:
+    sched = make(slots=1)
+    loaded(sched)
+    assert handle(sched, Release(granted(sched, 1.0, keep_alive=30.0)), 2.0) == []
+    # GET /props?model=a, a conversation's replay: not a use of the model.
+    assert handle(sched, Release(granted(sched, 3.0, inference=False, slot=False)), 3.5) == []
+    assert sched.view("a").ttl == 30.0
 
 
 def test_a_count_eviction_drains_the_idle_victim_for_the_head() -> None:

@@ -23,11 +23,11 @@ from node_agent.core.scheduler_events import (
     Drain,
     Effect,
     Event,
-    KeepAlive,
     ModelConfig,
     Probe,
     Probed,
     Release,
+    Request,
     Sleeping,
     Spawn,
     SpawnFailed,
@@ -119,9 +119,12 @@ class WideMachine(base.SchedulerMachine):
         elif state is ModelState.SLEEPING:
             self.send(Woke(name))
 
-    @rule(model=st.sampled_from(base.MODELS), ttl=st.sampled_from((None, 0.5, 3.0)))
+    @rule(model=st.sampled_from(base.MODELS), ttl=st.sampled_from((None, 0.0, 0.5, 3.0)))
     def keep_alive(self, model: str, ttl: float | None) -> None:
-        self.send(KeepAlive(model, ttl))
+        """A request that gives its keep_alive (the model's idle time after it)."""
+        waiter = next(self.ids)
+        self.waiting[waiter] = model
+        self.send(Request(waiter, model, deadline=self.now + 5.0, keep_alive=ttl))
 
     @precondition(lambda self: self.leases)
     @rule(data=st.data(), fault=st.sampled_from(list(ChildFault)))

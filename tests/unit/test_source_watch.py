@@ -113,3 +113,34 @@ async def test_with_every_path_there_nothing_is_polled(
     async with running(SourceWatch([tmp_path], reload, use_inotify=True)):
         await asyncio.sleep(3 * source_watch.POLL_SECONDS)
     assert polls == []
+
+
+def test_a_growing_partial_file_is_no_change_until_it_is_renamed(tmp_path: Path) -> None:
+    blob = tmp_path / "blobs" / "abc"
+    blob.parent.mkdir()
+    partial = blob.with_name("abc.downloadInProgress")
+    partial.write_bytes(b"x")
+    before = signature([tmp_path])
+    partial.write_bytes(b"x" * 1000)  # the download goes on
+    assert signature([tmp_path]) == before
+    partial.rename(blob)  # the file is in place: that is a change
+    assert signature([tmp_path]) != before
+
+
+@pytest.mark.skipif(not have_watchfiles(), reason="inotify through watchfiles")
+async def test_inotify_sees_no_growing_partial_file(tmp_path: Path) -> None:
+    reloads: list[int] = []
+
+    async def reload() -> None:
+        reloads.append(1)
+
+    partial = tmp_path / "abc.downloadInProgress"
+    watch = SourceWatch([tmp_path], reload, use_inotify=True)
+    async with running(watch):
+        await asyncio.sleep(0.3)
+        for size in range(1, 8):
+            partial.write_bytes(b"x" * size * 1000)
+            await asyncio.sleep(0.3)
+        assert reloads == []
+        partial.rename(tmp_path / "abc")
+        await until(lambda: reloads == [1], 5)
