@@ -720,7 +720,13 @@ class Registry:
     async def _probe(self, probe: Probe) -> None:
         """Probe a suspect child (``child.probe``) and tell the scheduler what it showed."""
         log.info("model=%s: probing its child (%s)", probe.model, probe.suspicion)
-        broken = await probe_child(probe.port, self.probe_timeout)
+        broken: str | None = None
+        try:
+            broken = await probe_child(probe.port, self.probe_timeout)
+        except Exception:  # the task's boundary: a probe that broke judges nothing
+            log.exception("model=%s: the probe of its child failed", probe.model)
+            self._submit(Probed(probe.model, probe.port, None))
+            return
         if broken is None:
             log.info(
                 "model=%s: its child answered the probe: not wedged (%s: the requests' own)",
