@@ -260,13 +260,17 @@ def models_shape(answer: Answer) -> dict[str, Any]:
 
 def without_corral(value: Any) -> Any:
     """``value`` without Corral's extras (``corral`` keys), which llama.cpp never sends, and
-    without what a failed load's message says after llama.cpp's words (the cause and what to
-    do: a listed difference, issue 29)."""
+    without what Corral's messages add after llama.cpp's words, both listed differences in
+    docs/compatibility.md: a failed load's cause and what to do (issue 29), and a 501's
+    ``(with Corral: …)`` fix (issue 49)."""
     if isinstance(value, dict):
         return {k: without_corral(v) for k, v in value.items() if k != "corral"}
     if isinstance(value, str) and value.startswith("model name="):
         head, said, _ = value.partition(" failed to load: ")
         return f"{head} failed to load" if said else value
+    if isinstance(value, str) and value.endswith(" corral agent for every model)"):
+        head, said, _ = value.partition(" (with Corral: ")
+        return head if said else value
     return value
 
 
