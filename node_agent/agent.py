@@ -75,10 +75,11 @@ if TYPE_CHECKING:  # imported lazily (start-up time): pydantic, the memory ledge
 log = logging.getLogger("corral.agent")
 
 LOG_LINES = 2000  # stderr lines kept per model
-# Imported in the background once the agent listens: GET /models and the first request's
-# metrics need them, start-up does not (pydantic and prometheus_client are ~40% of the
-# import time; agent start with 1000 models, bench S6).
-IMPORTED_LATER = ("node_agent.models_schema", "node_agent.api.metrics_families")
+# Imported in the background once the agent listens: the first request's metrics need them,
+# start-up does not (prometheus_client). Not the schema of GET /models (pydantic: 8 MiB of
+# the agent's memory, measured): a listing needs it only for downloads and refused presets,
+# which most agents never have.
+IMPORTED_LATER = ("node_agent.api.metrics_families",)
 ESTIMATOR = "node_agent.memory.estimator"
 # The routing metrics' scrapers: an InferencePool's endpoint pickers keep one connection each.
 ROUTING_CONNECTIONS = 16
@@ -311,6 +312,8 @@ class Agent:
 
     def refused_presets(self) -> list[RefusedPreset]:
         """The current catalog's refused presets, for ``GET /models``."""
+        if not self.catalog.refused:
+            return []  # (pydantic, 8 MiB, only for an agent that has something to say)
         from node_agent.models_schema import RefusedPreset  # pydantic: lazily (start-up time)
 
         return [

@@ -2,7 +2,8 @@
 
 ``corral agent`` runs the binary twice before it can parse its own flags: ``--version``
 (does it run on this machine?) and ``--help`` (which options it has); and once to learn what
-its children compute on (``--list-devices``: the CPU alone, or GPUs too). Begun here, from
+its children compute on (``--list-devices``: the CPU alone, or GPUs too); a binary's answers
+are kept from one start to the next (``llama_server/answers.py``). Begun here, from
 ``cli``, the children run while the interpreter imports aiohttp and the agent (a few
 hundred ms), instead of after: the agent listens sooner (bench S6, start with 1,000 models).
 Only what finding the binary needs is imported first.
@@ -17,8 +18,9 @@ from pathlib import Path
 
 from node_agent.config import llama_server_arg
 from node_agent.errors import BinaryError
+from node_agent.llama_server.answers import Answers
 from node_agent.llama_server.binary import check_llama_server, find_llama_server, set_in_use
-from node_agent.llama_server.devices import list_devices
+from node_agent.llama_server.devices import known_devices
 from node_agent.sources.options import read_options_early, use_options_of
 
 
@@ -38,15 +40,18 @@ class BinaryProbe:
         except BinaryError as exc:
             self._missing = exc
             return
-        self._help = self._pool.submit(read_options_early, self._binary)
-        self._version = self._pool.submit(check_llama_server, self._binary)
+        # What the binary answered at an earlier start is kept (llama_server/answers.py): a
+        # start that knows it asks nothing.
+        answers = Answers(self._binary, env)
+        self._help = self._pool.submit(read_options_early, self._binary, answers)
+        self._version = self._pool.submit(_version, self._binary, answers)
         self._pool.shutdown(wait=False)  # its threads end with their checks
         # A daemon thread: a GPU build starts its drivers to list its devices (seconds), and
         # ``--help`` or a bad flag answers and exits without waiting for them.
         self._devices = Future()
         threading.Thread(
             target=_list_devices_into,
-            args=(self._devices, self._binary),
+            args=(self._devices, self._binary, answers, dict(env)),
             name="binary-probe-devices",
             daemon=True,
         ).start()
@@ -72,8 +77,18 @@ class BinaryProbe:
         return None if self._devices is None else self._devices.result()
 
 
-def _list_devices_into(future: Future[tuple[str, ...] | None], binary: Path) -> None:
+def _version(binary: Path, answers: Answers) -> str:
+    return answers.remembered("version", lambda: check_llama_server(binary), _a_line)
+
+
+def _a_line(answer: object) -> bool:
+    return isinstance(answer, str) and bool(answer)
+
+
+def _list_devices_into(
+    future: Future[tuple[str, ...] | None], binary: Path, answers: Answers, env: dict[str, str]
+) -> None:
     try:
-        future.set_result(list_devices(binary))
+        future.set_result(known_devices(binary, answers, env))
     except BaseException as exc:  # a thread's boundary: the agent's wait sees it
         future.set_exception(exc)

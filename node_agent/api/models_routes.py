@@ -273,13 +273,14 @@ async def delete_models(request: web.Request) -> web.StreamResponse:
 
 def download_entries(state: AgentState, now: int) -> list[dict[str, Any]]:
     """``GET /models`` entries for downloads of models not in the catalog yet (b11434's)."""
+    registry = state.registry
+    names = [n for n in registry.downloads.names() if n not in registry.specs()]
+    if not names:
+        return []  # (pydantic, 8 MiB, only for an agent that downloads)
     from node_agent.models_schema import ModelEntry, ModelStatus, dump  # pydantic: lazily
 
-    registry = state.registry
     entries = []
-    for name in registry.downloads.names():
-        if name in registry.specs():
-            continue  # a preset's own download: its entry says "downloading" itself
+    for name in names:  # (a preset's own download: its entry says "downloading" itself)
         args = [state.binary, "--host", CHILD_HOST, "--port", "0", "--alias", name]
         entry = ModelEntry(
             id=name,

@@ -3,15 +3,20 @@
 llama.cpp lists every device but the CPU (GPUs, and accelerators such as BLAS), or
 ``(none)``. With none but libraries that compute on the CPU's cores (BLAS), every child
 computes on the CPU, with a thread per core by default, and the agent makes models take
-turns (``--cpu-turns``, core/scheduler.py). Asked once, at start-up, in a thread beside
-``--version`` and ``--help`` (binary_probe.py).
+turns (``--cpu-turns``, core/scheduler.py). Asked at start-up, in a thread beside
+``--version`` and ``--help`` (binary_probe.py), once per binary and device selectors
+(``answers.py``).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
+
+from node_agent.llama_server.answers import Answers, device_selectors
 
 # A CUDA or Vulkan build initialises its drivers to list the devices: seconds, at worst.
 LIST_TIMEOUT = 20.0
@@ -56,6 +61,22 @@ def list_devices(binary: Path, *, timeout: float = LIST_TIMEOUT) -> tuple[str, .
     except (OSError, subprocess.SubprocessError):
         return None
     return parse_devices(done.stdout) if done.returncode == 0 else None
+
+
+def known_devices(binary: Path, answers: Answers, env: Mapping[str, str]) -> tuple[str, ...] | None:
+    """:func:`list_devices`, kept for this binary and the environment's device selectors (a
+    ``CUDA_VISIBLE_DEVICES`` of its own is another answer); an answer of None (it could not
+    say) is not kept."""
+    question = (
+        "devices-" + hashlib.sha256(json.dumps(device_selectors(env)).encode()).hexdigest()[:16]
+    )
+    kept = answers.get(question)
+    if isinstance(kept, list) and all(isinstance(d, str) for d in kept):
+        return tuple(kept)
+    devices = list_devices(binary)
+    if devices is not None:
+        answers.put(question, list(devices))
+    return devices
 
 
 def threads_given(value: object) -> bool:

@@ -21,9 +21,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-
 from node_agent.errors import CorralError
+from node_agent.memory.ggml_types import BLOCKS
 
 
 class GgufError(CorralError):
@@ -53,7 +52,7 @@ class TensorInfo:
         elements = 1
         for dim in self.shape:
             elements *= dim
-        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(self.ggml_type)]
+        block, size = BLOCKS[self.ggml_type]
         return elements // block * size
 
 
@@ -91,7 +90,7 @@ GGML_MAX_NAME = 64  # ggml's: a tensor's name and its NUL
 _MAX_KEY = 64 * 1024
 _KEEP_STRING = 1 << 20
 DEFAULT_ALIGNMENT = 32  # GGUF_DEFAULT_ALIGNMENT: where the tensor data starts, and each tensor
-_KNOWN_TYPES = frozenset(int(t) for t in GGML_QUANT_SIZES)
+_KNOWN_TYPES = frozenset(BLOCKS)
 # How many items the walk handles between two looks at the clock (a look costs ~50 ns; a
 # metadata key or tensor ~1 µs, a skipped string ~0.1 µs).
 _CLOCK_EVERY = 1024

@@ -27,6 +27,7 @@ from node_agent.api.views import preset_text
 from node_agent.core.model_state import ModelState
 from node_agent.errors import ApiError
 from node_agent.memory.devices import HostProbe
+from node_agent.memory.ggml_types import FILE_TYPES
 from node_agent.ollama.translate import model_name
 from node_agent.version import version_line
 
@@ -283,14 +284,9 @@ def _metadata(path: str | None) -> dict[str, Any]:
 
 def _file_type(value: object) -> str:
     """GGUF's ``general.file_type`` as a quantization's name (``MOSTLY_Q4_1`` -> ``Q4_1``)."""
-    from gguf.constants import LlamaFileType  # gguf: lazily (start-up time)
-
     if not isinstance(value, int) or isinstance(value, bool):
         return ""
-    try:
-        return LlamaFileType(value).name.removeprefix("MOSTLY_")
-    except ValueError:
-        return ""
+    return FILE_TYPES.get(value, "")
 
 
 def _header_details(path: str | None, meta: dict[str, Any]) -> dict[str, Any]:

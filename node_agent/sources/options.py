@@ -29,6 +29,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from node_agent.llama_server.answers import Answers
 from node_agent.llama_server.binary import build_info
 from node_agent.llama_server.plan import LLAMA_CPP_BUILD
 from node_agent.sources.help_text import parse_help
@@ -236,29 +237,46 @@ def _file_identity(binary: Path) -> tuple[int, int]:
     return stat.st_size, stat.st_mtime_ns
 
 
-def read_options_early(binary: Path) -> None:
-    """Run ``binary --help`` now (from a thread, while ``--version`` runs): the start waits
-    for one child process instead of two. A failure is left for :func:`use_options_of`."""
+def read_options_early(binary: Path, answers: Answers | None = None) -> None:
+    """Read ``binary``'s options now (from a thread, while ``--version`` runs): the start waits
+    for one child process instead of two, and none where ``answers`` kept its ``--help``. A
+    failure is left for :func:`use_options_of`."""
+    if answers is not None:
+        _help_texts[binary] = answers
     with contextlib.suppress(OSError, subprocess.SubprocessError, ValueError):
         _read_help(binary, *_file_identity(binary))
+
+
+# The kept answers to read a binary's --help from (set by read_options_early).
+_help_texts: dict[Path, Answers] = {}
 
 
 @functools.cache
 def _read_help(binary: Path, size: int, mtime_ns: int) -> tuple[LlamaOption, ...]:
     """One binary's options; cached by path, size and mtime (a replaced binary is read anew)."""
-    done = subprocess.run(
-        [str(binary), "--help"],
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        errors="replace",
-        timeout=HELP_TIMEOUT,
-        check=True,
-    )
-    rows = parse_help(done.stdout)
+
+    def ask() -> str:
+        done = subprocess.run(
+            [str(binary), "--help"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=HELP_TIMEOUT,
+            check=True,
+        )
+        return done.stdout
+
+    answers = _help_texts.get(binary)
+    text = ask() if answers is None else answers.remembered("help", ask, _some_options)
+    rows = parse_help(text)
     if not rows:
         raise ValueError("it listed no options")
     return tuple(LlamaOption(*row) for row in rows)
+
+
+def _some_options(answer: object) -> bool:
+    return isinstance(answer, str) and bool(answer)  # (parsed next: one that is not, raises)
 
 
 def parse_bool(value: str) -> bool | None:

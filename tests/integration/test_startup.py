@@ -192,3 +192,34 @@ def test_the_event_loop_is_uvloop_unless_asyncios_is_asked_for(choice: str, demo
         agent.stop()
     assert agent.proc.returncode == 0
     assert not agent.children()
+
+
+def test_a_second_start_asks_the_binary_nothing_it_already_knows(
+    tmp_path: Path, demo_dir: Path, b11434: Path
+) -> None:
+    """``--version``, ``--help`` and ``--list-devices`` are asked once per binary (issue 49):
+    a start that knows the answers spawns no child before it listens. The binary here is a
+    wrapper that writes down how it is run, then runs b11434."""
+    calls = tmp_path / "calls"
+    wrapper = tmp_path / "bin" / "llama-server"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f'#!/bin/sh\necho "$*" >> {calls}\nexec {b11434} "$@"\n')
+    wrapper.chmod(0o755)
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    args = ["--models-dir", str(demo_dir), "--llama-server", str(wrapper), "-c", "512"]
+
+    def started() -> list[str]:
+        calls.write_text("")
+        agent = AgentProcess(args, env)
+        try:
+            assert agent.get("/health")[0] == 200
+        finally:
+            agent.stop()
+        return calls.read_text().splitlines()
+
+    first = started()
+    assert sorted(first) == ["--help", "--list-devices", "--version"], first
+    assert started() == []
+    # A binary that changed is asked again.
+    wrapper.write_text(wrapper.read_text() + "# changed\n")
+    assert sorted(started()) == ["--help", "--list-devices", "--version"]

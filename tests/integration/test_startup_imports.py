@@ -14,6 +14,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
+
+from tests.integration.harness import AgentProcess, chat
 
 # Modules an agent with default flags must not have imported when it starts listening.
 NOT_AT_START = (
@@ -50,3 +53,22 @@ def test_start_up_imports_no_heavy_module() -> None:
     loaded = set(json.loads(done.stdout))
     assert "aiohttp.web" in loaded  # the probe did import the start-up path
     assert [m for m in NOT_AT_START if m in loaded] == []
+
+
+def test_an_agent_that_serves_loads_neither_numpy_nor_pydantic(demo_dir: Path) -> None:
+    """What holds the agent's memory is mostly code (issue 49: RSS 10 MiB the interpreter,
+    5 ssl, 4 asyncio, 15 aiohttp with its SSL contexts, 7 the agent's own; then gguf with
+    numpy 16 and pydantic 8, measured). Neither of the last two is needed without the memory
+    ledger, downloads or refused presets: not even once the agent has listed its models,
+    checked their files, loaded one and answered (their shared libraries stay unmapped)."""
+    agent = AgentProcess(["--models-dir", str(demo_dir), "-c", "512"])
+    try:
+        assert agent.get("/models")[0] == 200
+        assert agent.post("/v1/chat/completions", chat("demo-tiny", 2))[0] == 200
+        assert agent.get("/api/ps")[0] == 200
+        assert agent.post("/api/show", {"model": "demo-tiny"})[0] == 200
+        maps = Path(f"/proc/{agent.proc.pid}/maps").read_text()
+        heavy = sorted({m for m in ("numpy", "pydantic_core") if f"/{m}/" in maps})
+        assert heavy == [], heavy
+    finally:
+        agent.stop()
