@@ -11,12 +11,14 @@ shutdown's bound): ``serve``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
 import dataclasses
 import gc
 import importlib
 import importlib.util
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -33,6 +35,7 @@ from node_agent.api.routing_metrics import routing_app
 from node_agent.api.state import AgentState, RouterSettings
 from node_agent.api.tools_api import security_warning
 from node_agent.api.vertex import vertex_from_env
+from node_agent.api.views import forget_listed
 from node_agent.api.wire import gather_window
 from node_agent.child.logs import LogRing
 from node_agent.child.orphans import end_orphans
@@ -52,7 +55,13 @@ from node_agent.runtime.model_downloads import DownloadSettings
 from node_agent.runtime.registry import Registry
 from node_agent.runtime.warm_swaps import WarmSwaps
 from node_agent.source_watch import SourceWatch, watched_paths
-from node_agent.sources.catalog import Catalog, diff_catalogs, keep_refused, load_catalog
+from node_agent.sources.catalog import (
+    Catalog,
+    Refusal,
+    diff_catalogs,
+    keep_refused,
+    load_catalog,
+)
 from node_agent.sources.download import Limits, cache_dir
 from node_agent.sources.hf_cache import hub_dir
 from node_agent.sources.preset_dir import directory_version, preset_files, preset_policy
@@ -75,6 +84,8 @@ IMPORTED_LATER = ("node_agent.models_schema", "node_agent.api.metrics_families")
 ESTIMATOR = "node_agent.memory.estimator"
 # The routing metrics' scrapers: an InferencePool's endpoint pickers keep one connection each.
 ROUTING_CONNECTIONS = 16
+# A reload that removes this many models gives the memory they held back (_give_memory_back).
+HEAP_TRIM_REMOVED = 1000
 PRESET_POLL_SECONDS = 1.0  # the kubelet syncs ConfigMap volumes every ~60 s: 1 s is plenty
 
 
@@ -203,7 +214,11 @@ class Agent:
         watched = watched_paths(options.models_dir, preset, hub_dir(self.env))
         self.source_watch = SourceWatch(watched, self.reload)
 
-    def _read_catalog(self) -> Catalog:
+    def _read_catalog(self, known: Collection[Refusal] | None = None) -> Catalog:
+        """Read every source; each refusal not ``known`` (the running catalog's) is logged
+        once, not at every re-read of the sources (a poll re-reads them twice a second).
+        ``known`` is None at start, where a clash of the administrator's presets stops the
+        agent (llama.cpp's router does); on a reload it refuses that preset alone."""
         hub = hub_dir(self.env)
         catalog = load_catalog(
             hub=hub,
@@ -213,13 +228,16 @@ class Agent:
             restricted=preset_policy(
                 self.options.models_preset, [self.options.models_dir, hub, cache_dir(self.env)]
             ),
+            refuse_clashes=known is not None,
         )
         for refusal in catalog.refused:
-            log.error(
-                "preset refused (it cannot be applied; the others stay): %s: %s",
-                refusal.origin,
-                refusal.reason,
-            )
+            if known is None or refusal not in known:
+                log.error(
+                    "%s refused (it cannot be applied; the others stay): %s: %s",
+                    refusal.kind,
+                    refusal.origin,
+                    refusal.reason,
+                )
         return catalog
 
     def _peer_discovery(self) -> PeerDiscovery | None:
@@ -323,7 +341,8 @@ class Agent:
         Sources that cannot be read change nothing: the running catalog stays as it was.
         """
         try:
-            new = keep_refused(self.catalog, await asyncio.to_thread(self._read_catalog))
+            read = await asyncio.to_thread(self._read_catalog, self.catalog.refused)
+            new = keep_refused(self.catalog, read)
         except ConfigError as exc:
             raise ApiError(500, f"reload failed, nothing was changed: {exc}") from exc
         diff = diff_catalogs(self.catalog, new)
@@ -336,6 +355,8 @@ class Agent:
             len(diff.updated),
         )
         await self.registry.reload(new, set(diff.changed))
+        if len(diff.removed) >= HEAP_TRIM_REMOVED:
+            _give_memory_back()
         fresh = [new[name] for name in (*diff.added, *diff.changed)]  # their files, as at start
         if fresh and not self._tasks.statistics().closed:  # (a reload during the shutdown)
             self._tasks.spawn(log_model_file_problems(fresh), "model-files")
@@ -534,6 +555,18 @@ async def _import_then_freeze(modules: Sequence[str]) -> None:
     finally:
         gc.freeze()
         gc.enable()
+
+
+def _give_memory_back() -> None:
+    """After many models left the catalog (10,000 files deleted): drop what the listing
+    kept of them, collect, and hand the freed heap back to the system. Without it the agent
+    stayed at its peak (RSS 75 -> 147 MiB, and there after the files went: issue 50, row 7);
+    glibc keeps freed memory in its arenas until ``malloc_trim``. Elsewhere, only the first
+    two steps."""
+    forget_listed()
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):  # not glibc
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def _import_all(modules: Sequence[str]) -> None:

@@ -104,7 +104,8 @@ Corral's own:
                               credentials, only what a router outside the agent needs to
                               choose a node: the models it runs and the requests it queues
                               (the Gateway API Inference Extension's endpoint picker reads
-                              them; docs/inference-pool.md)
+                              them; docs/inference-pool.md). No key is asked there: whoever
+                              reaches the port sees the names of the loaded models
   --allowed-hosts NAMES       Host names answered besides local ones (comma-separated; '*':
                               no check; default: a loopback-bound agent answers only to
                               localhost names and IP literals, a guard against DNS rebinding)

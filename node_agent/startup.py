@@ -192,7 +192,7 @@ def source_warnings(options: AgentOptions, env: Mapping[str, str], catalog: Cata
     # A model listed from the folder proves it holds one (a rescan of 1000 models delayed the
     # first answer); only a folder that shows none is looked at again.
     from_dir = any(spec.source == SOURCE_MODELS_DIR for spec in catalog.models.values())
-    if models_dir is not None and not from_dir and not scan_models_dir(models_dir):
+    if models_dir is not None and not from_dir and not scan_models_dir(models_dir).specs:
         warnings.append(
             f"--models-dir {models_dir} holds no model: no {GGUF} file at its top level and "
             f"no folder (one level down) with one"

@@ -21,6 +21,7 @@ from aiohttp import web
 
 from node_agent.api.state import STATE
 from node_agent.errors import ApiError
+from node_agent.ollama.listing import HF_PREFIXES, find
 from node_agent.ollama.translate import model_name
 from node_agent.runtime.event_hub import Event
 
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
     from node_agent.runtime.registry import Registry
 
 NDJSON: Final = "application/x-ndjson"
-HF_PREFIXES: Final = ("hf.co/", "huggingface.co/", "https://huggingface.co/")
 PULL_KEYS: Final = frozenset({"model", "name", "insecure", "stream"})
 _ENDS: Final = frozenset({"download_finished", "download_failed"})
 
@@ -127,7 +127,7 @@ async def _until_over(
         event = await anext(events)
     # The model is listed once the download's reload has run: wait for the download's end.
     await registry.downloads.wait(name, queue_timeout=None, left=None, max_queue=None)
-    if registry.resolve(name) is not None:
+    if find(registry, name) is not None:
         return None
     why = registry.downloads.failed(name) or "the download made no model"
     return f"pulling {name} failed: {why}"

@@ -23,7 +23,7 @@ from pathlib import Path
 from node_agent.errors import ConfigError
 from node_agent.sources.hf_cache import scan_hf_cache
 from node_agent.sources.hf_hub import resolve_cached
-from node_agent.sources.models_dir import scan_models_dir
+from node_agent.sources.models_dir import ModelsDir, scan_models_dir
 from node_agent.sources.options import llama_options
 from node_agent.sources.preset_ini import PresetFile, load_preset_file
 from node_agent.sources.spec import (
@@ -55,6 +55,8 @@ class Refusal:
     reason: str
     models: tuple[str, ...] = ()
     """The model names its sections claimed, where the file could be parsed that far."""
+    kind: str = "preset"
+    """What was refused: a ``preset``, or a ``models-dir entry`` (a link that loops…)."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,7 @@ def load_catalog(
     preset_files: Sequence[str | Path | PresetFile] = (),
     cli_options: Sequence[tuple[str, OptionValue]] = (),
     restricted: Restricted | None = None,
+    refuse_clashes: bool = False,
 ) -> Catalog:
     """Read every source and merge them (ConfigError on any unusable input).
 
@@ -113,11 +116,20 @@ def load_catalog(
     agent's own llama-server options (``AgentOptions.child_options``). With ``restricted``
     the preset files did not come from the administrator (the operator's ConfigMap): they
     are held to that policy, and a file that breaks it or any other rule is refused alone
-    (``Catalog.refused``) instead of failing the whole catalog.
+    (``Catalog.refused``) instead of failing the whole catalog. ``refuse_clashes``: so is an
+    administrator's preset whose alias clashes (a reload: one such preset made every later
+    reload of any source fail until it was fixed, issue 50 row 8); at start it stops the agent
+    with llama.cpp's message, as llama.cpp's router does.
     """
     cached = scan_hf_cache(hub)
-    local = scan_models_dir(models_dir) if models_dir is not None else []
-    refused: list[Refusal] = []
+    scanned = scan_models_dir(models_dir) if models_dir is not None else ModelsDir()
+    local = scanned.specs
+    # An entry of the folder that cannot be a model is skipped alone (a link that loops, one
+    # to a file that is not GGUF): shown with the refused presets, the others still listed.
+    refused = [
+        Refusal(origin=path, reason=reason, kind="models-dir entry")
+        for path, reason in scanned.skipped
+    ]
     presets: list[PresetFile] = []
     for p in preset_files:
         if isinstance(p, PresetFile):
@@ -178,14 +190,15 @@ def load_catalog(
         for name, spec in sorted(merged.items())
     }
     final = _dedup(final, hub)
-    if restricted is not None:
+    if restricted is None:
+        # Only the administrator's own presets hide a folder model: one from elsewhere never
+        # changes the node's own models (as it never merges into them).
+        final = _hide_folder_twins(final)
+    if restricted is not None or refuse_clashes:
         # One preset whose alias clashes is refused alone (it raised for the whole catalog:
         # the agent did not start, every later update failed; issue 26, row 9).
-        final, aliases, clashes = _restricted_alias_map(final, sections)
+        final, aliases, clashes = _alias_map_refusing(final, sections)
         return Catalog(models=final, aliases=aliases, refused=(*refused, *clashes))
-    # Only the administrator's own presets hide a folder model: one from elsewhere never
-    # changes the node's own models (as it never merges into them).
-    final = _hide_folder_twins(final)
     return Catalog(models=final, aliases=_alias_map(final), refused=tuple(refused))
 
 
@@ -323,10 +336,10 @@ def _own_download(layer: PresetLayer, node_model: ModelSpec, hub: Path | None) -
     return found is not None and found == node_model.cache_file
 
 
-def _restricted_alias_map(
+def _alias_map_refusing(
     models: Mapping[str, ModelSpec], sections: Mapping[str, PresetLayer]
 ) -> tuple[dict[str, ModelSpec], dict[str, str], list[Refusal]]:
-    """:func:`_alias_map` for the operator's presets: the node's own models first, then the
+    """:func:`_alias_map` that refuses presets alone: the node's own models first, then the
     presets by name; a preset whose alias is a name or an alias already taken is refused
     alone, with its reason, instead of failing the whole catalog."""
     kept: dict[str, ModelSpec] = {}

@@ -63,6 +63,11 @@ PARTIAL = ".downloadInProgress"  # llama.cpp's suffix: each resumes the other's 
 MAX_REDIRECTS = 5
 # Where Hugging Face redirects its downloads (its LFS and Xet CDNs): allowed from its own hosts.
 HF_CDN_HOSTS = ("huggingface.co", ".huggingface.co", "hf.co", ".hf.co")
+# A download never leaves less than this free on the cache's disk (issue 50, row 3: nothing
+# bounded one by default, and anyone with the key could fill the disk); checked before the
+# body and every DISK_CHECK_BYTES written.
+DISK_RESERVE = 1 << 30
+DISK_CHECK_BYTES = 64 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +78,8 @@ class Limits:
     """``--max-download-size``: no file larger than this (None: only the declared size)."""
     redirect_hosts: tuple[str, ...] = ()
     """Hosts (or ``.suffix``es) a redirect may lead to, beyond the same host and HF's CDN."""
+    reserve_bytes: int = DISK_RESERVE
+    """What a download leaves free on the cache's disk at least."""
 
 
 class DownloadError(ChildError):
@@ -278,10 +285,12 @@ async def transfer(
     the other's partial file) and are renamed into place once complete and checked. A partial
     file left by a failure, a cancellation (a shutdown) or a crash is resumed with a ``Range``
     request; whoever cancels a download for good removes it (:func:`discard_partial`).
-    Redirects are followed only to the same host or an allowed one; the body may not outgrow
-    ``size`` (the declared size), ``Content-Length`` or ``limits.max_bytes``. Errors say what
-    failed without the remote's status or the body's hash (those go to the log):
-    DownloadError, ChecksumError.
+    Redirects are followed only to the same host or an allowed one. The size the source
+    declares (a hub's listing) bounds the body: a ``Content-Length`` that disagrees is refused
+    at once, and so is a body of no known size that no SHA-256 checks (it could end anywhere
+    and look complete). The body may not outgrow ``limits.max_bytes`` either, nor leave less
+    than ``limits.reserve_bytes`` free on the disk. Errors say what failed without the
+    remote's status or the body's hash (those go to the log): DownloadError, ChecksumError.
     """
     part = final.with_name(final.name + PARTIAL)
     shown = redact(url)
@@ -296,14 +305,23 @@ async def transfer(
         async with _open(session, url, dict(headers or {}), have, limits) as response:
             if have and response.status != 206:
                 have, digest = 0, hashlib.sha256()  # the server ignored the range: start over
-            total = _expected_total(response, have, size)
+            total = _expected_total(response, have, size, shown)
+            if total is None and sha256 is None:
+                part.unlink(missing_ok=True)
+                raise DownloadError(
+                    f"download of {shown} refused: the source declares no size and the server "
+                    "sends no length, and no sha256 checks it: it cannot be told complete"
+                )
             if cap is not None and total is not None and total > cap:
                 raise DownloadError(
                     f"download of {shown} refused: it is {total} bytes, over "
                     f"--max-download-size ({cap})"
                 )
+            if total is not None:
+                _check_room(part, total - have, limits.reserve_bytes, shown)
             bound = min(b for b in (total, cap) if b is not None) if (total or cap) else None
             done = have
+            checked = done
             if progress is not None:
                 progress(done, total)
             with part.open("ab" if have else "wb") as out:
@@ -318,6 +336,9 @@ async def transfer(
                         )
                     digest.update(chunk)
                     out.write(chunk)
+                    if done - checked >= DISK_CHECK_BYTES:
+                        checked = done
+                        _check_room(part, 0, limits.reserve_bytes, shown)
                     if progress is not None:
                         progress(done, total)
             if total is not None and done != total:
@@ -360,8 +381,7 @@ async def _open(
                         "download of %s: refused a redirect to %s", redact(url), redact(target)
                     )
                     raise DownloadError(
-                        f"download of {redact(url)} refused: it redirects to another host "
-                        f"({urlsplit(target).hostname}), which is not allowed"
+                        f"download of {redact(url)} refused: {_redirect_refusal(url, target)}"
                     )
                 current = target
                 continue
@@ -383,16 +403,48 @@ async def _open(
     raise DownloadError(f"download of {redact(url)} failed: too many redirects")
 
 
+def _redirect_refusal(origin: str, target: str) -> str:
+    """Why a redirect was not followed, in words (a ``file://`` one has no host to name)."""
+    scheme = urlsplit(target).scheme
+    if scheme not in ("http", "https"):
+        return f"it redirects to a {scheme or 'schemeless'}:// URL, which is not allowed"
+    if urlsplit(origin).scheme == "https" and scheme != "https":
+        return "it redirects from https to http, which is not allowed"
+    return f"it redirects to another host ({urlsplit(target).hostname}), which is not allowed"
+
+
 def discard_partial(final: Path) -> None:
     """Remove the partial file of ``final`` (a download cancelled for good: llama.cpp's rule)."""
     final.with_name(final.name + PARTIAL).unlink(missing_ok=True)
 
 
-def _expected_total(response: aiohttp.ClientResponse, have: int, size: int | None) -> int | None:
+def _expected_total(
+    response: aiohttp.ClientResponse, have: int, size: int | None, shown: str
+) -> int | None:
+    """The file's size: the one declared, else what the server says it sends. A server that
+    says otherwise than the declaration is refused (a 1,000-byte file sent as 10^12 bytes)."""
     length = response.content_length
-    if length is not None:
-        return have + length
-    return size
+    sent = None if length is None else have + length
+    if size is not None and sent is not None and sent != size:
+        raise DownloadError(
+            f"download of {shown} refused: the server sends {sent} bytes of a file declared "
+            f"at {size} bytes"
+        )
+    return size if size is not None else sent
+
+
+def _check_room(part: Path, more: int, reserve: int, shown: str) -> None:
+    """Refuse (and drop the partial file) when writing ``more`` bytes would leave less than
+    ``reserve`` free on ``part``'s disk."""
+    stats = os.statvfs(part.parent)
+    free = stats.f_bavail * stats.f_frsize
+    if free - more < reserve:
+        part.unlink(missing_ok=True)
+        raise DownloadError(
+            f"download of {shown} stopped: the disk of {part.parent} has {free >> 20} MiB free, "
+            f"and a download leaves at least {reserve >> 20} MiB free"
+            + (f" (this one needs {more >> 20} MiB more)" if more else "")
+        )
 
 
 def _resume_state(part: Path) -> tuple[Any, int]:

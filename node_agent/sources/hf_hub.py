@@ -19,6 +19,7 @@ find the result. The endpoint is ``$MODEL_ENDPOINT``, else ``$HF_ENDPOINT``, els
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import os
@@ -42,6 +43,7 @@ _COMMIT = re.compile(r"[0-9a-fA-F]{40}")
 _OID = re.compile(r"[0-9a-fA-F]{40}|[0-9a-fA-F]{64}")
 _REPO_ID = re.compile(r"[A-Za-z0-9_]+(?:[.-][A-Za-z0-9_]+)*/[A-Za-z0-9_]+(?:[.-][A-Za-z0-9_]+)*")
 MAX_API_BYTES = 16 * 1024 * 1024  # a repository's file list; a bigger answer is not the Hub's
+OFF_LOOP_JSON = 256 * 1024  # a longer answer is parsed in a thread
 # What no file path can hold here: NUL (the OS refuses it), other C0/C1 controls, and lone
 # surrogates (JSON can carry them; they cannot be encoded as a file name).
 _UNNAMEABLE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
@@ -227,7 +229,7 @@ async def _api(session: aiohttp.ClientSession, url: str, token: str | None, name
                         else "refused the request"
                     )
                 )
-            body = await response.content.read(MAX_API_BYTES + 1)
+            body = await _read_up_to(response, MAX_API_BYTES + 1)
     except (aiohttp.ClientError, TimeoutError) as exc:
         where = redact(url.split("api/")[0])
         raise DownloadError(
@@ -236,10 +238,29 @@ async def _api(session: aiohttp.ClientSession, url: str, token: str | None, name
     if len(body) > MAX_API_BYTES:
         raise DownloadError(f"model '{name}': the model endpoint's answer is too large")
     try:
-        parsed: object = json.loads(body)
+        # Off the loop when large: a listing of megabytes takes the parser tens of ms.
+        parsed: object = (
+            json.loads(body)
+            if len(body) < OFF_LOOP_JSON
+            else await asyncio.to_thread(json.loads, body)
+        )
     except ValueError as exc:
         raise DownloadError(f"model '{name}': the model endpoint's answer is not JSON") from exc
     return parsed
+
+
+async def _read_up_to(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The body, or its first ``limit`` bytes: one ``read(n)`` returns what is buffered, not
+    the whole body (issue 50, row 4: a listing that came in two reads was cut in half)."""
+    chunks: list[bytes] = []
+    got = 0
+    while got < limit:
+        chunk = await response.content.read(limit - got)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
 
 
 def _branch(refs: object) -> tuple[str, str | None]:

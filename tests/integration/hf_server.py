@@ -9,7 +9,10 @@ read them. Both llama.cpp's router (``MODEL_ENDPOINT``) and Corral's agent downl
 Tests steer it: :meth:`HubServer.hold` stops every body after some bytes until
 :meth:`HubServer.release` (a download "on its way"), ``pace`` makes bodies trickle,
 ``redirect`` answers a resolve with a 302 elsewhere, ``endless`` streams a body that never
-ends, ``token`` makes every call need ``Authorization: Bearer <token>``.
+ends, ``token`` makes every call need ``Authorization: Bearer <token>``; for attacks on the
+downloader, ``declared`` lists other sizes than the files', ``claim_length`` sends that
+``Content-Length`` and then bytes until the client goes, ``unsized`` lists no size and sends
+no length, ``split_listing`` sends a tree listing in two writes that many seconds apart.
 """
 
 from __future__ import annotations
@@ -47,6 +50,10 @@ class HubServer:
     endless: bool = False  # resolve bodies never end (and declare no length)
     pace: float | None = None  # seconds between 16 KiB pieces: a download that trickles
     token: str | None = None  # when set, calls without "Bearer <token>" get 401
+    declared: dict[str, int] = field(default_factory=dict)  # file -> the size the tree lists
+    claim_length: int | None = None  # a resolve's Content-Length; then bytes until closed
+    unsized: bool = False  # the tree lists no size (no LFS), a resolve sends no length
+    split_listing: float | None = None  # seconds between a tree listing's two halves
     _gate: threading.Event = field(default_factory=threading.Event)
     _server: ThreadingHTTPServer | None = None
     url: str = ""
@@ -141,17 +148,19 @@ class _Handler(BaseHTTPRequestHandler):
             if files is None:
                 self._json(404, {"error": "Repository not found"})
                 return
-            tree = [
-                {
+            tree: list[dict[str, Any]] = []
+            for name, data in sorted(files.items()):
+                size = hub.declared.get(name, len(data))
+                entry: dict[str, Any] = {
                     "type": "file",
                     "path": name,
                     "oid": hashlib.sha1(data).hexdigest(),
-                    "size": len(data),
-                    "lfs": {"oid": hashlib.sha256(data).hexdigest(), "size": len(data)},
                 }
-                for name, data in sorted(files.items())
-            ]
-            self._json(200, tree)
+                if not hub.unsized:
+                    entry["size"] = size
+                    entry["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": size}
+                tree.append(entry)
+            self._json(200, tree, split=hub.split_listing)
             return
         if m := _RESOLVE.fullmatch(path):
             files = hub.repos.get(m.group(1))
@@ -170,13 +179,20 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self._json(404, {"error": "Not found"})
 
-    def _json(self, status: int, value: Any) -> None:
+    def _json(self, status: int, value: Any, split: float | None = None) -> None:
         payload = json.dumps(value).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
-        self.wfile.write(payload)
+        if split is None:
+            self.wfile.write(payload)
+            return
+        half = len(payload) // 2
+        self.wfile.write(payload[:half])
+        self.wfile.flush()
+        time.sleep(split)
+        self.wfile.write(payload[half:])
 
     def _file(self, data: bytes, *, body: bool) -> None:
         hub = self.hub
@@ -187,6 +203,20 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(206 if start else 200)
         self.send_header("ETag", f'"{hashlib.sha256(data).hexdigest()}"')
         self.send_header("Accept-Ranges", "bytes")
+        if hub.claim_length is not None and body:
+            self.send_header("Content-Length", str(hub.claim_length))
+            self.end_headers()
+            while True:
+                try:
+                    self.wfile.write(b"\0" * CHUNK)
+                except OSError:
+                    return
+        if hub.unsized and body:
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(data[start:])
+            self.close_connection = True
+            return
         if hub.endless and body:
             self.send_header("Connection", "close")
             self.end_headers()

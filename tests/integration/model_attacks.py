@@ -10,7 +10,7 @@ import struct
 from pathlib import Path
 
 _U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
-U32_TYPE, F32_TYPE, STRING_TYPE, F64_TYPE = 4, 6, 8, 12
+U32_TYPE, F32_TYPE, STRING_TYPE, ARRAY_TYPE, F64_TYPE = 4, 6, 8, 9, 12
 # The memory ledger on (it reads every model's header for GET /models), with a host budget.
 LEDGER = ("--models-memory-margin", "0", "--memory-limit", "host=4GiB", "-c", "512")
 
@@ -32,12 +32,14 @@ def crafted_gguf(
     extra: dict[str, int | float] | None = None,
     dims: tuple[int, int] = (64, 8),
     layer_tensors: int = 0,
+    tokens: int = 0,
 ) -> Path:
     """A ``size``-byte llama GGUF whose header claims ``block_count`` layers (an int is written
     as u32, a float as f64); ``extra`` adds ``llama.<key>`` values the same way. One F32 tensor,
     ``token_embd.weight`` of ``dims`` (64 x 8), then ``layer_tensors`` layers of one F32 norm
     each (``blk.N.attn_norm.weight``, 64 wide), and zeros to ``size`` (at least what the
-    tensors take)."""
+    tensors take). ``tokens``: a ``tokenizer.ggml.tokens`` array of that many strings (a
+    header of megabytes, as a large vocabulary makes)."""
     values: dict[str, int | float] = {
         "block_count": block_count,
         "embedding_length": 64,
@@ -51,13 +53,19 @@ def crafted_gguf(
             kvs.append(_kv(f"llama.{key}", F64_TYPE, struct.pack("<d", value)))
         else:
             kvs.append(_kv(f"llama.{key}", U32_TYPE, _U32.pack(value)))
+    if tokens:
+        words = b"".join(_string(f"token-{i:07d}") for i in range(tokens))
+        array = _U32.pack(STRING_TYPE) + _U64.pack(tokens) + words
+        kvs.append(_kv("tokenizer.ggml.tokens", ARRAY_TYPE, array))
     tensor = _string("token_embd.weight") + _U32.pack(2) + _U64.pack(dims[0]) + _U64.pack(dims[1])
     tensor += _U32.pack(0) + _U64.pack(0)  # F32, data at offset 0
     offset = -(-dims[0] * dims[1] * 4 // 32) * 32
+    layers = []
     for il in range(layer_tensors):
-        tensor += _string(f"blk.{il}.attn_norm.weight") + _U32.pack(1) + _U64.pack(64)
-        tensor += _U32.pack(0) + _U64.pack(offset)
+        layers.append(_string(f"blk.{il}.attn_norm.weight") + _U32.pack(1) + _U64.pack(64))
+        layers.append(_U32.pack(0) + _U64.pack(offset))
         offset += 256
+    tensor += b"".join(layers)
     n_tensors = 1 + layer_tensors
     head = b"GGUF" + _U32.pack(3) + _U64.pack(n_tensors) + _U64.pack(len(kvs)) + b"".join(kvs)
     head += tensor

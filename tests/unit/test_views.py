@@ -78,6 +78,9 @@ class Registry:
     def spec(self, name: str) -> ModelSpec:
         return self.the_spec
 
+    def specs(self) -> dict[str, ModelSpec]:
+        return {self.the_spec.name: self.the_spec}
+
     def child(self, name: str) -> Child | None:
         return self.the_child
 
