@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
-"""The full soak (issue 5): 2,000 requests from 64 clients over 4 demo models, --models-max 2.
+"""The full soak (issues 5 and 48): 2,000 requests from 64 clients over 4 demo models,
+``--models-max 2 -c 512``, clients that give up after 60 s.
 
-Usage: hack/soak.py [--requests N] [--clients N] [--memory-limit SIZE] [--seed N]
-                    [--llama-server PATH] [--models DIR]
-Prints the figures (requests, successes, documented errors, invariant samples, max children
-seen, leaks found) and exits 1 when anything failed, leaked or broke an invariant. The same
-engine runs reduced in CI: tests/integration/test_soak.py. Run it in the project's venv.
+Usage: hack/soak.py [--target corral|llama.cpp] [--hog N] [--requests N] [--clients N]
+                    [--seed N] [--flag=F ...] [--corral-flag=F ...] [--llama-server PATH]
+                    [--models DIR] [--keep DIR]
+``--hog 2`` runs two spinning processes beside it (a busy machine); ``--target llama.cpp``
+runs llama.cpp's own router on the same plan. Prints the figures (failures, p99 wait, the
+children's own speed, invariant samples, leaks) and exits 1 when anything failed, leaked or
+broke an invariant. The same engine runs reduced in CI: tests/integration/test_soak.py.
+Run it in the project's venv.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import dataclasses
 import gc
 import importlib
 import importlib.util
@@ -44,7 +45,8 @@ from node_agent.config import AgentOptions, discovered_scheme
 from node_agent.errors import ApiError, ConfigError
 from node_agent.event_loop import running_asyncio_loop
 from node_agent.extras import install_hint
-from node_agent.llama_server.devices import no_turns_because
+from node_agent.llama_server.cpu_threads import child_threads
+from node_agent.llama_server.devices import env_threads, no_turns_because
 from node_agent.mcp.config import load_servers
 from node_agent.mcp.servers import McpServers
 from node_agent.model_files import log_model_file_problems
@@ -63,7 +65,7 @@ from node_agent.sources.catalog import (
 from node_agent.sources.download import Limits, cache_dir
 from node_agent.sources.hf_cache import hub_dir
 from node_agent.sources.preset_dir import directory_version, preset_files, preset_policy
-from node_agent.sources.spec import ModelSpec
+from node_agent.sources.spec import ModelSpec, merge_options
 from node_agent.state_home import state_home
 
 if TYPE_CHECKING:  # imported lazily (start-up time): pydantic, the memory ledger, peer discovery
@@ -146,7 +148,13 @@ class Agent:
         self.tag = f"{options.host}:{options.port}"
         self.catalog = self._read_catalog()
         self.memory = self._memory_watch(options)
-        no_turns = no_turns_because(devices, self.env) if options.cpu_turns > 0 else None
+        # Where the children compute on the CPU alone, each runs a thread per core but one
+        # unless LLAMA_ARG_THREADS or its own options say (llama_server/cpu_threads.py); the
+        # models whose child runs several threads take turns.
+        no_turns = no_turns_because(devices) if options.cpu_turns > 0 else None
+        given = env_threads(self.env)
+        cpu_only = no_turns_because(devices) is None
+        self.child_threads = child_threads() if cpu_only and given is None else None
         self.proxy = Proxy(
             timeout=options.timeout,
             client_timeout=options.client_timeout,
@@ -167,6 +175,7 @@ class Agent:
             downloads=download_settings(options, self.env),
             warm=self._warm_swaps(options),
             cpu_turn=0.0 if no_turns else options.cpu_turns,
+            child_threads=given or self.child_threads,
         )
         self._no_turns = no_turns  # said once it listens (start's errors are one line)
         self.registry.downloads.on_finished = self.reload  # a download becomes a cache model
@@ -307,6 +316,9 @@ class Agent:
         return problem
 
     def _make_child(self, spec: ModelSpec, on_event: Callable[[ChildEvent], None]) -> ChildProcess:
+        if self.child_threads is not None and not spec.chooses_threads:
+            threads = (("threads", str(self.child_threads)),)
+            spec = dataclasses.replace(spec, options=merge_options(spec.options, threads))
         config = child_config(spec, self.binary, self.options.load_timeout, self.tag)
         return ChildProcess(config, on_event=on_event, logs=self.logs_for(spec.name))
 
@@ -450,11 +462,19 @@ class Agent:
         log.info(
             "listening on %s (%d models; event loop: %s)", listening.url, len(self.catalog), loop
         )
+        if self.child_threads is not None:
+            log.info(
+                "children compute on the CPU alone: each runs %d thread%s, a core is left to "
+                "the rest of the machine (a model's own -t wins; one of a single thread takes "
+                "no turns)",
+                self.child_threads,
+                "" if self.child_threads == 1 else "s",
+            )
         if self._no_turns:
             log.info("models compute at once, without turns (--cpu-turns): %s", self._no_turns)
         elif self.registry.scheduler.turn > 0:
             log.info(
-                "children compute on the CPU alone: models take turns of at most %gs "
+                "models whose child runs several threads take turns on the CPU of at most %gs "
                 "(--cpu-turns; 0: off)",
                 self.registry.scheduler.turn,
             )

@@ -64,11 +64,12 @@ Corral's own:
                               completion); one that fails the probe too is killed as wedged
                               and loads again when asked (default 5; 0: only stalls)
   --cpu-turns DURATION        where the children compute on the CPU alone (llama-server
-                              --list-devices lists no GPU), models take turns: two children
-                              computing at once each run a thread per core, and both slow
-                              down many times over; a turn holds the next model back at
-                              most this long, then they share the cores (default 1s; 0: off,
-                              as in llama.cpp; a model with its own -t, -C or -Cr takes none)
+                              --list-devices lists no GPU), each runs a thread per core but
+                              one, and models whose child runs several take turns: two at
+                              once spin at each other's barriers and both slow down many
+                              times over; a turn holds the next model back at most this
+                              long, then they share the cores (default 1s; 0: off, as in
+                              llama.cpp; one of a single thread, or -C/-Cr, takes none)
   --shutdown-timeout SECONDS  on SIGTERM: drain and stop within this long, then kill (default
                               30; a second SIGTERM/SIGINT kills at once)
   --client-timeout SECONDS    a client must send its request head or body, or take streamed

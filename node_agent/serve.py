@@ -150,8 +150,8 @@ def main(argv: Sequence[str], probe: BinaryProbe | None = None) -> int:
     try:
         options = with_vertex(options, env)
         with asyncio.Runner(loop_factory=loop_factory(options.event_loop)) as runner:
-            # (only turns need the devices: --cpu-turns 0 does not wait for them)
-            devices = probe.devices() if options.cpu_turns > 0 else None
+            # (the children's threads and the turns need them: llama_server/cpu_threads.py)
+            devices = probe.devices()
             runner.run(serve(options, binary, build_info(binary_version), env, devices))
     except CorralError as exc:
         print(f"corral agent: {exc}", file=sys.stderr)

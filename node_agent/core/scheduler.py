@@ -18,6 +18,14 @@ router (``server_models_sched``) and close the races that router leaves open:
   queue entry, not pinned; lowest ``priority`` first, then least recently *used* (only
   inference requests make a model younger). Nothing is preempted: when only busy models could
   make room, the queue waits.
+* **Order across models.** A model that waits for room has waited :attr:`Scheduler.patience`
+  seconds while every model that could make room is busy: the best of those (the victim
+  order, below) takes no new request from then on, its new requests queue behind the
+  waiting one, and once its requests in flight end it is evicted as an idle one would be.
+  Without it a later request for a busy model went ahead of an earlier one for a model that
+  waited for room, for as long as requests kept the busy ones busy (issue 48: under a soak
+  of 64 clients, a request that waited more than 4 s saw a median 57 later requests for
+  other models answered first). Nothing in flight is cut.
 * **Leases.** A request takes its lease in the same step that sees the model ready, so a model
   can never be chosen as a victim between "ready" and "request sent" (a live race in
   llama.cpp's router). A stopping (draining) model takes no new lease: its new requests wait
@@ -180,6 +188,9 @@ class _Model:
     errors: int = 0  # requests in a row its child failed with a 5xx of its own
     suspicion: str | None = None  # why its child is being probed (Scheduler._judge)
     wedged: str | None = None  # why its child is being killed as wedged
+    # The waiting model it makes room for: it takes no new lease, and goes once idle (the
+    # order across models, Scheduler._order_across_models); None: it serves as usual.
+    yields_to: str | None = None
     turn_at: float = -math.inf  # when its child last began to compute (a slot lease from none)
     # When it last stopped computing (its slot leases went to none): who computed least
     # recently, where a turn's start would put a long generation's model first.
@@ -199,6 +210,10 @@ class _Model:
     def ttl(self) -> float | None:
         return self.config.ttl if self.keep_alive is Keep.DEFAULT else self.keep_alive
 
+
+# Seconds a model waits for room before a busy model makes room for it (the order across
+# models, Scheduler._order_across_models).
+PATIENCE = 2.0
 
 # Crash-loop backoff: the first failure may be retried at once (a crash of a model that ran
 # fine is worth one immediate reload); from the second failure in a row on, wait 1 s, 2 s,
@@ -246,6 +261,7 @@ class _Entry:
     """One queue entry: every request waiting for one model, in arrival order."""
 
     model: str
+    since: float = 0.0  # when its first waiter came (how long it has waited for room)
     waiters: dict[int, _Waiter] = field(default_factory=dict)
     claimed: bool = False  # a waiter was told to load; the load is the registry's from then on
     spawned: bool = False  # the claimed load has a child process now
@@ -315,6 +331,7 @@ class Scheduler:
         max_queue: int | None = None,
         child_errors: int = 0,
         turn: float = 0.0,
+        patience: float = PATIENCE,
     ) -> None:
         # llama.cpp: --models-max <= 0 means unlimited instances.
         self.models_max = models_max
@@ -327,6 +344,9 @@ class Scheduler:
         # --cpu-turns: how long a model that takes turns (ModelConfig.turns) computes before
         # the next one waiting may compute beside it (0: they never wait for each other)
         self.turn = turn
+        # How long a model waits for room before a busy model makes room for it (the order
+        # across models; math.inf: never, a busy model serves for as long as it is asked).
+        self.patience = patience
         self._models: dict[str, _Model] = {}
         # Models with a child (any state but unloaded), and those stopping: in the order they
         # came to be (dicts as ordered sets: views and wait reasons list them in that order).
@@ -452,6 +472,7 @@ class Scheduler:
         self.join(
             name,
             waiter=waiter,
+            since=now,
             info=_Waiter(
                 request.inference,
                 request.slot,
@@ -566,7 +587,10 @@ class Scheduler:
         claimed loads, and drains that are over."""
         for name in self.expired(now):
             self._drain(name, "ttl", now, out)
+        self._order_across_models(now)
         self._answer_waiters(now, out)
+        # Once more: a model that the answers made busy (it was loading) may have to make room.
+        self._order_across_models(now)
         while True:
             for eviction in self.tick(now):
                 model = self._models[eviction.model]
@@ -670,6 +694,9 @@ class Scheduler:
             if not model.stop_sent and model.drain_until is not None and model.in_flight:
                 times.append(model.drain_until)
         times += self._turn_ends()
+        head = self._head()
+        if head is not None and self.models_max > 0 and self.patience < math.inf:
+            times.append(head.since + self.patience)  # a busy model may have to make room
         for name in self._running:
             model = self._models[name]
             ttl = model.ttl()
@@ -751,6 +778,8 @@ class Scheduler:
         model = self._models[name]
         if self.closing or model.stopping or model.state not in USABLE:
             return None
+        if model.yields_to is not None:
+            return None
         if slot and not (model.slot_free() and self._turn_allows(model, now)):
             return None
         model.in_flight += 1
@@ -783,13 +812,21 @@ class Scheduler:
             # Its keep_alive governs what follows it (KeepAliveValue): none, the default.
             model.keep_alive = lease.keep_alive
 
-    def join(self, name: str, *, waiter: int | None = None, info: _Waiter | None = None) -> int:
-        """A request waits for ``name``; returns its waiter id (one entry per model)."""
+    def join(
+        self,
+        name: str,
+        *,
+        waiter: int | None = None,
+        info: _Waiter | None = None,
+        since: float = 0.0,
+    ) -> int:
+        """A request waits for ``name``; returns its waiter id (one entry per model, which
+        counts its wait from ``since``, when its first waiter came)."""
         if name not in self._models:
             raise KeyError(name)
         entry = self._queue.get(name)
         if entry is None:
-            entry = self._queue[name] = _Entry(name)
+            entry = self._queue[name] = _Entry(name, since)
         if waiter is None:
             waiter = next(self._ids)
         entry.add(waiter, info or _Waiter())
@@ -1058,6 +1095,7 @@ class Scheduler:
         if model is None or not model.state.running or model.stopping:
             return False
         model.stopping = True
+        model.yields_to = None
         self._stopping[name] = None
         return True
 
@@ -1135,6 +1173,54 @@ class Scheduler:
             return []
         return [m.turn_at + self.turn for m in takers if m.busy]
 
+    # -- order across models ------------------------------------------------------------------
+
+    def _order_across_models(self, now: float) -> None:
+        """Which models make room for the queue's head (see the module's docstring): as many
+        as the slots still missing beyond the other idle victims, once the head has waited
+        its patience. A model that makes room keeps doing so while it is still needed (its
+        requests ending make it younger: that must not hand the part to another), and serves
+        again once it is not."""
+        wanted = 0
+        head = self._head()
+        if head is not None and self.models_max > 0 and now >= head.since + self.patience:
+            free = self._free() or 0
+            needed = self._counts()[3]
+            idle = [n for n in self.victim_candidates(now) if self._models[n].yields_to is None]
+            wanted = max(0, needed - free - len(idle))
+        for n, model in enumerate(self._room_makers(now)):
+            model.yields_to = head.model if n < wanted and head is not None else None
+
+    def _room_makers(self, now: float) -> list[_Model]:
+        """The models that could make room for the head, best first: those that make room
+        already (the idle ones first: they go now), then the busy ones in the victim order
+        (pins and a minimum residency kept, as for an idle victim)."""
+        factor = self.residency_factor
+        makers = [
+            m
+            for m in (self._models[n] for n in self._running)
+            if m.state in USABLE
+            and (m.in_flight > 0 or m.yields_to is not None)
+            and not m.stopping
+            and not m.pin
+            and not (
+                m.swapped_in
+                and m.uses >= HOT_USES
+                and now < resident_until(m.ready_at, m.load_seconds, factor)
+            )
+        ]
+        makers.sort(
+            key=lambda m: (
+                m.yields_to is None,
+                m.in_flight > 0,
+                m.priority,
+                keep_value(m.load_seconds, m.last_used, now),
+                m.last_used,
+                m.name,
+            )
+        )
+        return makers
+
     # -- capacity and victims ----------------------------------------------------------------
 
     def _needs_load(self, entry: _Entry) -> bool:
@@ -1174,7 +1260,7 @@ class Scheduler:
             and m.in_flight == 0
             and not m.stopping
             and not m.pin
-            and m.name not in self._queue
+            and (m.name not in self._queue or m.yields_to is not None)
         ]
         if now is None:
             candidates.sort(key=lambda m: (m.priority, m.last_used, m.name))
@@ -1275,6 +1361,11 @@ class Scheduler:
         entry = self._queue.get(name)
         if model.state is ModelState.LOADING or (entry is not None and entry.claimed):
             return f"{name} is loading"
+        if model.yields_to is not None:
+            return (
+                f"{name} makes room for {model.yields_to}, which waited longer "
+                f"({model.in_flight} in flight)"
+            )
         if model.state in USABLE and not model.slot_free():
             return f"all {model.config.slots} slots of its server stayed busy"
         if model.state in USABLE and model.config.turns and self.turn > 0:

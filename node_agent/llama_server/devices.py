@@ -2,10 +2,10 @@
 
 llama.cpp lists every device but the CPU (GPUs, and accelerators such as BLAS), or
 ``(none)``. With none but libraries that compute on the CPU's cores (BLAS), every child
-computes on the CPU, with a thread per core by default, and the agent makes models take
-turns (``--cpu-turns``, core/scheduler.py). Asked at start-up, in a thread beside
-``--version`` and ``--help`` (binary_probe.py), once per binary and device selectors
-(``answers.py``).
+computes on the CPU: the agent gives each a thread per core but one (cpu_threads.py), and
+makes the models whose child runs more than one thread take turns (``--cpu-turns``,
+core/scheduler.py). Asked at start-up, in a thread beside ``--version`` and ``--help``
+(binary_probe.py), once per binary and device selectors (``answers.py``).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ LIST_TIMEOUT = 20.0
 # llama.cpp's own variable for a child's threads (``-t``): set in the agent's environment,
 # every child inherits it.
 THREADS_ENV = "LLAMA_ARG_THREADS"
-# The options that give a child's generation its cores (canonical names; ``threads`` too,
-# when above 0): a model with one of them shares the CPU as its user chose, and takes no
-# turns. (``-tb`` alone sets the prompt's threads: its tokens still take a thread per core.)
+# The options that give a child's generation cores of its own (canonical names): a model with
+# one of them shares the CPU as its user chose, and takes no turns. (``-tb`` alone sets the
+# prompt's threads: its tokens still take the threads of ``-t``.)
 CORE_OPTIONS = ("cpu-mask", "cpu-range")
 # Devices llama.cpp lists that compute on the CPU's own cores (ggml's BLAS and ZenDNN backends,
 # "accelerators" to ggml): a CPU build with one still runs a thread per core in each child.
@@ -79,23 +79,28 @@ def known_devices(binary: Path, answers: Answers, env: Mapping[str, str]) -> tup
     return devices
 
 
-def threads_given(value: object) -> bool:
-    """A ``-t`` value (or ``LLAMA_ARG_THREADS``) that sets the threads: llama.cpp takes one
-    below 1 (``-1``, its default) as a thread per core."""
+def threads_given(value: object) -> int | None:
+    """The threads a ``-t`` value (or ``LLAMA_ARG_THREADS``) sets, or None for one that sets
+    none: llama.cpp takes one below 1 (``-1``, its default) as a thread per core. A value
+    that is not a number counts as 2 (several: the child refuses it anyway)."""
     try:
-        return int(str(value).strip()) > 0
+        count = int(str(value).strip())
     except ValueError:
-        return True  # not a number: the child refuses it, whatever the turns
+        return 2
+    return count if count > 0 else None
 
 
-def no_turns_because(devices: tuple[str, ...] | None, env: Mapping[str, str]) -> str | None:
-    """Why models would not take turns on this machine (``--cpu-turns``), or None where they
-    would: the children compute on the CPU alone (a BLAS library too computes on its
-    cores), each with a thread per core."""
+def env_threads(env: Mapping[str, str]) -> int | None:
+    """The threads ``LLAMA_ARG_THREADS`` gives every child, or None."""
+    return threads_given(env.get(THREADS_ENV, "-1"))
+
+
+def no_turns_because(devices: tuple[str, ...] | None) -> str | None:
+    """Why the children would not compute on the CPU alone, or None where they do (a BLAS
+    library too computes on its cores): only then do models take turns (``--cpu-turns``)
+    and does the agent choose their threads."""
     if devices is None:
         return "llama-server --list-devices did not say what its children compute on"
-    if threads_given(env.get(THREADS_ENV, "-1")):
-        return f"{THREADS_ENV} gives every child its threads"
     gpus = [device for device in devices if device.partition(":")[0] not in CPU_LIBRARIES]
     if gpus:
         return f"the children may compute on {gpus[0].partition(' (')[0]}"

@@ -150,6 +150,7 @@ class Registry:
         probe_timeout: float = DEFAULT_PROBE_TIMEOUT,
         warm: WarmSwaps | None = None,
         cpu_turn: float = 0.0,
+        child_threads: int | None = None,
     ) -> None:
         self._sched = Scheduler(
             models_max,
@@ -160,6 +161,8 @@ class Registry:
             turn=cpu_turn,
         )
         self.memory = memory
+        # The threads every child runs unless its own options say (None: a thread per core).
+        self.child_threads = child_threads
         self.probe_timeout = probe_timeout  # each step of a suspect child's probe
         self.ttl = ttl  # seconds idle before unload, for models without their own ``ttl``
         self.queue_timeout = queue_timeout
@@ -227,8 +230,7 @@ class Registry:
             slots=spec.slots,
             ttl=ttl,
             stop_timeout=spec.stop_timeout,
-            # A model given threads or cores of its own shares the CPU as its user chose.
-            turns=self._sched.turn > 0 and not spec.own_threads,
+            turns=self._sched.turn > 0 and spec.takes_turns(self.child_threads),
         )
 
     def resolve(self, name: str) -> str | None:

@@ -186,15 +186,36 @@ class ModelSpec:
         return parallel if parallel > 0 else DEFAULT_PARALLEL
 
     @property
-    def own_threads(self) -> bool:
-        """Its options or environment give its child a number of threads or a set of cores
-        (else llama-server runs a thread per core)."""
+    def own_threads(self) -> int | None:
+        """The threads its own options or environment give its child (``-t`` above 0, or
+        ``LLAMA_ARG_THREADS``), or None where they give none."""
         threads = self.get("threads")
-        if threads is not None and threads_given(threads):
-            return True
-        return any(self.get(name) is not None for name in CORE_OPTIONS) or any(
-            key == THREADS_ENV and threads_given(value) for key, value in self.env
+        if threads is not None and (count := threads_given(threads)) is not None:
+            return count
+        for key, value in self.env:
+            if key == THREADS_ENV and (count := threads_given(value)) is not None:
+                return count
+        return None
+
+    @property
+    def chooses_threads(self) -> bool:
+        """Its options or environment say how many threads, or which cores, its child runs
+        (llama.cpp's default ``-t -1`` included): the agent then gives it none."""
+        return (
+            self.get("threads") is not None
+            or any(key == THREADS_ENV for key, _ in self.env)
+            or any(self.get(name) is not None for name in CORE_OPTIONS)
         )
+
+    def takes_turns(self, threads: int | None) -> bool:
+        """Whether its child computes with several threads on the shared cores, and so takes
+        turns on the CPU (``--cpu-turns``): its own threads, else ``threads`` (every child's,
+        None: llama-server's thread per core). Not one with cores of its own (``-C``, ``-Cr``),
+        nor one of a single thread: that never waits for another at ggml's barriers."""
+        if any(self.get(name) is not None for name in CORE_OPTIONS):
+            return False
+        count = self.own_threads or threads
+        return count is None or count > 1
 
     @property
     def model_path(self) -> str | None:

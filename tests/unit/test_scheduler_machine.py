@@ -9,6 +9,8 @@ the invariants the agent's safety rests on are checked.
 * A stopped child is told to stop once, and only after it was drained.
 * Every event has the effects it has on a scheduler that looks at every waiter on every event
   (:class:`FullScan`): the one that looks at a few of them answers the same waiters alike.
+* A model that waited its patience for room has a child on its way out or making room for
+  it (the order across models).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from node_agent.core.model_state import ModelState, Transition
+from node_agent.core.model_state import USABLE, ModelState, Transition
 from node_agent.core.scheduler import Scheduler, _Entry
 from node_agent.core.scheduler_events import (
     Catalog,
@@ -229,6 +231,24 @@ class SchedulerMachine(RuleBasedStateMachine):
     def every_waiter_is_queued_or_answered(self) -> None:
         queued = sum(view for _, view in self.sched.statistics().queue)
         assert queued == len(self.waiting), (self.sched.statistics().queue, self.waiting)
+
+    @invariant()
+    def a_long_wait_for_room_has_room_on_its_way(self) -> None:
+        """The order across models (issue 48): once the head has waited its patience for
+        room, some child is on its way out or makes room for it, unless none could."""
+        sched = self.sched
+        head = sched._head()
+        if head is None or sched.closing or self.now < head.since + sched.patience:
+            return
+        running, stopping, claimed, needed = sched._counts()
+        if MODELS_MAX - running + stopping - claimed >= needed:
+            return  # the room is there: the head claims it on the next event
+        models = [sched._models[name] for name in sched._running]
+        usable = [m for m in models if m.state in USABLE and not m.stopping]
+        assert not usable or any(m.stopping or m.yields_to for m in models), (
+            head.model,
+            [(m.name, m.state, m.in_flight, m.yields_to) for m in models],
+        )
 
     @invariant()
     def closing_answers_everyone(self) -> None:
