@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,17 +12,10 @@ import ollama
 import pytest
 
 from tests.integration.harness import AgentProcess, http
-from tests.integration.hf_server import HubServer, start_hub
+from tests.integration.hf_server import HubServer
+from tests.integration.test_cli_ops import REPO, hub  # a hub serving demo-tiny as REPO
 
-REPO = "corral-test/tiny"
-
-
-@pytest.fixture
-def hub(demo_dir: Path) -> Iterator[HubServer]:
-    server = start_hub()
-    server.add(REPO, {"tiny-Q8_0.gguf": (demo_dir / "demo-tiny.gguf").read_bytes()})
-    yield server
-    server.close()
+__all__ = ["hub"]  # (a fixture: pytest finds it by its name here)
 
 
 @pytest.mark.parametrize("pulled", [REPO, f"hf.co/{REPO}", f"{REPO}:q8_0"])
