@@ -269,7 +269,12 @@ class Agent:
         """The warm folder when --warm-cache-size turned warm swaps on (off by default)."""
         if options.warm_cache_size <= 0:
             return None
-        return WarmSwaps(state_home(self.env) / "warm", options.warm_cache_size, self.binary)
+        return WarmSwaps(
+            state_home(self.env) / "warm",
+            options.warm_cache_size,
+            self.binary,
+            keyed=bool(options.api_keys),
+        )
 
     @staticmethod
     def _memory_watch(options: AgentOptions) -> MemoryWatch | None:

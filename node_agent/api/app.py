@@ -51,12 +51,14 @@ from node_agent.api.peer_view import setup_peer_view
 from node_agent.api.replies import error_response, json_reply
 from node_agent.api.request_record import Exchange, begin_exchange
 from node_agent.api.state import PROXIED_GET, PROXIED_POST, STATE, AgentState, RouterSettings
+from node_agent.api.tenants import TENANT, request_tenant
 from node_agent.api.tools_api import setup_tools
 from node_agent.api.ui import setup_ui
 from node_agent.api.vertex import setup_vertex
 from node_agent.api.views import router_props
 from node_agent.clip import clip
 from node_agent.core.scheduler_events import Keep, KeepAliveValue, Lease
+from node_agent.core.warm_book import tenant_of
 from node_agent.errors import ApiError
 from node_agent.runtime.model_run import FAKE_TIMING_SECONDS
 from node_agent.runtime.registry import Registry
@@ -106,13 +108,19 @@ def given_api_key(headers: Mapping[str, str]) -> str:
     return key.removeprefix("Bearer ")
 
 
-def key_matches(given: str, keys: tuple[str, ...]) -> bool:
-    """Constant-time comparison against every key, so timing does not tell how much matched."""
+def matching_key(given: str, keys: tuple[str, ...]) -> str | None:
+    """The key ``given`` is, if any: compared with every key in constant time, so timing
+    does not tell how much matched, or which."""
     offered = given.encode()
-    found = False
+    found = None
     for key in keys:
-        found |= hmac.compare_digest(offered, key.encode())
+        if hmac.compare_digest(offered, key.encode()):
+            found = key
     return found
+
+
+def key_matches(given: str, keys: tuple[str, ...]) -> bool:
+    return matching_key(given, keys) is not None
 
 
 def auth_middleware(keys: tuple[str, ...], metrics_keys: tuple[str, ...] = ()) -> Any:
@@ -130,7 +138,10 @@ def auth_middleware(keys: tuple[str, ...], metrics_keys: tuple[str, ...] = ()) -
                 and request.method == "GET"
                 and "model" not in request.query
             )
-            if not key_matches(given, keys) and not (scrape and key_matches(given, metrics_keys)):
+            key = matching_key(given, keys)
+            if key is not None:
+                request[TENANT] = tenant_of(key)
+            elif not (scrape and key_matches(given, metrics_keys)):
                 raise ApiError(401, "Invalid API Key")
         return await handler(request)
 
@@ -217,7 +228,9 @@ async def _websocket(request: web.Request, state: AgentState, name: str) -> web.
     """A WebSocket session (``/v1/realtime?model=``): the model is leased for its whole
     life, as a use (it makes the model younger), without one of the child's slots."""
     autoload = _autoload(request, state.settings)
-    lease = await state.registry.acquire(name, autoload=autoload, inference=True, slot=False)
+    lease = await state.registry.acquire(
+        name, autoload=autoload, inference=True, slot=False, tenant=request_tenant(request)
+    )
     try:
         if lease.port is None:
             raise ApiError(500, f"model name={name} is not running")
@@ -242,6 +255,7 @@ async def _proxy(
         autoload=_autoload(request, state.settings),
         inference=inference,
         keep_alive=keep_alive,
+        tenant=request_tenant(request),
     )
     exchange.leased()
     return await _send(request, state, name, body, lease, exchange, False, buffered=buffered)

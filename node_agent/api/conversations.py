@@ -37,6 +37,7 @@ from node_agent.api.bodies import read_control_body
 from node_agent.api.body_fields import loads
 from node_agent.api.request_record import Exchange, begin_exchange
 from node_agent.api.state import STATE, AgentState
+from node_agent.api.tenants import request_tenant
 from node_agent.core.conversations import MAX_ID_CHARS, ConversationBook, StreamRoute, detaches
 from node_agent.core.model_state import ModelState
 from node_agent.core.scheduler_events import Keep, KeepAliveValue, Lease
@@ -128,7 +129,10 @@ class Conversations:
         send: Send,
         detached: bool,
     ) -> web.StreamResponse:
-        lease = await self._acquire(name, conv_id, ticket, autoload=autoload, keep_alive=keep_alive)
+        lease = await self._acquire(
+            name, conv_id, ticket,
+            autoload=autoload, keep_alive=keep_alive, tenant=request_tenant(request),
+        )  # fmt: skip
         exchange.leased()
         if not self.book.alive(conv_id, ticket):
             # Replaced by a newer request of the conversation, or stopped, as the lease came.
@@ -142,14 +146,21 @@ class Conversations:
             self.book.sending(ticket, False)
 
     async def _acquire(
-        self, name: str, conv_id: str, ticket: int, *, autoload: bool, keep_alive: KeepAliveValue
+        self,
+        name: str,
+        conv_id: str,
+        ticket: int,
+        *,
+        autoload: bool,
+        keep_alive: KeepAliveValue,
+        tenant: str,
     ) -> Lease:
         """The lease, unless a stop for the conversation comes first (then 400, cancelled)."""
         if not self.book.park(conv_id, ticket):
             raise ApiError(400, CANCELLED)
         stop = self._stops[ticket] = asyncio.Event()
         acquire = asyncio.ensure_future(
-            self._registry.acquire(name, autoload=autoload, keep_alive=keep_alive)
+            self._registry.acquire(name, autoload=autoload, keep_alive=keep_alive, tenant=tenant)
         )
         stopped = asyncio.ensure_future(stop.wait())
         try:

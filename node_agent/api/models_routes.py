@@ -49,6 +49,7 @@ from node_agent.api.conversations import CONVERSATIONS
 from node_agent.api.long_lived import until_shutdown
 from node_agent.api.replies import json_bytes, json_reply
 from node_agent.api.state import STATE, AgentState, LogsFor
+from node_agent.api.tenants import request_tenant
 from node_agent.api.views import model_entry
 from node_agent.child.ports import CHILD_HOST
 from node_agent.clip import clip
@@ -170,7 +171,7 @@ async def load_model(request: web.Request) -> web.StreamResponse:
     canonical = registry.resolve(model)
     if canonical is None:
         raise ApiError(404, f"model '{clip(model)}' not found")
-    await registry.load(canonical)
+    await registry.load(canonical, tenant=request_tenant(request))
     return json_reply({"success": True})
 
 

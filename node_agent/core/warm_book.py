@@ -9,6 +9,13 @@ for the model's **identity**: its GGUF (path, size, modification time), the bina
 option of the child (a cache saved under other options — context, KV types, rope, LoRA,
 flash attention — must never be restored: it would be garbage or refused). Any change of
 those is another identity, whose files are simply never asked for again and age out.
+
+Each file is also a **tenant**'s: the API key whose requests filled the child's caches (every
+client is one tenant on an agent without keys). A child that served several keys' requests
+is not saved, and a saved cache goes only into a child loaded for its own key's requests
+alone: another key's exact guess of a prompt must not find it cached (issue 50, row 5). Its
+name carries the checksum of what the child wrote; a file that differs from it (cut short,
+bytes flipped) is never handed to a child, which would abort or answer from garbage (row 6).
 """
 
 from __future__ import annotations
@@ -16,23 +23,43 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Sequence, Set
 from dataclasses import dataclass
 from typing import Final
 
 KEY_CHARS: Final = 16  # hex digits of a model identity in a file's name
-_FILE = re.compile(rf"^(?P<key>[0-9a-f]{{{KEY_CHARS}}})-slot(?P<slot>\d{{1,4}})\.bin$")
+TENANT_CHARS: Final = 16  # hex digits of a tenant (a digest of its API key)
+SUM_CHARS: Final = 32  # hex digits of a file's checksum (SHA-256, cut: corruption, not forgery)
+_FILE = re.compile(
+    rf"^(?P<key>[0-9a-f]{{{KEY_CHARS}}})-(?P<tenant>[0-9a-f]{{{TENANT_CHARS}}})"
+    rf"-slot(?P<slot>\d{{1,4}})(?:-(?P<sum>[0-9a-f]{{{SUM_CHARS}}}))?\.bin$"
+)
+_TENANT = re.compile(rf"[0-9a-f]{{{TENANT_CHARS}}}")
+
+
+def tenant_of(api_key: str) -> str:
+    """The tenant of requests made with ``api_key`` ("": an agent without keys, whose
+    clients are all one tenant). A digest: the key itself is never written to disk."""
+    digest = hashlib.sha256(b"corral warm tenant\0" + api_key.encode()).hexdigest()
+    return digest[:TENANT_CHARS]
+
+
+OPEN: Final = tenant_of("")  # every client of an agent without API keys
+NOBODY: Final = ""  # a lease no client is known for: its child's caches are never saved
 
 
 @dataclass(frozen=True)
 class SavedSlot:
-    """One saved prompt cache: its file, whose it is, its size, when it was last used."""
+    """One saved prompt cache: its file, whose it is, its size, when it was last used, and
+    the checksum of what the child wrote (None: not sealed yet, never restored)."""
 
     name: str
     key: str
+    tenant: str
     slot: int
     size: int
     used: float
+    sum: str | None = None
 
 
 def identity(
@@ -47,9 +74,19 @@ def identity(
     return hashlib.sha256(text.encode()).hexdigest()[:KEY_CHARS]
 
 
-def slot_file(key: str, slot: int) -> str:
-    """The file name of ``key``'s saved slot ``slot`` (what the child is asked to write)."""
-    return f"{key}-slot{slot}.bin"
+def slot_file(key: str, tenant: str, slot: int) -> str:
+    """The name the child is asked to write ``key``'s slot ``slot`` to, for ``tenant``."""
+    return f"{key}-{tenant}-slot{slot}.bin"
+
+
+def sealed_file(written: str, checksum: str) -> str:
+    """The name a written slot file takes once its checksum is known."""
+    return f"{written.removesuffix('.bin')}-{checksum[:SUM_CHARS]}.bin"
+
+
+def checksum_matches(saved: SavedSlot, checksum: str) -> bool:
+    """Whether a file's content is what was saved (its SHA-256 against its name's)."""
+    return saved.sum is not None and checksum[:SUM_CHARS] == saved.sum
 
 
 def parse_file(name: str, size: int, used: float) -> SavedSlot | None:
@@ -57,7 +94,38 @@ def parse_file(name: str, size: int, used: float) -> SavedSlot | None:
     match = _FILE.match(name)
     if match is None:
         return None
-    return SavedSlot(name, match["key"], int(match["slot"]), size, used)
+    slot = int(match["slot"])
+    return SavedSlot(name, match["key"], match["tenant"], slot, size, used, match["sum"])
+
+
+def save_tenant(served: Set[str]) -> str | None:
+    """Whose a child's caches are, from the tenants of the requests it served: the one
+    tenant; None (they are not saved) when it served several, or one that has no name."""
+    if len(served) != 1:
+        return None
+    (tenant,) = served
+    return tenant if _TENANT.fullmatch(tenant) else None
+
+
+def restorable(saved: Iterable[SavedSlot], key: str, waiting: Set[str]) -> list[SavedSlot]:
+    """``key``'s sealed caches that may go into its new child, one per slot (the newest):
+    those of the one tenant whose requests the child is loaded for. None when several
+    tenants wait (another's guess would find a restored cache) or none does."""
+    tenant = save_tenant(waiting)
+    newest: dict[int, SavedSlot] = {}
+    for s in saved:
+        if s.key != key or s.tenant != tenant or s.sum is None:
+            continue
+        if s.slot not in newest or s.used > newest[s.slot].used:
+            newest[s.slot] = s
+    return [newest[slot] for slot in sorted(newest)]
+
+
+def superseded(saved: Iterable[SavedSlot], written: Iterable[SavedSlot]) -> list[str]:
+    """The files a save made stale: the others of each written file's key, tenant and slot
+    (an older save, or the unsealed file it was written as)."""
+    places = {(w.key, w.tenant, w.slot): w.name for w in written}
+    return [s.name for s in saved if places.get((s.key, s.tenant, s.slot), s.name) != s.name]
 
 
 def over_budget(saved: Sequence[SavedSlot], budget: int, keep: Iterable[str] = ()) -> list[str]:

@@ -27,6 +27,7 @@ from aiohttp import web
 
 from node_agent.api.replies import with_preset_fix
 from node_agent.api.state import STATE, AgentState
+from node_agent.api.tenants import request_tenant
 from node_agent.child.keys import child_key
 from node_agent.child.ports import CHILD_HOST
 from node_agent.core.scheduler_events import Keep, KeepAliveValue
@@ -95,11 +96,12 @@ async def serve(
     keep_alive: KeepAliveValue = (
         Keep.DEFAULT if wanted.keep_alive is None else parse_keep_alive(wanted.keep_alive)
     )
+    tenant = request_tenant(request)
     if _nothing_to_say(wanted):
-        return await _load_or_unload(state, wanted, name, keep_alive)
+        return await _load_or_unload(state, wanted, name, keep_alive, tenant)
     started = time.monotonic_ns()
     lease = await registry.acquire(
-        name, autoload=state.settings.models_autoload, keep_alive=keep_alive
+        name, autoload=state.settings.models_autoload, keep_alive=keep_alive, tenant=tenant
     )
     try:
         load_ns = time.monotonic_ns() - started
@@ -138,7 +140,7 @@ def _nothing_to_say(wanted: Translated) -> bool:
 
 
 async def _load_or_unload(
-    state: AgentState, wanted: Translated, name: str, keep_alive: KeepAliveValue
+    state: AgentState, wanted: Translated, name: str, keep_alive: KeepAliveValue, tenant: str
 ) -> web.Response:
     registry = state.registry
     reason = "load"
@@ -148,7 +150,7 @@ async def _load_or_unload(
         reason = "unload"
     else:
         lease = await registry.acquire(
-            name, autoload=state.settings.models_autoload, keep_alive=keep_alive
+            name, autoload=state.settings.models_autoload, keep_alive=keep_alive, tenant=tenant
         )
         registry.release(lease)
     said: dict[str, Any] = (

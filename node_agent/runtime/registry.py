@@ -65,6 +65,7 @@ from node_agent.core.scheduler_events import (
     Woke,
 )
 from node_agent.core.victims import RESIDENCY_FACTOR
+from node_agent.core.warm_book import NOBODY
 from node_agent.errors import ApiError
 from node_agent.runtime.event_hub import Event as HubEvent
 from node_agent.runtime.event_hub import EventHub
@@ -125,6 +126,7 @@ class _Waiter:
     future: asyncio.Future[Lease | None]
     model: str
     direct: bool
+    tenant: str | None  # whose prompts it brings (None: none, a conversation's replay)
 
 
 class Registry:
@@ -347,6 +349,7 @@ class Registry:
         inference: bool = True,
         slot: bool = True,
         keep_alive: KeepAliveValue = Keep.DEFAULT,
+        tenant: str = NOBODY,
     ) -> Lease:
         """Wait until ``name`` can take a request and lease it; load it when allowed.
 
@@ -356,6 +359,7 @@ class Registry:
         turn, a slot), and ``--max-queue`` the waiters per model: beyond either, 503 with
         Retry-After; so does every request once the agent is closing. ``keep_alive``: the
         request's (Ollama's), how long the model stays once idle after it (parse_keep_alive).
+        ``tenant``: whose prompts it brings (``api.tenants``; warm swaps keep them apart).
         """
         self._refuse_if_closing()
         deadline = None if self.queue_timeout is None else self._clock() + self.queue_timeout
@@ -383,18 +387,21 @@ class Registry:
         request = Request(
             waiter, name, inference, slot, autoload, deadline=deadline, keep_alive=keep_alive
         )
-        lease = await self._wait(request)
+        brings = tenant if inference or slot else None
+        lease = await self._wait(request, brings)
         assert lease is not None
+        if self.warm is not None and brings is not None:
+            self.warm.served(name, brings)
         return lease
 
     def _left(self, deadline: float | None) -> float | None:
         return None if deadline is None else max(0.0, deadline - self._clock())
 
-    async def _wait(self, request: Request) -> Lease | None:
+    async def _wait(self, request: Request, tenant: str | None) -> Lease | None:
         """Hand ``request`` to the scheduler and wait for its answer (a lease; None for a
         direct load, once its child exists)."""
         future: asyncio.Future[Lease | None] = asyncio.get_running_loop().create_future()
-        self._waiters[request.waiter] = _Waiter(future, request.model, request.direct)
+        self._waiters[request.waiter] = _Waiter(future, request.model, request.direct, tenant)
         try:
             self._submit(request)
             return await future
@@ -409,12 +416,15 @@ class Registry:
             if not future.done() or future.cancelled():
                 self._submit(Leave(request.waiter))
 
-    async def load(self, name: str) -> None:
+    async def load(self, name: str, *, tenant: str | None = None) -> None:
         """``POST /models/load``: start loading ``name``; returns once its child is spawned
         (``loading``), like llama.cpp, or raises when it could not be. A preset whose file
         must be downloaded first returns once the download is on its way (``downloading``):
-        llama.cpp answers at once too (its child downloads), and the load goes on."""
+        llama.cpp answers at once too (its child downloads), and the load goes on.
+        ``tenant``: the client's (``acquire``); None: the agent's own (load-on-startup)."""
         self._refuse_if_closing()
+        if tenant is None:
+            tenant = self.warm.own_tenant if self.warm is not None else NOBODY
         if name not in self._specs:  # a download on its way (llama.cpp: success, no load)
             return
         if self.downloads.active(name) and not self._sched.view(name).stopping:
@@ -422,13 +432,15 @@ class Registry:
         plan = self._download_plan(name)
         if plan is not None and not await self.downloads.start_preset(name, plan):
             self._tasks.spawn(
-                self._quietly(f"load of model={name}", self._load(name, after_download=True)),
+                self._quietly(
+                    f"load of model={name}", self._load(name, tenant, after_download=True)
+                ),
                 f"load:{name}",
             )
             return
-        await self._load(name)
+        await self._load(name, tenant)
 
-    async def _load(self, name: str, *, after_download: bool = False) -> None:
+    async def _load(self, name: str, tenant: str, *, after_download: bool = False) -> None:
         """Load ``name`` (its download first, if any); returns once its child is spawned.
         The download is waited for without the queue bounds: the client was told success, and
         ``--load-timeout`` and the downloader's own limits bound it; a failed download leaves
@@ -441,7 +453,7 @@ class Registry:
         if after_download and self._sched.view(name).usable:
             return  # a request loaded it while it downloaded
         await self._prepare(name)
-        await self._wait(Request(next(self._ids), name, direct=True))
+        await self._wait(Request(next(self._ids), name, direct=True), tenant)
 
     def _refuse_if_closing(self) -> None:
         if self._sched.closing:
@@ -633,7 +645,7 @@ class Registry:
         if self.warm is not None and (key := self.warm.key(spec)) is not None:
             spec = self.warm.child_spec(spec)
             self._warm_keys[name] = key
-            restore = functools.partial(self._restore, name, key, spec.slots)
+            restore = functools.partial(self._restore, name, key, spec.slots, self._tenants(name))
         self._served_hash[name] = self._specs[name].preset_hash
         run = self._runs[name] = ModelRun(
             spec,
@@ -737,11 +749,21 @@ class Registry:
             )
         self._submit(Probed(probe.model, probe.port, broken))
 
-    async def _restore(self, name: str, key: str, slots: int, child: Child) -> None:
+    def _tenants(self, name: str) -> frozenset[str]:
+        """Whose prompts the requests waiting for ``name`` bring."""
+        waiting = self._waiters.values()
+        return frozenset(w.tenant for w in waiting if w.model == name and w.tenant is not None)
+
+    async def _restore(
+        self, name: str, key: str, slots: int, loaded_for: frozenset[str], child: Child
+    ) -> None:
+        """Restore ``name``'s saved caches into its new child, for the requests it was
+        loaded for and those that came since (``WarmSwaps.restore`` says whose go in)."""
         assert self.warm is not None
         if child.port is None:
             return
-        restored = await self.warm.restore(child.port, key, slots)
+        waiting = loaded_for | self._tenants(name)
+        restored = await self.warm.restore(name, child.port, key, slots, waiting)
         if restored:
             log.info("model=%s: %d saved prompt caches restored (warm swap)", name, restored)
 
@@ -754,7 +776,7 @@ class Registry:
         port = run.child.port
         if self.warm is None or key is None or port is None or reason not in WARM_REASONS:
             return
-        written = await self.warm.save(port, key, run.spec.slots)
+        written = await self.warm.save(run.name, port, key, run.spec.slots)
         if written:
             log.info("model=%s: %d bytes of prompt caches saved (warm swap)", run.name, written)
 

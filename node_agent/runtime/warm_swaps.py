@@ -8,6 +8,11 @@ the new child to restore them (``action=restore``). Names and budget: ``core.war
 A file that fails to restore is deleted with a log line; the folder never holds more than its
 budget (least recently used files go first).
 
+Whose caches go where (``core.warm_book``): this counts the tenants each model's child served;
+it saves the caches of a child that served one, under that tenant, seals each file with its
+checksum, and restores only the files of the one tenant a new child is loaded for, each
+checked against its checksum first.
+
 Clients cannot reach these files: the agent answers their own ``/slots`` save, restore and
 erase actions as a child without ``--slot-save-path`` does (a preset that sets its own
 ``slot-save-path`` turns warm swaps off for that model and gets llama.cpp's behaviour).
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import logging
 import os
 from pathlib import Path
@@ -26,7 +32,20 @@ import aiohttp
 
 from node_agent.child.keys import child_key
 from node_agent.child.ports import CHILD_HOST
-from node_agent.core.warm_book import SavedSlot, identity, over_budget, parse_file, slot_file
+from node_agent.core.warm_book import (
+    NOBODY,
+    OPEN,
+    SavedSlot,
+    checksum_matches,
+    identity,
+    over_budget,
+    parse_file,
+    restorable,
+    save_tenant,
+    sealed_file,
+    slot_file,
+    superseded,
+)
 from node_agent.sources.spec import ModelSpec, merge_options
 from node_agent.state_home import private_folder
 
@@ -54,11 +73,19 @@ def _stat_id(path: str | Path) -> tuple[str, int, int]:
 class WarmSwaps:
     """The agent's warm folder and the requests that fill and read it."""
 
-    def __init__(self, folder: Path, budget: int, binary: Path) -> None:
+    def __init__(self, folder: Path, budget: int, binary: Path, *, keyed: bool) -> None:
         self.folder = private_folder(folder)  # the caches hold what users said: theirs alone
         self.budget = budget
         self._binary = _stat_id(binary)
         self.statistics = WarmStatistics()
+        # The agent's own loads (load-on-startup) bring every client's caches back on an
+        # agent without keys; with keys, nobody's: no request says whose they would be.
+        self.own_tenant = NOBODY if keyed else OPEN
+        self._served: dict[str, set[str]] = {}  # model -> the tenants its child served
+
+    def served(self, model: str, tenant: str) -> None:
+        """``model``'s child took a request of ``tenant``'s: its caches hold its prompts."""
+        self._served.setdefault(model, set()).add(tenant)
 
     def applies(self, spec: ModelSpec) -> bool:
         """A model whose preset sets its own slot-save-path keeps llama.cpp's behaviour."""
@@ -85,37 +112,62 @@ class WarmSwaps:
 
     # -- the child's side ----------------------------------------------------------------
 
-    async def save(self, port: int, key: str, slots: int) -> int:
-        """Save each of the child's slots that holds a prompt cache; bytes written."""
-        written: list[str] = []
+    async def save(self, model: str, port: int, key: str, slots: int) -> int:
+        """Save each of ``model``'s child's slots that holds a prompt cache, for the one
+        tenant it served; bytes written."""
+        served = self._served.pop(model, set())
+        tenant = save_tenant(served)
+        if tenant is None:
+            if served:
+                log.info(
+                    "warm swaps: model=%s served more than one key's requests (or one of no"
+                    " key): its prompt caches are not saved",
+                    model,
+                )
+            return 0
+        written: list[SavedSlot] = []
         total = 0
         async with self._session() as session:
             for slot in range(slots):
-                name = slot_file(key, slot)
+                name = slot_file(key, tenant, slot)
                 answer = await self._action(session, port, slot, "save", name)
                 if answer is None:
                     continue
                 if not answer.get("n_saved"):  # an empty slot: nothing worth keeping
                     await asyncio.to_thread(self._delete, name)
                     continue
-                written.append(name)
+                sealed = await asyncio.to_thread(self._seal, name)
+                if sealed is None:
+                    continue
+                written.append(sealed)
                 total += int(answer.get("n_written") or 0)
                 self.statistics.saved += 1
-        await asyncio.to_thread(self._trim, written)
+        await asyncio.to_thread(self._tidy, written)
         return total
 
-    async def restore(self, port: int, key: str, slots: int) -> int:
-        """Restore ``key``'s saved slots into the new child; how many were restored."""
-        saved = {s.slot: s for s in await asyncio.to_thread(self.saved, key)}
-        if not saved:
+    async def restore(
+        self, model: str, port: int, key: str, slots: int, waiting: frozenset[str]
+    ) -> int:
+        """Restore into ``model``'s new child the saved caches of ``key`` that belong to the
+        tenant of the requests it was loaded for (``waiting``); how many were restored."""
+        self._served.pop(model, None)  # a new child: it has served nobody yet
+        found = restorable(await asyncio.to_thread(self.saved, key), key, waiting)
+        found = [file for file in found if file.slot < slots]
+        if not found:
             self.statistics.missed += 1
             return 0
         restored = 0
         async with self._session() as session:
-            for slot, file in sorted(saved.items()):
-                if slot >= slots:
+            for file in found:
+                if not await asyncio.to_thread(self._intact, file):
+                    log.warning(
+                        "warm swaps: %s is not what was saved (its checksum differs); deleted",
+                        file.name,
+                    )
+                    await asyncio.to_thread(self._delete, file.name)
+                    self.statistics.dropped += 1
                     continue
-                answer = await self._action(session, port, slot, "restore", file.name)
+                answer = await self._action(session, port, file.slot, "restore", file.name)
                 if answer is None:
                     log.warning("warm swaps: %s did not restore; deleted", file.name)
                     await asyncio.to_thread(self._delete, file.name)
@@ -124,6 +176,8 @@ class WarmSwaps:
                 await asyncio.to_thread(os.utime, self.folder / file.name)  # recently used
                 restored += 1
                 self.statistics.restored += 1
+        if restored:
+            self.served(model, found[0].tenant)
         return restored
 
     def _session(self) -> aiohttp.ClientSession:
@@ -172,7 +226,35 @@ class WarmSwaps:
         saved = self.saved(key)
         return len(saved), sum(s.size for s in saved)
 
-    def _trim(self, keep: list[str]) -> None:
+    def _checksum(self, name: str) -> str:
+        digest = hashlib.sha256()
+        with open(self.folder / name, "rb") as file:
+            while chunk := file.read(1 << 20):
+                digest.update(chunk)
+        return digest.hexdigest()
+
+    def _seal(self, name: str) -> SavedSlot | None:
+        """The file the child just wrote, renamed for its checksum (None: it is gone)."""
+        try:
+            sealed = sealed_file(name, self._checksum(name))
+            os.replace(self.folder / name, self.folder / sealed)
+            stat = os.stat(self.folder / sealed)
+        except OSError as exc:
+            log.warning("warm swaps: %s could not be sealed: %s", name, exc)
+            return None
+        return parse_file(sealed, stat.st_size, stat.st_mtime)
+
+    def _intact(self, file: SavedSlot) -> bool:
+        try:
+            return checksum_matches(file, self._checksum(file.name))
+        except OSError:
+            return False
+
+    def _tidy(self, written: list[SavedSlot]) -> None:
+        """Delete what the save made stale, then what is over the budget."""
+        for name in superseded(self.saved(), written):
+            self._delete(name)
+        keep = [file.name for file in written]
         for name in over_budget(self.saved(), self.budget, keep):
             log.info("warm swaps: %s goes (the folder is over its %d bytes)", name, self.budget)
             self._delete(name)

@@ -72,8 +72,8 @@ ROWS: tuple[Row, ...] = (
     Row(3, 2, "a self-looping link in --models-dir kills hot reload", f"{SEC}/test_round3_models_dir.py::test_links_that_loop_or_lead_out_never_stop_the_watch"),
     Row(3, 3, "a declared size that does not bound a download", f"{SEC}/test_round3_downloads.py::test_a_length_over_the_declared_size_is_refused_and_nothing_kept"),
     Row(3, 4, "a tree listing in two reads refused as not JSON", f"{SEC}/test_round3_downloads.py::test_a_listing_that_arrives_in_two_reads_is_read_whole"),
-    Row(3, 5, "another client's prompt tested through the prompt cache", "", "warm caches: issue 48's work (tests go here when it lands)"),
-    Row(3, 6, "a corrupted warm-cache file aborts the child", "", "warm caches: issue 48's work (tests go here when it lands)"),
+    Row(3, 5, "another client's prompt tested through the prompt cache", f"{SEC}/test_round3_warm.py::test_a_saved_cache_is_restored_only_for_the_key_that_made_it"),
+    Row(3, 6, "a corrupted warm-cache file aborts the child", f"{SEC}/test_round3_warm.py::test_a_damaged_saved_cache_is_deleted_unread"),
     Row(3, 7, "10,000 model files push /health to 852 ms", f"{SEC}/test_round3_scale.py::test_health_answers_beside_listings_of_10000_models"),
     Row(3, 8, "a pull that made a model answers 500, and other low rows", f"{SEC}/test_round3_low.py::test_a_pull_that_made_a_model_succeeds_and_the_name_serves"),
 )  # fmt: skip
