@@ -34,7 +34,13 @@ STAMP: Final = "corral-build.json"
 SDIST_SHA256: Final = {11434: "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"}
 # Bumped whenever the way Corral builds changes what the binary does: an older build in the
 # cache still runs, but `corral llama-server build` makes a new one.
-RECIPE: Final = 2
+RECIPE: Final = 3
+# What the binary says it is (``--version``, ``/props``' build_info, ``system_fingerprint``):
+# llama.cpp reads its build number and commit from git, and the sdist has no git folder, so a
+# build of it said "build 0, commit unknown" ("b0-unknown"). The number is the sdist's; the
+# sdist names no llama.cpp commit (its scm_version.json is the packaging repository's), so the
+# commit says where the source came from rather than inventing a hash.
+BUILD_COMMIT: Final = "sdist"
 
 # (file under llama.cpp/, the text, what it becomes): see the module's docstring.
 SOURCE_PATCHES: Final = (
@@ -123,6 +129,8 @@ class BuildPlan:
             "-DLLAMA_USE_PREBUILT_UI=OFF",
             f"-DLLAMA_BUILD_UI={'ON' if self.ui else 'OFF'}",
             "-DGGML_NATIVE=OFF",
+            f"-DLLAMA_BUILD_NUMBER={self.llama_cpp}",
+            f"-DLLAMA_BUILD_COMMIT={BUILD_COMMIT}",
             # Shared libraries beside the binary, found through $ORIGIN wherever the folder is
             # copied; ggml looks for its backend modules in the binary's folder.
             "-DBUILD_SHARED_LIBS=ON",

@@ -196,7 +196,6 @@ def generated_options() -> OptionTable:
     """The table of llama-server b11434 (``llama_options.py``, built once)."""
     from node_agent.sources.llama_options import OPTIONS
 
-    # b11434 built from its sdist says "build 0, commit unknown": name the build it is.
     origin = f"llama-server b{LLAMA_CPP_BUILD} (Corral's built-in table)"
     return OptionTable(tuple(LlamaOption(*row) for row in OPTIONS), origin)
 

@@ -34,8 +34,12 @@ def test_an_option_only_b11434_has_works_with_it(
     assert status == 200, body
     entry = agent.models()["tiny"]
     assert f"--{NEW_OPTION}" in entry["status"]["args"]
-    # b11434's build of the sdist has no git metadata: build 0, commit unknown
-    assert agent.get("/props")[1]["build_info"] == "b0-unknown"
+    # The sdist has no git folder: the build names its number and source (issue 49 item 7;
+    # before, every one of these said build 0, commit unknown).
+    assert agent.get("/props")[1]["build_info"] == "b11434-sdist"
+    assert body["system_fingerprint"] == "b11434-sdist"
+    version = subprocess.run([b11434, "--version"], capture_output=True, text=True, timeout=60)
+    assert "(build 11434, commit sdist)" in version.stdout + version.stderr
 
 
 def older_binary(b11434: Path, folder: Path) -> str:

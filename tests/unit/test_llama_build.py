@@ -48,6 +48,9 @@ class TestPlan:
             "-DGGML_BACKEND_DL=ON",
             "-DGGML_CPU_ALL_VARIANTS=ON",
             "-DGGML_NATIVE=OFF",
+            # the sdist has no git folder: without these the binary says build 0, commit unknown
+            "-DLLAMA_BUILD_NUMBER=11434",
+            "-DLLAMA_BUILD_COMMIT=sdist",
             "-DBUILD_SHARED_LIBS=ON",
             "-DCMAKE_INSTALL_RPATH=$ORIGIN",
             "-DLLAMA_BUILD_TESTS=OFF",
