@@ -98,9 +98,8 @@ async def s9_warm_swaps(bench: Bench) -> ScenarioResult:
     ttfts: dict[str, list[float]] = {}
     first_n: list[float] = []
     with Fleet(result) as fleet:
-        await fleet.start_routers(
-            bench, "S9", bench.models.dir, 1, CHILD_ARGS, ("--warm-cache-size", "2GiB")
-        )
+        # Corral with its defaults: warm swaps are on without a flag (issue 48).
+        await fleet.start_routers(bench, "S9", bench.models.dir, 1, CHILD_ARGS)
         await fleet.start_direct(bench, "S9", REAL, CHILD_ARGS)
         evaluated = {t: [] for t in fleet.names}
         ttfts = {t: [] for t in fleet.names}

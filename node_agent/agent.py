@@ -266,7 +266,7 @@ class Agent:
         )
 
     def _warm_swaps(self, options: AgentOptions) -> WarmSwaps | None:
-        """The warm folder when --warm-cache-size turned warm swaps on (off by default)."""
+        """The warm folder, unless --warm-cache-size 0 turned warm swaps off."""
         if options.warm_cache_size <= 0:
             return None
         return WarmSwaps(

@@ -53,7 +53,7 @@ Corral's own:
   --max-queue N               at most N requests wait per model; more get 503 + Retry-After
   --warm-cache-size SIZE      warm swaps: prompt caches saved at an unload and restored at
                               the next load of the same model, using at most this much disk
-                              (e.g. 2GiB; default 0: off)
+                              (default 2GiB; 0: off)
   --metrics-key-file FILE     keys (one a line; or $CORRAL_METRICS_KEY) that open GET
                               /metrics only, for a scraper (needs --api-key)
   --expect-gpus N             the agent must see N NVIDIA GPUs: with fewer, /health answers

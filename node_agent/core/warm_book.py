@@ -122,10 +122,16 @@ def restorable(saved: Iterable[SavedSlot], key: str, waiting: Set[str]) -> list[
 
 
 def superseded(saved: Iterable[SavedSlot], written: Iterable[SavedSlot]) -> list[str]:
-    """The files a save made stale: the others of each written file's key, tenant and slot
-    (an older save, or the unsealed file it was written as)."""
-    places = {(w.key, w.tenant, w.slot): w.name for w in written}
-    return [s.name for s in saved if places.get((s.key, s.tenant, s.slot), s.name) != s.name]
+    """The files a save made stale: every other file of the key and tenant it wrote for, of
+    any slot (an older save, or the unsealed file it was written as).
+
+    A save is restored whole or not at all: llama-server's slots share one KV pool (its
+    default, four slots unified), so the slots of one save fit it together, while files of
+    several saves may not, and the child refuses those that do not ("No available space in
+    KV cache"). A save that wrote nothing (every slot empty) leaves the older one."""
+    fresh = {w.name for w in written}
+    owners = {(w.key, w.tenant) for w in written}
+    return [s.name for s in saved if (s.key, s.tenant) in owners and s.name not in fresh]
 
 
 def over_budget(saved: Sequence[SavedSlot], budget: int, keep: Iterable[str] = ()) -> list[str]:

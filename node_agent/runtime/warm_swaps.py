@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import enum
 import hashlib
 import logging
 import os
@@ -51,8 +52,15 @@ from node_agent.state_home import private_folder
 
 log = logging.getLogger("corral.warm")
 
-GIB = 1 << 30
-DEFAULT_BUDGET = 2 * GIB  # a laptop's disk takes it; --warm-cache-size changes it (0: off)
+
+class Unreached(enum.Enum):
+    """No answer from the child (gone, or too slow), as opposed to its refusal."""
+
+    UNREACHED = enum.auto()
+
+
+UNREACHED = Unreached.UNREACHED
+
 SLOT_SECONDS = 30.0  # one save or restore (a 2,000-token cache of a small model: ~50 MB)
 OPTION = "slot-save-path"
 
@@ -131,6 +139,8 @@ class WarmSwaps:
             for slot in range(slots):
                 name = slot_file(key, tenant, slot)
                 answer = await self._action(session, port, slot, "save", name)
+                if answer is UNREACHED:
+                    break
                 if answer is None:
                     continue
                 if not answer.get("n_saved"):  # an empty slot: nothing worth keeping
@@ -168,6 +178,8 @@ class WarmSwaps:
                     self.statistics.dropped += 1
                     continue
                 answer = await self._action(session, port, file.slot, "restore", file.name)
+                if answer is UNREACHED:  # the child went (an unload while it loaded)
+                    break  # not the files' fault: they stay for its next load
                 if answer is None:
                     log.warning("warm swaps: %s did not restore; deleted", file.name)
                     await asyncio.to_thread(self._delete, file.name)
@@ -186,7 +198,8 @@ class WarmSwaps:
 
     async def _action(
         self, session: aiohttp.ClientSession, port: int, slot: int, action: str, name: str
-    ) -> dict[str, Any] | None:
+    ) -> dict[str, Any] | Unreached | None:
+        """The child's answer; None where it refused; UNREACHED where it did not answer."""
         url = f"http://{CHILD_HOST}:{port}/slots/{slot}?action={action}"
         headers = {"Authorization": f"Bearer {child_key(port)}"}
         try:
@@ -198,9 +211,12 @@ class WarmSwaps:
                     )
                     return None
                 return body
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            log.warning("warm swaps: slot %d %s on port %d failed: %s", slot, action, port, exc)
+        except ValueError as exc:  # an answer, but not JSON
+            log.debug("warm swaps: slot %d %s: not JSON: %s", slot, action, exc)
             return None
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.warning("warm swaps: slot %d %s on port %d failed: %s", slot, action, port, exc)
+            return UNREACHED
 
     # -- the folder ----------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ import os
 import re
 import signal
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ def state(tmp_path: Path) -> Path:
 @pytest.fixture
 def agent(demo_dir: Path, state: Path) -> Iterator[AgentProcess]:
     args = ["--models-dir", str(demo_dir), "--models-max", "1", "-np", "1", "-c", "4096"]
-    args += ["--warm-cache-size", "2GiB"]  # off by default
+    # no --warm-cache-size: warm swaps are on by default
     process = AgentProcess(args, env={"XDG_STATE_HOME": str(state)})
     try:
         yield process
@@ -124,5 +125,33 @@ def test_the_saved_caches_never_exceed_their_budget(demo_dir: Path, state: Path)
             evaluated(agent, model, prompt)
             assert sum(f.stat().st_size for f in saved_files(state)) <= budget
         assert len(saved_files(state)) >= 1
+    finally:
+        agent.stop()
+
+
+def test_a_restore_brings_back_one_save_not_slots_of_several(demo_dir: Path, state: Path) -> None:
+    """b11434's slots share one KV pool (-np auto: 4 slots, unified), and it clears idle slots
+    when a task starts: an unload then often saves one slot of four. The slots' files of one
+    save fit the pool together; files of several saves may not. Before, a save left the older
+    files of the slots it found empty, the next load restored them beside the new one, and
+    the child refused them ("No available space in KV cache"): they were deleted as bad."""
+    args = ["--models-dir", str(demo_dir), "--models-max", "1", "-c", "512"]
+    args += ["--warm-cache-size", "2GiB"]
+    agent = AgentProcess(args, env={"XDG_STATE_HOME": str(state)})
+    try:
+        short = [" ".join(f"w{n}x{i}" for i in range(12)) for n in range(4)]
+        with ThreadPoolExecutor(4) as pool:  # several slots hold a prompt each
+            assert all(n > 0 for n in pool.map(lambda p: evaluated(agent, TINY, p), short))
+        evaluated(agent, SMALL, "hi")  # demo-tiny is evicted: its slots saved
+        held = warm(agent, TINY)
+        # (a slot whose request ended before another's began is cleared: not always four)
+        assert held is not None and held["files"] >= 2, held
+        long = " ".join(f"long{i}" for i in range(50))
+        assert evaluated(agent, TINY, long) > 300  # one slot now holds most of the pool
+        evaluated(agent, SMALL, "hi")  # evicted again: the newest save is that one slot
+        held = warm(agent, TINY)
+        assert held is not None and held["files"] == 1, held
+        assert evaluated(agent, TINY, long) < 10  # restored
+        assert "did not restore" not in agent.log()
     finally:
         agent.stop()

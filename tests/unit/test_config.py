@@ -264,7 +264,7 @@ def test_a_bad_peer_url_says_what_is_expected(raw: str, message: str) -> None:
 def test_warm_cache_size_takes_a_size_or_0_for_off() -> None:
     assert parse("--warm-cache-size", "512MiB").warm_cache_size == 512 << 20
     assert parse("--warm-cache-size", "0").warm_cache_size == 0
-    assert parse().warm_cache_size == 0  # off unless asked for
+    assert parse().warm_cache_size == 2 << 30  # on by default, 2 GiB of disk
 
 
 def test_routing_metrics_port_listens_beside_the_api_port() -> None:

@@ -92,12 +92,18 @@ def test_only_the_one_waiting_tenants_sealed_caches_are_restored_the_newest_per_
     assert restorable(saved, key, frozenset({NOBODY})) == []
 
 
-def test_a_save_supersedes_the_same_tenants_slot_and_nothing_else() -> None:
+def test_a_save_supersedes_all_of_its_tenants_older_files_and_nothing_else() -> None:
     key, a, b = identity(MODEL, BINARY, OPTIONS), tenant_of("key-a"), tenant_of("key-b")
+    other_key = identity(("/m/b.gguf", 1000, 5), BINARY, OPTIONS)
     old, new = saved_slot(key, a, 0, 1.0), saved_slot(key, a, 0, 2.0)
     written = saved_slot(key, a, 0, 2.0, sealed=False)
-    kept = [saved_slot(key, b, 0, 1.0), saved_slot(key, a, 1, 1.0)]
-    assert sorted(superseded([old, new, written, *kept], [new])) == sorted([old.name, written.name])
+    older_slot = saved_slot(key, a, 1, 1.0)  # a slot this save found empty: another save's
+    kept = [saved_slot(key, b, 0, 1.0), saved_slot(other_key, a, 1, 1.0)]
+    everything = [old, new, written, older_slot, *kept]
+    assert sorted(superseded(everything, [new])) == sorted(
+        [old.name, written.name, older_slot.name]
+    )
+    assert superseded(everything, []) == []  # a save of empty slots keeps the older one
 
 
 def test_a_file_is_intact_only_with_the_checksum_in_its_name() -> None:
