@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
+import functools
 
 DISTRIBUTION = "corral"
 
 
+@functools.cache
 def version_line() -> str:
     """``corral X.Y.Z`` from the installed distribution's metadata (pyproject's version)."""
+    # importlib.metadata is imported here, not at the top: the agent's start imports this
+    # module (Ollama's /api/version) and would pay for it before it answers (S6).
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
         return f"corral {version(DISTRIBUTION)}"
     except PackageNotFoundError:
