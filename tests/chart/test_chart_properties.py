@@ -109,6 +109,15 @@ def test_writable_tmp_is_an_empty_dir(render: Render) -> None:
         assert "emptyDir" in volumes[tmp[0]["name"]], owner
 
 
+def test_warm_caches_fit_in_the_writable_tmp(render: Render) -> None:
+    # The agent's $HOME is /tmp (an emptyDir with tmpSizeLimit): warm swaps' default 2 GiB
+    # there would outgrow the chart's 1Gi and get the pod evicted.
+    args = agent_container(render())["args"]
+    assert args[args.index("--warm-cache-size") + 1] == "512MiB"
+    args = agent_container(render({"agent": {"warmCacheSize": "0"}}))["args"]
+    assert args[args.index("--warm-cache-size") + 1] == "0"
+
+
 def test_agent_needs_no_kubernetes_api_token_without_peers(render: Render) -> None:
     rendered = render({"agent": {"peers": {"enabled": False}}})
     assert agent_pod(rendered)["automountServiceAccountToken"] is False
