@@ -13,6 +13,7 @@ from node_agent.models_schema import (
     ModelEntry,
     ModelList,
     ModelStatus,
+    WarmCache,
     dump,
 )
 
@@ -68,6 +69,7 @@ def model_entry(
                 retry_in=0.0,
                 conversation_streams=None,  # no child of the binary asked yet
                 preset_hash=preset_hash,
+                warm=WarmCache(files=0, bytes=0),  # warm swaps are on by default
                 **figures,
             ),
         }
